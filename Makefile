@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   train a small Keras CNN from an image folder fed by prefetch
+#   make test   lint, type-check and run the test suite
+# Both create .venv and install what they need into it.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[tf,test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) demos/train_keras.py $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check prefetch tests demos
+	$(PY) -m ruff format --check prefetch tests demos
+	$(PY) -m mypy
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
