@@ -1,0 +1,44 @@
+"""prefetch: keep GPUs fed.
+
+Worker threads decode images into preallocated batches while the consumer trains on the
+previous one; a bounded window gives order and backpressure; a Coordinator stops it all.
+`import prefetch` does not import TensorFlow; `prefetch.tf` does, on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from prefetch.background import Background, background
+from prefetch.coordinator import Coordinator
+from prefetch.decode import DecodeOptions, decode_image
+from prefetch.errors import PrefetchError, TooManySkippedError
+from prefetch.loader import Batch, Loader
+from prefetch.sources import FileList, ImageFolder, Source
+from prefetch.stats import LoaderStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Background",
+    "Batch",
+    "Coordinator",
+    "DecodeOptions",
+    "FileList",
+    "ImageFolder",
+    "Loader",
+    "LoaderStats",
+    "PrefetchError",
+    "Source",
+    "TooManySkippedError",
+    "background",
+    "decode_image",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import `prefetch.tf` (and so TensorFlow) only when it is first used."""
+    if name == "tf":
+        return importlib.import_module("prefetch.tf")
+    raise AttributeError(f"module 'prefetch' has no attribute {name!r}")

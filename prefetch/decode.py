@@ -1,0 +1,157 @@
+"""Image decoders: a file path (or an in-memory image) to an HxWxC uint8 array at the target size.
+
+A decoder is any picklable callable `decoder(path, options) -> ndarray` returning an array of
+shape `(height, width, channels)` and dtype uint8. The default, `decode_image`, uses Pillow and
+decodes JPEGs at a reduced scale (DCT scaling, Pillow's `draft`) when the file is much larger than
+the target, before resizing. Decoders hold no state and are safe to call from many threads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+# Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
+# Pillow equivalent and are refused with a message that lists these.
+INTERPOLATIONS: dict[str, Image.Resampling] = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "area": Image.Resampling.BOX,
+    "lanczos3": Image.Resampling.LANCZOS,
+    "lanczos5": Image.Resampling.LANCZOS,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+# Channels per Keras color_mode.
+COLOR_MODES: dict[str, int] = {"grayscale": 1, "rgb": 3, "rgba": 4}
+
+# JPEG DCT scaling is used only while the decoded image stays at least this many times larger
+# than the target (Pillow's `thumbnail` uses the same reducing gap), so quality is unchanged.
+DRAFT_REDUCING_GAP = 2.0
+
+_PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a decoder produces: `image_size` is (height, width), like Keras."""
+
+    image_size: tuple[int, int]
+    channels: int = 3
+    interpolation: str = "bilinear"
+    crop_to_aspect_ratio: bool = False
+
+    def __post_init__(self) -> None:
+        height, width = self.image_size
+        if height < 1 or width < 1:
+            raise ValueError(f"image_size must be two positive ints (height, width), got {self.image_size}")
+        if self.channels not in _PIL_MODES:
+            raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {self.interpolation!r}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The decoded array's shape: (height, width, channels)."""
+        return (self.image_size[0], self.image_size[1], self.channels)
+
+
+class Decoder(Protocol):
+    """A picklable callable from a file path to an array of `options.shape`, dtype uint8."""
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray: ...
+
+
+def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
+    """Decode the image file at `path` to `options.shape` with Pillow (the default decoder).
+
+    Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image,
+    `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for a bomb).
+    """
+    with Image.open(path) as image:
+        _draft(image, options)
+        image.load()
+        return to_target_size(image, options)
+
+
+def _draft(image: Image.Image, options: DecodeOptions) -> None:
+    """Ask the JPEG decoder for the smallest DCT scale that keeps the reducing gap."""
+    if image.format != "JPEG":
+        return
+    crop_w, crop_h = _crop_size(image.size, options)
+    scale_x = image.size[0] / crop_w
+    scale_y = image.size[1] / crop_h
+    height, width = options.image_size
+    wanted = (
+        math.ceil(width * scale_x * DRAFT_REDUCING_GAP),
+        math.ceil(height * scale_y * DRAFT_REDUCING_GAP),
+    )
+    if wanted[0] < image.size[0] or wanted[1] < image.size[1]:
+        image.draft(None, wanted)
+
+
+def _crop_size(size: tuple[int, int], options: DecodeOptions) -> tuple[float, float]:
+    """The (width, height) of the centred region that keeps the target aspect ratio."""
+    width, height = size
+    if not options.crop_to_aspect_ratio:
+        return float(width), float(height)
+    target_h, target_w = options.image_size
+    crop_w = min(float(width), height * target_w / target_h)
+    crop_h = min(float(height), width * target_h / target_w)
+    return crop_w, crop_h
+
+
+def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> np.ndarray:
+    """Convert a Pillow image or an HxW[xC] array to `options.shape` uint8.
+
+    Modes are converted like `tf.io.decode_image`: palette images through RGBA (so transparency
+    is honoured), 16-bit images scaled to 8 bits, CMYK to RGB, alpha dropped for "rgb".
+    """
+    if isinstance(image, np.ndarray):
+        image = _array_to_pil(image)
+    image = _convert_mode(image, _PIL_MODES[options.channels])
+    height, width = options.image_size
+    crop_w, crop_h = _crop_size(image.size, options)
+    box = (
+        (image.size[0] - crop_w) / 2,
+        (image.size[1] - crop_h) / 2,
+        (image.size[0] + crop_w) / 2,
+        (image.size[1] + crop_h) / 2,
+    )
+    if image.size != (width, height) or box != (0, 0, *image.size):
+        image = image.resize((width, height), INTERPOLATIONS[options.interpolation], box=box)
+    array = np.asarray(image)
+    return array.reshape(options.shape)
+
+
+def _array_to_pil(array: np.ndarray) -> Image.Image:
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.dtype != np.uint8:
+        raise TypeError(
+            f"images from a source must be uint8 arrays or PIL images, got dtype {array.dtype}; "
+            "convert them in the source's __getitem__"
+        )
+    return Image.fromarray(array)
+
+
+def _convert_mode(image: Image.Image, mode: str) -> Image.Image:
+    if image.mode == mode:
+        return image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        # 16-bit (or 32-bit integer) gray: keep the top 8 bits rather than clipping at 255.
+        wide = np.asarray(image).astype(np.int64)
+        image = Image.fromarray((np.clip(wide, 0, 65535) >> 8).astype(np.uint8), mode="L")
+    elif image.mode == "P" or image.mode == "PA":
+        image = image.convert("RGBA")
+    elif image.mode in ("LA", "La") and mode == "L":
+        image = image.convert("L")
+    return image.convert(mode) if image.mode != mode else image
+

@@ -1,0 +1,423 @@
+"""Loader: parallel, ordered, bounded batches from an image folder or any indexable source.
+
+Contract:
+- Batches come in epoch order; at most `depth` batches are being decoded at once, each into a
+  preallocated slot, so memory is bounded by (depth + a few) batches.
+- A delivered batch is a view into its slot. The slot is reused only after the consumer has
+  asked for the next batch *and* nobody holds a view of it any more (checked by reference
+  count), so keeping a batch is always safe; `copy=True` hands out private copies instead.
+- `with loader:` owns the workers across epochs; without it, each iteration starts workers and
+  stops them when the epoch ends or the iterator is dropped. `close()` is idempotent.
+- An error in a worker is raised at the batch where it happened, with its original type and
+  traceback and a note naming the file. Errors that TensorFlow swallowed are re-raised by
+  `close()` and by leaving the `with` block.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from prefetch.coordinator import Coordinator
+from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decode_image
+from prefetch.errors import TooManySkippedError
+from prefetch.sources import ImageFolder, Source, epoch_order
+from prefetch.stats import LoaderStats, StatsRecorder
+from prefetch.workers import (
+    Backend,
+    BatchTask,
+    PendingBatch,
+    SampleReader,
+    Slot,
+    ThreadBackend,
+    Transform,
+)
+
+log = logging.getLogger(__name__)
+
+LABEL_MODES = ("int", "categorical", "binary", None)
+ON_ERROR = ("raise", "skip")
+BACKENDS = ("thread",)
+# How often the consumer, while waiting for a batch, wakes to check for a stop.
+POLL_S = 0.1
+# Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond
+# this, the consumer's references own them and the ring forgets them.
+KEPT_REFERENCED_SLOTS = 4
+
+
+class Batch(NamedTuple):
+    """A batch: `images` uint8 (N, H, W, C) and `labels` (int32 (N,), or float32 one-hot)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+
+def _references(slot: Slot) -> int:
+    return sys.getrefcount(slot.images) + sys.getrefcount(slot.labels)
+
+
+def _unreferenced_count() -> int:
+    """What `_references` reads for a slot that only the ring holds (interpreter-specific)."""
+    slot = Slot(np.empty(1, np.uint8), np.empty(1, np.int32))
+    return _references(slot)
+
+
+_UNREFERENCED = _unreferenced_count()
+
+
+def _in_use(slot: Slot) -> bool:
+    """True while anything besides the ring holds the slot's arrays (a view, a tensor)."""
+    return _references(slot) > _UNREFERENCED
+
+
+class _SlotRing:
+    """Preallocated slots, recycled once delivered and unreferenced. Thread-safe."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._free: list[Slot] = []
+        self._delivered: deque[Slot] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Slot:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            for slot in self._delivered:
+                if not _in_use(slot):
+                    self._delivered.remove(slot)
+                    return slot
+            if len(self._delivered) >= KEPT_REFERENCED_SLOTS:
+                self._delivered.popleft()
+        return self._backend.new_slot()
+
+    def release(self, slot: Slot) -> None:
+        """Return a slot that was never delivered (cancelled, failed)."""
+        with self._lock:
+            self._free.append(slot)
+
+    def deliver(self, slot: Slot) -> None:
+        """The consumer has moved past this slot's batch; reuse it once unreferenced."""
+        with self._lock:
+            self._delivered.append(slot)
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+class Loader:
+    """Load a source in parallel, in order, in batches, ahead of the consumer.
+
+    `source` is an `ImageFolder`, a `FileList`, a folder path (read as an ImageFolder), or any
+    object with `__len__` and `__getitem__(index) -> (image, label)`. Iterating gives
+    `Batch(images, labels)` per batch (images only when `label_mode=None`); each iteration is a
+    new epoch. The keyword options mirror Keras `image_dataset_from_directory`; see
+    docs/api.md for each.
+    """
+
+    def __init__(
+        self,
+        source: Source | str | os.PathLike[str],
+        *,
+        batch_size: int = 32,
+        image_size: tuple[int, int] = (256, 256),
+        workers: int | None = None,
+        depth: int = 2,
+        shuffle: bool = True,
+        seed: int | None = None,
+        drop_remainder: bool = False,
+        label_mode: str | None = "int",
+        color_mode: str = "rgb",
+        interpolation: str = "bilinear",
+        crop_to_aspect_ratio: bool = False,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
+        transform: Transform | None = None,
+        decoder: Decoder | None = None,
+        copy: bool = False,
+        backend: str = "thread",
+    ) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            source = ImageFolder(source)
+        if not isinstance(source, Source):
+            raise TypeError(
+                f"source must have __len__ and __getitem__ (or be a folder path), "
+                f"got {type(source).__name__}"
+            )
+        if len(source) == 0:
+            raise ValueError(f"source {source!r} is empty: there is nothing to load")
+        self.source = source
+        self.batch_size = _positive("batch_size", batch_size)
+        self.workers = _positive("workers", workers if workers is not None else _usable_cores())
+        self.depth = _positive("depth", depth)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self.drop_remainder = bool(drop_remainder)
+        self.label_mode = _one_of("label_mode", label_mode, LABEL_MODES)
+        self.on_error = _one_of("on_error", on_error, ON_ERROR)
+        self.backend_name = _one_of("backend", backend, BACKENDS)
+        _one_of("color_mode", color_mode, tuple(COLOR_MODES))
+        if max_skipped is not None and max_skipped < 0:
+            raise ValueError(f"max_skipped must be >= 0 or None, got {max_skipped}")
+        self.max_skipped = max_skipped
+        self.copy = bool(copy)
+        self.class_names: list[str] = list(getattr(source, "class_names", []) or [])
+        self._check_labels()
+        height, width = (int(v) for v in image_size)
+        self.options = DecodeOptions(
+            (height, width), COLOR_MODES[color_mode], interpolation, bool(crop_to_aspect_ratio)
+        )
+        self._reader = SampleReader(
+            source=source,
+            decoder=decoder if decoder is not None else decode_image,
+            options=self.options,
+            transform=transform,
+            seed=self.seed,
+            skip_errors=self.on_error == "skip",
+            labelled=self.label_mode is not None,
+        )
+        if len(self) == 0:
+            raise ValueError(
+                f"drop_remainder=True with {len(source)} samples and batch_size "
+                f"{self.batch_size} leaves no batch; lower batch_size"
+            )
+        self.coordinator = Coordinator()
+        self._stats = StatsRecorder()
+        self._skipped_files: set[str] = set()
+        self._lock = threading.Lock()
+        self._backend: Backend | None = None
+        self._ring: _SlotRing | None = None
+        self._entered = 0
+        self._active_epochs = 0
+        self._epoch = 0
+
+    def _check_labels(self) -> None:
+        if self.label_mode is None:
+            return
+        if getattr(self.source, "has_labels", True) is False:
+            raise ValueError("this source has no labels: pass label_mode=None")
+        if self.label_mode == "categorical" and not self.class_names:
+            raise ValueError(
+                "label_mode='categorical' needs the number of classes: give the source a "
+                "class_names attribute, or use label_mode='int'"
+            )
+        if self.label_mode == "binary" and len(self.class_names) not in (0, 2):
+            raise ValueError(
+                f"label_mode='binary' needs exactly 2 classes, found {len(self.class_names)}: "
+                f"{self.class_names}; use 'int' or 'categorical'"
+            )
+
+    # ---- sizes -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(len(self.source), self.batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(height, width, channels) of each image."""
+        return self.options.shape
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will produce (0 for the first)."""
+        return self._epoch
+
+    # ---- lifetime ----------------------------------------------------------------------
+
+    def __enter__(self) -> Loader:
+        self._entered += 1
+        self._start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entered -= 1
+        try:
+            self.close()
+        except BaseException as undelivered:
+            if undelivered is not exc:
+                raise  # the original of an error that TensorFlow (or a thread) swallowed
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._backend is not None:
+                return
+            self.coordinator.clear_stop()
+            backend = ThreadBackend(self._reader, self.workers, self.batch_size, self.coordinator)
+            backend.start()
+            self._backend = backend
+            self._ring = _SlotRing(backend)
+
+    def close(self) -> None:
+        """Stop the workers, join them, free the buffers. Idempotent.
+
+        Raises the first worker error that was recorded but never delivered to the consumer
+        (for example one that TensorFlow wrapped in its own error type).
+        """
+        with self._lock:
+            backend, self._backend, self._ring = self._backend, None, None
+        if backend is None:
+            return
+        self.coordinator.request_stop()
+        backend.close()
+        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
+
+    def record_undelivered_error(self, error: BaseException) -> None:
+        """Keep `error` to re-raise at `close()`: it reached a consumer that wrapped it (TF)."""
+        self.coordinator.request_stop(error)
+
+    # ---- iteration ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        with self._lock:
+            epoch = self._epoch
+            self._epoch += 1
+            self._active_epochs += 1
+        return self._run_epoch(epoch)
+
+    def _run_epoch(self, epoch: int) -> Iterator[Any]:
+        try:
+            self._start()
+            yield from self._produce(epoch)
+        finally:
+            with self._lock:
+                self._active_epochs -= 1
+                owner_left = self._active_epochs == 0 and self._entered == 0
+            if owner_left:
+                self.close()
+
+    def _batches(self, epoch: int) -> list[np.ndarray]:
+        order = epoch_order(len(self.source), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        size = self.batch_size
+        return [order[i : i + size] for i in range(0, len(self) * size, size)]
+
+    def _produce(self, epoch: int) -> Iterator[Any]:
+        backend, ring = self._backend, self._ring
+        assert backend is not None and ring is not None
+        todo = deque(self._batches(epoch))
+        window: deque[tuple[Slot, PendingBatch]] = deque()
+        stats = self._stats
+        asked = time.perf_counter()
+
+        def top_up() -> None:
+            while todo and len(window) < self.depth:
+                slot = ring.acquire()
+                window.append((slot, backend.submit(BatchTask(todo.popleft(), epoch), slot)))
+
+        try:
+            top_up()
+            while window:
+                slot, pending = window.popleft()
+                stats.requests += 1
+                stats.ready_sum += pending.done() + sum(p.done() for _, p in window)
+                self._wait(pending)
+                try:
+                    outcome = pending.result()
+                except BaseException:
+                    ring.release(slot)
+                    raise
+                top_up()
+                stats.producer_busy_s += outcome.busy_s
+                self._count_skipped(outcome.skipped)
+                if outcome.count == 0:
+                    ring.release(slot)
+                    continue
+                batch = self._deliver(slot, outcome.count)
+                ring.deliver(slot)
+                stats.batches += 1
+                stats.images += outcome.count
+                now = time.perf_counter()
+                stats.consumer_wait_s += now - asked
+                stats.elapsed_s += now - asked
+                yield batch
+                del batch  # our own reference would keep the slot looking in use
+                asked = time.perf_counter()
+                stats.elapsed_s += asked - now
+            stats.epochs += 1
+        finally:
+            for slot, pending in window:
+                pending.cancel()
+            for slot, pending in window:
+                pending.wait(5.0)  # rows may still be written: never hand out a busy slot
+                ring.release(slot)
+
+    def _wait(self, pending: PendingBatch) -> None:
+        while not pending.wait(POLL_S):
+            if self.coordinator.should_stop():
+                self.coordinator.raise_requested_exception()
+                raise RuntimeError("the loader was closed while a batch was being waited for")
+
+    def _count_skipped(self, skipped: list[Any]) -> None:
+        for item in skipped:
+            log.warning("prefetch skipped %s: %r", item.path, item.error)
+            self._stats.skipped += 1
+            self._stats.skipped_paths.append(item.path)
+            self._skipped_files.add(item.path)
+        if self.max_skipped is not None and len(self._skipped_files) > self.max_skipped:
+            raise TooManySkippedError(
+                f"{len(self._skipped_files)} samples could not be read, more than "
+                f"max_skipped={self.max_skipped}; the last was {skipped[-1].path!r}. Fix or "
+                "remove the files (see .paths), or raise max_skipped",
+                list(self._stats.skipped_paths),
+            ) from skipped[-1].error
+
+    def _deliver(self, slot: Slot, count: int) -> Any:
+        images = slot.images[:count]
+        raw_labels = slot.labels[:count]
+        if self.copy:
+            images, raw_labels = images.copy(), raw_labels.copy()
+        if self.label_mode is None:
+            return images
+        if self.label_mode == "int":
+            return Batch(images, raw_labels)
+        if self.label_mode == "binary":
+            return Batch(images, raw_labels.astype(np.float32).reshape(-1, 1))
+        return Batch(images, np.eye(len(self.class_names), dtype=np.float32)[raw_labels])
+
+    # ---- reporting ---------------------------------------------------------------------
+
+    def stats(self) -> LoaderStats:
+        """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
+        return self._stats.snapshot(self.backend_name, self.workers, self.depth)
+
+    def reset_stats(self) -> None:
+        """Start counting afresh (for example at the start of each epoch)."""
+        self._stats.reset()
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self.source!r}, batch_size={self.batch_size}, "
+            f"image_size={self.options.image_size}, workers={self.workers}, depth={self.depth}, "
+            f"backend={self.backend_name!r})"
+        )
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

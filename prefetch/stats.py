@@ -1,0 +1,95 @@
+"""Loader statistics: counters kept by the consumer side, and the snapshot users read.
+
+`StatsRecorder` is updated only from the thread that iterates the Loader; `snapshot()` may be
+called from any thread (it reads plain numbers). Time is counted only while an epoch is being
+iterated, so pauses between epochs (validation, checkpoints) do not dilute the rates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# How many skipped paths the stats keep (the most recent ones); the count is exact.
+SKIPPED_PATHS_KEPT = 100
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of a Loader's work since it was created (or since `reset_stats`).
+
+    - `images_per_s`: images delivered per second of iteration.
+    - `consumer_wait_s`, `consumer_wait_fraction`: time the consumer spent blocked waiting for
+      a batch, absolute and as a fraction of iteration time. Near 0: compute-bound (the loader
+      keeps up). Large: input-bound (add workers, or make decode cheaper).
+    - `producer_busy_s`: worker time spent reading samples, summed over workers.
+    - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
+      `depth` in flight); near `depth` means the producers are ahead.
+    """
+
+    backend: str
+    workers: int
+    depth: int
+    epochs: int
+    batches: int
+    images: int
+    elapsed_s: float
+    images_per_s: float
+    consumer_wait_s: float
+    consumer_wait_fraction: float
+    producer_busy_s: float
+    mean_ready_batches: float
+    skipped: int
+    skipped_paths: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as a plain dict (JSON-ready)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s; "
+            f"consumer waited {self.consumer_wait_s:.2f} s ({self.consumer_wait_fraction:.1%}); "
+            f"{self.backend} backend, {self.workers} workers busy {self.producer_busy_s:.2f} s; "
+            f"{self.mean_ready_batches:.1f}/{self.depth} batches ready on request; "
+            f"{self.skipped} skipped"
+        )
+
+
+class StatsRecorder:
+    """Mutable counters behind `Loader.stats()`."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.epochs = 0
+        self.batches = 0
+        self.images = 0
+        self.elapsed_s = 0.0
+        self.consumer_wait_s = 0.0
+        self.producer_busy_s = 0.0
+        self.ready_sum = 0
+        self.requests = 0
+        self.skipped = 0
+        self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
+
+    def snapshot(self, backend: str, workers: int, depth: int) -> LoaderStats:
+        elapsed = self.elapsed_s
+        return LoaderStats(
+            backend=backend,
+            workers=workers,
+            depth=depth,
+            epochs=self.epochs,
+            batches=self.batches,
+            images=self.images,
+            elapsed_s=elapsed,
+            images_per_s=self.images / elapsed if elapsed > 0 else 0.0,
+            consumer_wait_s=self.consumer_wait_s,
+            consumer_wait_fraction=self.consumer_wait_s / elapsed if elapsed > 0 else 0.0,
+            producer_busy_s=self.producer_busy_s,
+            mean_ready_batches=self.ready_sum / self.requests if self.requests else 0.0,
+            skipped=self.skipped,
+            skipped_paths=tuple(self.skipped_paths),
+        )

@@ -1,0 +1,5 @@
+"""TensorFlow stages for prefetch. Importing this module imports TensorFlow."""
+
+from prefetch.tf.dataset import dataset, output_signature, restore_malloc_thresholds
+
+__all__ = ["dataset", "output_signature", "restore_malloc_thresholds"]

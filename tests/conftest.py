@@ -1,0 +1,49 @@
+"""Shared fixtures: every test is checked for leaked threads, child processes and /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+# How long a test's threads and processes get to wind down before they count as leaked.
+LEAK_GRACE_S = 3.0
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if "prefetch" in name}
+    except FileNotFoundError:
+        return set()
+
+
+def _live_children() -> set[int]:
+    return {
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if child.status() != psutil.STATUS_ZOMBIE
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves a thread, a child process or a /dev/shm segment behind."""
+    threads_before = set(threading.enumerate())
+    children_before = _live_children()
+    shm_before = _shm_entries()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        children = _live_children() - children_before
+        shm = _shm_entries() - shm_before
+        if not (threads or children or shm) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not threads, f"threads leaked: {[t.name for t in threads]}"
+    assert not children, f"child processes leaked: {sorted(children)}"
+    assert not shm, f"/dev/shm segments leaked: {sorted(shm)}"
