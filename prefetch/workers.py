@@ -39,7 +39,7 @@ JOIN_GRACE_S = 10.0
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
 
-@dataclass
+@dataclass(eq=False)
 class Slot:
     """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32."""
 

@@ -1,4 +1,4 @@
-"""Tests for `prefetch.coordinator.Coordinator`: tf.train.Coordinator semantics, without TensorFlow.
+"""Tests for `prefetch.Coordinator`: tf.train.Coordinator semantics, without TensorFlow.
 
 Every test uses real threads (and, where it says so, real spawned processes), keeps its waits
 short, and ends every thread and process it starts, so the leak check in conftest.py passes.
@@ -17,7 +17,7 @@ from types import TracebackType
 
 import pytest
 
-from prefetch.coordinator import Coordinator
+from prefetch import Coordinator
 
 # A bound for every test here; none should come close (TensorFlow's import is the slowest part).
 pytestmark = pytest.mark.timeout(20)

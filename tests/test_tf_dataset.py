@@ -1,0 +1,154 @@
+"""prefetch.tf.dataset: batches into tf.data and Keras fit, errors, and slot lifetime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prefetch
+from prefetch.testing import FailingDecoder, write_image_folder
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+
+class InjectedDecodeError(Exception):
+    """A decode error type that only this test module raises."""
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A training and a held-out folder of learnable shapes (different random draws)."""
+    root = tmp_path_factory.mktemp("shapes")
+    train = write_image_folder(root / "train", per_class=60, size=(40, 40), seed=1)
+    held_out = write_image_folder(root / "held_out", per_class=30, size=(40, 40), seed=2)
+    return train, held_out
+
+
+def small_cnn(size: int, classes: int) -> keras.Model:
+    model = keras.Sequential(
+        [
+            keras.Input((size, size, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu", padding="same"),
+            keras.layers.GlobalMaxPooling2D(),
+            keras.layers.Dense(classes),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(3e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def test_keras_fit_on_a_generated_folder_learns_well_above_chance(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, held_out = shapes
+    keras.utils.set_random_seed(0)
+    model = small_cnn(32, 3)
+    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), workers=2, seed=0)
+    test = prefetch.Loader(held_out, batch_size=30, image_size=(32, 32), workers=2, shuffle=False)
+    with loader, test:
+        history = model.fit(prefetch.tf.dataset(loader), epochs=8, verbose=0)
+        _, accuracy = model.evaluate(prefetch.tf.dataset(test), verbose=0)
+    assert len(history.history["loss"]) == 8
+    assert loader.stats().epochs == 8
+    assert loader.stats().images == 8 * 180
+    assert accuracy > 0.6, f"held-out accuracy {accuracy:.2f} is not clearly above chance (0.33)"
+
+
+def test_each_iteration_of_the_dataset_is_the_next_epoch_of_the_loader(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    options = dict(batch_size=16, image_size=(24, 24), workers=2, seed=3)
+    reference = prefetch.Loader(train, **options)  # type: ignore[arg-type]
+    expected = [[(x.copy(), y.copy()) for x, y in reference] for _ in range(2)]
+    with prefetch.Loader(train, **options) as loader:  # type: ignore[arg-type]
+        ds = prefetch.tf.dataset(loader)
+        for epoch in range(2):
+            got = [(x.numpy(), y.numpy()) for x, y in ds]
+            assert len(got) == len(expected[epoch])
+            for (x, y), (ex, ey) in zip(got, expected[epoch], strict=True):
+                np.testing.assert_array_equal(x, ex)
+                np.testing.assert_array_equal(y, ey)
+
+
+def test_the_output_signature_is_static_and_matches_the_label_mode(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    fixed = prefetch.Loader(train, batch_size=8, image_size=(20, 30), drop_remainder=True)
+    images, labels = prefetch.tf.dataset(fixed).element_spec
+    assert images.shape.as_list() == [8, 20, 30, 3] and images.dtype == tf.uint8
+    assert labels.shape.as_list() == [8] and labels.dtype == tf.int32
+    onehot = prefetch.Loader(train, batch_size=8, image_size=(20, 20), label_mode="categorical")
+    assert prefetch.tf.dataset(onehot).element_spec[1].shape.as_list() == [None, 3]
+    unlabelled = prefetch.Loader(train, batch_size=8, image_size=(20, 20), label_mode=None)
+    assert prefetch.tf.dataset(unlabelled).element_spec.shape.as_list() == [None, 20, 20, 3]
+    assert prefetch.tf.dataset(fixed).cardinality().numpy() == len(fixed)
+
+
+def test_tensors_kept_from_the_dataset_are_never_overwritten_by_later_batches(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    options = dict(batch_size=10, image_size=(24, 24), workers=2, depth=1, seed=5)
+    expected = list(prefetch.Loader(train, copy=True, **options))  # type: ignore[arg-type]
+    with prefetch.Loader(train, **options) as loader:  # type: ignore[arg-type]
+        kept = list(prefetch.tf.dataset(loader))  # every tensor stays alive to the end
+    assert len(kept) == len(expected) == 18
+    for (x, y), (ex, ey) in zip(kept, expected, strict=True):
+        np.testing.assert_array_equal(x.numpy(), ex)
+        np.testing.assert_array_equal(y.numpy(), ey)
+
+
+def test_a_worker_error_in_fit_is_re_raised_as_the_original_when_the_loader_block_exits(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    decoder = FailingDecoder("square_0007", error=InjectedDecodeError)
+    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), decoder=decoder, seed=0)
+    model = small_cnn(32, 3)
+    with pytest.raises(InjectedDecodeError, match="injected failure") as raised, loader:
+        model.fit(prefetch.tf.dataset(loader), epochs=1, verbose=0)
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "square_0007" in notes
+    # TensorFlow's own error is kept in the chain, so nothing is hidden.
+    assert isinstance(raised.value.__context__, tf.errors.OpError)
+
+
+def test_a_worker_error_in_plain_iteration_is_re_raised_as_the_original(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    decoder = FailingDecoder("circle_0003", error=InjectedDecodeError)
+    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), decoder=decoder)
+    with pytest.raises(InjectedDecodeError), loader:
+        for _ in prefetch.tf.dataset(loader):
+            pass
+
+
+def test_importing_prefetch_does_not_import_tensorflow() -> None:
+    code = "import sys, prefetch; print('tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_restoring_malloc_thresholds_applies_on_glibc() -> None:
+    import platform
+
+    applied = prefetch.tf.restore_malloc_thresholds()
+    assert applied == (platform.libc_ver()[0] == "glibc")
