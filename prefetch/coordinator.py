@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Protocol, TypeAlias
 
+from prefetch.errors import add_note
+
 log = logging.getLogger(__name__)
 
 ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
@@ -192,13 +194,14 @@ class Coordinator:
     ) -> None:
         """Request a stop (reporting the body's exception) and join the registered threads.
 
-        An exception from the body propagates as it is; otherwise `join` raises the first error
-        a thread reported.
+        An exception from the body propagates as it is (a thread's earlier error is added to it
+        as a note); otherwise `join` raises the first error a thread reported.
         """
         self.request_stop(exc)
         try:
             self.join()
         except BaseException as joined_error:
-            if joined_error is exc:
-                return  # the body's own exception propagates unchanged
-            raise
+            if exc is None:
+                raise
+            if joined_error is not exc:
+                add_note(exc, f"a coordinated thread had reported first: {joined_error!r}")

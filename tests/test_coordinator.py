@@ -574,14 +574,6 @@ def test_with_block_lets_an_exception_from_the_body_propagate_unchanged() -> Non
     assert not worker.is_alive()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: Coordinator.__exit__ documents that the body's exception 'propagates as it is', "
-        "but when a thread reported an error first, join() re-raises the thread's error "
-        "instead, and the body's exception is only its __context__"
-    ),
-)
 def test_with_block_lets_the_body_exception_propagate_even_after_a_thread_reported_one() -> None:
     thread_error = ValueError("from a worker thread, first")
     body_error = KeyError("from the body, second")
@@ -596,6 +588,7 @@ def test_with_block_lets_the_body_exception_propagate_even_after_a_thread_report
         assert coord.wait_for_stop(5.0)
         raise body_error
     assert info.value is body_error
+    assert "from a worker thread, first" in "\n".join(getattr(body_error, "__notes__", []))
 
 
 # --- the TensorFlow worker-loop pattern ---------------------------------------------------------
