@@ -83,8 +83,10 @@ def main() -> None:
         train_source = prefetch.ImageFolder(train_dir)
         validation_source = prefetch.ImageFolder(validation_dir)
     classes = train_source.class_names
-    print(f"{len(train_source)} training and {len(validation_source)} validation images, "
-          f"classes {classes}; chance accuracy {1 / len(classes):.0%}")
+    print(
+        f"{len(train_source)} training and {len(validation_source)} validation images, "
+        f"classes {classes}; chance accuracy {1 / len(classes):.0%}"
+    )
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -118,8 +120,10 @@ def main() -> None:
     accuracy = history.history["val_accuracy"][-1]
     print(f"\ntrained {args.epochs} epochs in {seconds:.1f} s")
     print(f"loader: {stats}")
-    print(f"throughput: {stats.images_per_s:.0f} images/s; "
-          f"waiting for data: {stats.consumer_wait_fraction:.1%} of step time")
+    print(
+        f"throughput: {stats.images_per_s:.0f} images/s; "
+        f"waiting for data: {stats.consumer_wait_fraction:.1%} of step time"
+    )
     print(f"validation accuracy: {accuracy:.3f} (chance {1 / len(classes):.3f})")
 
 

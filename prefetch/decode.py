@@ -49,7 +49,9 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         height, width = self.image_size
         if height < 1 or width < 1:
-            raise ValueError(f"image_size must be two positive ints (height, width), got {self.image_size}")
+            raise ValueError(
+                f"image_size must be two positive ints (height, width), got {self.image_size}"
+            )
         if self.channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
         if self.interpolation not in INTERPOLATIONS:
@@ -154,4 +156,3 @@ def _convert_mode(image: Image.Image, mode: str) -> Image.Image:
     elif image.mode in ("LA", "La") and mode == "L":
         image = image.convert("L")
     return image.convert(mode) if image.mode != mode else image
-

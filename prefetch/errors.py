@@ -31,5 +31,5 @@ def add_note(exc: BaseException, note: str) -> None:
         notes = getattr(exc, "__notes__", None)
         if notes is None:
             notes = []
-            exc.__notes__ = notes  # type: ignore[attr-defined]
+            exc.__notes__ = notes
         notes.append(note)

@@ -169,7 +169,7 @@ class Loader:
         self.workers = _positive("workers", workers if workers is not None else _usable_cores())
         self.depth = _positive("depth", depth)
         self.shuffle = bool(shuffle)
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**63))
         self.drop_remainder = bool(drop_remainder)
         self.label_mode = _one_of("label_mode", label_mode, LABEL_MODES)
         self.on_error = _one_of("on_error", on_error, ON_ERROR)
@@ -359,7 +359,7 @@ class Loader:
                 stats.elapsed_s += asked - now
             stats.epochs += 1
         finally:
-            for slot, pending in window:
+            for _, pending in window:
                 pending.cancel()
             for slot, pending in window:
                 pending.wait(5.0)  # rows may still be written: never hand out a busy slot

@@ -142,8 +142,7 @@ class ImageFolder(FileList):
 
     def __repr__(self) -> str:
         return (
-            f"ImageFolder({str(self.root)!r}: {len(self)} files, "
-            f"{len(self.class_names)} classes)"
+            f"ImageFolder({str(self.root)!r}: {len(self)} files, {len(self.class_names)} classes)"
         )
 
 

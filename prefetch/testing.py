@@ -37,7 +37,9 @@ def draw_shape(shape: str, size: tuple[int, int], rng: np.random.Generator) -> I
     elif shape == "square":
         draw.rectangle(box, fill=colour)
     elif shape == "triangle":
-        draw.polygon([(cx, cy - radius), (cx - radius, cy + radius), (cx + radius, cy + radius)], colour)
+        draw.polygon(
+            [(cx, cy - radius), (cx - radius, cy + radius), (cx + radius, cy + radius)], colour
+        )
     elif shape == "cross":
         draw.rectangle((cx - radius, cy - line / 2, cx + radius, cy + line / 2), fill=colour)
         draw.rectangle((cx - line / 2, cy - radius, cx + line / 2, cy + radius), fill=colour)
