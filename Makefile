@@ -20,8 +20,8 @@ demo: $(VENV)/.installed
 	$(PY) demos/train_keras.py $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m ruff check prefetch tests demos
-	$(PY) -m ruff format --check prefetch tests demos
+	$(PY) -m ruff check prefetch tests demos benchmarks
+	$(PY) -m ruff format --check prefetch tests demos benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest $(ARGS)
 

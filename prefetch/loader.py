@@ -153,6 +153,8 @@ class Loader:
         transform: Transform | None = None,
         decoder: Decoder | None = None,
         copy: bool = False,
+        num_shards: int = 1,
+        shard_index: int = 0,
         backend: str = "thread",
     ) -> None:
         if isinstance(source, (str, os.PathLike)):
@@ -179,6 +181,12 @@ class Loader:
             raise ValueError(f"max_skipped must be >= 0 or None, got {max_skipped}")
         self.max_skipped = max_skipped
         self.copy = bool(copy)
+        self.num_shards = _positive("num_shards", num_shards)
+        if not 0 <= shard_index < self.num_shards:
+            raise ValueError(
+                f"shard_index must be in [0, num_shards={self.num_shards}), got {shard_index}"
+            )
+        self.shard_index = int(shard_index)
         self.class_names: list[str] = list(getattr(source, "class_names", []) or [])
         self._check_labels()
         height, width = (int(v) for v in image_size)
@@ -190,7 +198,6 @@ class Loader:
             decoder=decoder if decoder is not None else decode_image,
             options=self.options,
             transform=transform,
-            seed=self.seed,
             skip_errors=self.on_error == "skip",
             labelled=self.label_mode is not None,
         )
@@ -207,7 +214,8 @@ class Loader:
         self._ring: _SlotRing | None = None
         self._entered = 0
         self._active_epochs = 0
-        self._epoch = 0
+        self._next = (0, 0)  # (epoch, first batch) of the next iteration
+        self._current: list[int] | None = None  # [epoch, batches delivered] of the latest one
 
     def _check_labels(self) -> None:
         if self.label_mode is None:
@@ -229,8 +237,12 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(len(self.source), self.batch_size)
+        full, rest = divmod(self._shard_size(), self.batch_size)
         return full + (1 if rest and not self.drop_remainder else 0)
+
+    def _shard_size(self) -> int:
+        """Samples per epoch in this loader's shard."""
+        return len(range(self.shard_index, len(self.source), self.num_shards))
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -240,7 +252,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next iteration will produce (0 for the first)."""
-        return self._epoch
+        return self._next[0]
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -294,15 +306,16 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         with self._lock:
-            epoch = self._epoch
-            self._epoch += 1
+            epoch, skip = self._next
+            self._next = (epoch + 1, 0)
+            self._current = [epoch, skip]
             self._active_epochs += 1
-        return self._run_epoch(epoch)
+        return self._run_epoch(epoch, skip)
 
-    def _run_epoch(self, epoch: int) -> Iterator[Any]:
+    def _run_epoch(self, epoch: int, skip: int) -> Iterator[Any]:
         try:
             self._start()
-            yield from self._produce(epoch)
+            yield from self._produce(epoch, skip)
         finally:
             with self._lock:
                 self._active_epochs -= 1
@@ -310,15 +323,21 @@ class Loader:
             if owner_left:
                 self.close()
 
-    def _batches(self, epoch: int) -> list[np.ndarray]:
+    def batch_indices(self, epoch: int) -> list[np.ndarray]:
+        """The source indices of each batch of `epoch` in this shard (derived from seed, epoch).
+
+        Every shard takes every `num_shards`-th sample of the same epoch permutation, so the
+        shards are disjoint and together cover the epoch.
+        """
         order = epoch_order(len(self.source), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        order = order[self.shard_index :: self.num_shards]
         size = self.batch_size
         return [order[i : i + size] for i in range(0, len(self) * size, size)]
 
-    def _produce(self, epoch: int) -> Iterator[Any]:
+    def _produce(self, epoch: int, skip: int) -> Iterator[Any]:
         backend, ring = self._backend, self._ring
         assert backend is not None and ring is not None
-        todo = deque(self._batches(epoch))
+        todo = deque(self.batch_indices(epoch)[skip:])
         window: deque[tuple[Slot, PendingBatch]] = deque()
         stats = self._stats
         asked = time.perf_counter()
@@ -326,7 +345,8 @@ class Loader:
         def top_up() -> None:
             while todo and len(window) < self.depth:
                 slot = ring.acquire()
-                window.append((slot, backend.submit(BatchTask(todo.popleft(), epoch), slot)))
+                task = BatchTask(todo.popleft(), epoch, self.seed)
+                window.append((slot, backend.submit(task, slot)))
 
         try:
             top_up()
@@ -350,6 +370,8 @@ class Loader:
                 ring.deliver(slot)
                 stats.batches += 1
                 stats.images += outcome.count
+                if self._current is not None and self._current[0] == epoch:
+                    self._current[1] += 1
                 now = time.perf_counter()
                 stats.consumer_wait_s += now - asked
                 stats.elapsed_s += now - asked
@@ -397,6 +419,36 @@ class Loader:
         if self.label_mode == "binary":
             return Batch(images, raw_labels.astype(np.float32).reshape(-1, 1))
         return Batch(images, np.eye(len(self.class_names), dtype=np.float32)[raw_labels])
+
+    # ---- resume ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the loader is: {"seed", "epoch", "position"}, position in batches delivered.
+
+        Taken mid-epoch, it names the epoch in progress; at an epoch's end, the next epoch at
+        position 0. Restore it with `load_state_dict` (in this or a fresh process) and the
+        following batches equal those of an uninterrupted run.
+        """
+        with self._lock:
+            current = self._current
+            if current is not None and current[1] < len(self):
+                epoch, position = current
+            else:
+                epoch, position = self._next
+            return {"seed": self.seed, "epoch": epoch, "position": position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from `state` (from `state_dict`): the next iteration resumes that epoch."""
+        position = int(state["position"])
+        if not 0 <= position <= len(self):
+            raise ValueError(
+                f"position {position} is outside this loader's epoch of {len(self)} batches; "
+                "was the state saved with another batch_size or dataset?"
+            )
+        with self._lock:
+            self.seed = int(state["seed"])
+            self._next = (int(state["epoch"]), position)
+            self._current = None
 
     # ---- reporting ---------------------------------------------------------------------
 

@@ -128,3 +128,11 @@ class FailingDecoder:
         if self.marker in path:
             raise self.error(f"injected failure for {path}")
         return decode_image(path, options)
+
+
+def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A sample augmentation that uses its random generator: flip half the images, add noise."""
+    if rng.random() < 0.5:
+        image = image[:, ::-1]
+    noise = rng.integers(-8, 9, size=image.shape)
+    return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)

@@ -49,10 +49,14 @@ class Slot:
 
 @dataclass(frozen=True)
 class BatchTask:
-    """Decode the samples `indices` (source indices, in batch order) of `epoch`."""
+    """Decode the samples `indices` (source indices, in batch order) of `epoch`.
+
+    A transform's random generator derives from (seed, epoch, sample index) only.
+    """
 
     indices: np.ndarray
     epoch: int
+    seed: int
 
 
 @dataclass
@@ -94,7 +98,6 @@ class SampleReader:
     decoder: Decoder
     options: DecodeOptions
     transform: Transform | None
-    seed: int
     skip_errors: bool
     labelled: bool
 
@@ -112,7 +115,7 @@ class SampleReader:
         for position in range(start, stop):
             index = int(task.indices[position])
             try:
-                slot.images[position], label = self._read(index, task.epoch)
+                slot.images[position], label = self._read(index, task)
                 slot.labels[position] = label
             except Exception as error:
                 what = self.describe(index)
@@ -127,7 +130,7 @@ class SampleReader:
         outcome.busy_s = time.perf_counter() - began
         return outcome
 
-    def _read(self, index: int, epoch: int) -> tuple[np.ndarray, int]:
+    def _read(self, index: int, task: BatchTask) -> tuple[np.ndarray, int]:
         paths = getattr(self.source, "paths", None)
         if paths is not None:
             image = self.decoder(str(paths[index]), self.options)
@@ -137,7 +140,7 @@ class SampleReader:
             image, label = item if self.labelled else (item, 0)
             image = to_target_size(image, self.options)
         if self.transform is not None:
-            rng = np.random.default_rng([self.seed, epoch, index])
+            rng = np.random.default_rng([task.seed, task.epoch, index])
             image = self.transform(image, rng)
             if np.shape(image) != self.options.shape:
                 raise ValueError(
