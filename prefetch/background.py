@@ -70,10 +70,10 @@ class Background(Iterator[T], Generic[T]):
     """The iterator returned by `background()`; also a context manager that closes it."""
 
     def __init__(self, iterable: Iterable[T], depth: int = 2, name: str = "prefetch-background"):
+        self._stop = threading.Event()
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self._items: queue.Queue[object] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
             target=_produce, args=(iterable, self._items, self._stop), name=name, daemon=True

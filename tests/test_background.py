@@ -212,8 +212,6 @@ def test_a_dropped_iterator_leaves_no_thread() -> None:
     assert _wait_for_no_producer_threads(), "dropping the iterator left the producer running"
 
 
-# Background.__del__ fails on the half-built object; that bug has its own (xfail) test below.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("depth", [0, -1])
 def test_depth_below_one_is_rejected_with_the_bad_value(depth: int) -> None:
     with pytest.raises(ValueError, match=f"depth must be >= 1, got {depth}"):
@@ -221,11 +219,6 @@ def test_depth_below_one_is_rejected_with_the_bad_value(depth: int) -> None:
     assert not _producer_threads(), "a rejected call must not start a thread"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Background.__init__ raises before self._stop exists, and __del__ then calls "
-    "self._stop.set() on the half-built object: AttributeError as an unraisable exception",
-)
 def test_a_rejected_depth_leaves_no_error_for_the_garbage_collector(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
