@@ -305,14 +305,15 @@ class Loader:
     # ---- iteration ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        """One epoch. It begins (takes its epoch number, starts workers) at the first next()."""
+        return self._run_epoch()
+
+    def _run_epoch(self) -> Iterator[Any]:
         with self._lock:
             epoch, skip = self._next
             self._next = (epoch + 1, 0)
             self._current = [epoch, skip]
             self._active_epochs += 1
-        return self._run_epoch(epoch, skip)
-
-    def _run_epoch(self, epoch: int, skip: int) -> Iterator[Any]:
         try:
             self._start()
             yield from self._produce(epoch, skip)
@@ -361,6 +362,8 @@ class Loader:
                     ring.release(slot)
                     raise
                 top_up()
+                if self._current is not None and self._current[0] == epoch:
+                    self._current[1] += 1
                 stats.producer_busy_s += outcome.busy_s
                 self._count_skipped(outcome.skipped)
                 if outcome.count == 0:
@@ -370,8 +373,6 @@ class Loader:
                 ring.deliver(slot)
                 stats.batches += 1
                 stats.images += outcome.count
-                if self._current is not None and self._current[0] == epoch:
-                    self._current[1] += 1
                 now = time.perf_counter()
                 stats.consumer_wait_s += now - asked
                 stats.elapsed_s += now - asked

@@ -9,10 +9,12 @@ leak check in conftest.py verifies that every test ends every worker it starts.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -262,7 +264,7 @@ def test_the_shuffle_order_differs_between_epochs_and_repeats_with_the_same_seed
     assert orders(seed=43)[0] != first[0]
 
 
-def test_the_shuffle_order_of_an_epoch_matches_the_decoded_files(numbered_root: Path) -> None:
+def test_every_delivered_image_equals_its_file_decoded_on_its_own(numbered_root: Path) -> None:
     folder = ImageFolder(numbered_root)
     options = DecodeOptions(SMALL)
     loader = Loader(folder, batch_size=4, image_size=SMALL, workers=2, seed=5)
@@ -271,7 +273,7 @@ def test_the_shuffle_order_of_an_epoch_matches_the_decoded_files(numbered_root: 
     images = np.concatenate([b.images for b in batches])
     labels = np.concatenate([b.labels for b in batches])
     # Decode each file once, on its own, and find it again by its gray level.
-    by_number = {}
+    by_number: dict[int, tuple[np.ndarray, int]] = {}
     for path, label in zip(folder.paths, folder.labels, strict=True):
         image = prefetch.decode_image(str(path), options)
         by_number[numbers_in(image[None])[0]] = (image, int(label))
@@ -492,8 +494,9 @@ def test_on_error_raise_stops_at_the_bad_file_with_a_note_naming_it(
 
 
 def test_on_error_skip_delivers_every_good_image_once_and_counts_the_bad_files(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="prefetch")
     labels = write_numbered_pngs(tmp_path, 14)
     bad = write_bad_files(tmp_path / "class_0")
     loader = Loader(tmp_path, batch_size=4, image_size=SMALL, workers=2, seed=9, on_error="skip")
@@ -505,6 +508,8 @@ def test_on_error_skip_delivers_every_good_image_once_and_counts_the_bad_files(
     assert stats.skipped == len(BAD_KINDS)
     assert sorted(stats.skipped_paths) == sorted(str(path) for path in bad.values())
     assert stats.images == 14
+    logged = caplog.text
+    assert all(str(path) in logged for path in bad.values()), "each skipped file is logged"
 
 
 def test_max_skipped_raises_too_many_skipped_once_passed(tmp_path: Path) -> None:
@@ -525,6 +530,32 @@ def test_max_skipped_raises_too_many_skipped_once_passed(tmp_path: Path) -> None
         for _ in loader:
             pass
     assert sorted(info.value.paths) == sorted(str(bad[k]) for k in ("corrupt", "zero_byte"))
+    assert isinstance(info.value.__cause__, OSError), "the last decode error is the cause"
+
+
+def test_state_dict_after_an_epoch_with_a_wholly_skipped_batch_names_the_next_epoch(
+    tmp_path: Path,
+) -> None:
+    bad = write_bad_files(tmp_path / "bad")
+    goods = []
+    for number in (0, 1, 4, 5):
+        path = tmp_path / f"good_{number}.png"
+        Image.new("L", NUMBERED_SIZE, LEVEL_STEP * number).save(path)
+        goods.append(path)
+    # Batches of 2 in file order: [good 0, good 1], [zero-byte, text], [good 4, good 5].
+    paths = [*goods[:2], bad["zero_byte"], bad["text"], *goods[2:]]
+    loader = Loader(
+        FileList(paths, [0] * 6),
+        batch_size=2,
+        image_size=SMALL,
+        workers=1,
+        shuffle=False,
+        on_error="skip",
+    )
+    numbers = epoch_numbers(copied(batch) for batch in loader)
+    assert numbers == [0, 1, 4, 5]
+    assert loader.state_dict()["epoch"] == 1
+    assert loader.state_dict()["position"] == 0
 
 
 def test_a_custom_decoder_error_reaches_the_consumer_with_its_own_type(shapes_root: Path) -> None:
@@ -541,6 +572,11 @@ def test_a_custom_decoder_error_reaches_the_consumer_with_its_own_type(shapes_ro
             pass
     assert type(info.value) is CustomDecodeError
     assert failing in all_notes(info.value)
+    assert "prefetch-worker-" in all_notes(info.value), "the note names the worker"
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert any(frame.name == "__call__" and "testing" in frame.filename for frame in frames), (
+        "the worker's traceback, down to the decoder, is kept"
+    )
 
 
 def test_a_transform_that_changes_the_shape_raises(shapes_root: Path) -> None:
@@ -638,14 +674,6 @@ def test_deleting_a_started_iterator_ends_the_workers(shapes_root: Path) -> None
     assert wait_until(lambda: not worker_threads(), THREADS_GONE_S)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Loader.__iter__ counts an epoch as active before its generator starts; an iterator "
-        "dropped unstarted never runs _run_epoch's finally, so _active_epochs stays 1 and "
-        "later epochs never close their workers"
-    ),
-)
 def test_an_iterator_dropped_before_its_first_batch_does_not_keep_later_workers_alive(
     shapes_root: Path,
 ) -> None:
@@ -707,6 +735,19 @@ def test_batches_kept_in_a_list_keep_their_own_content(tmp_path: Path) -> None:
             assert not np.shares_memory(a.images, b.images)
 
 
+def test_batches_kept_across_two_epochs_inside_with_stay_distinct(tmp_path: Path) -> None:
+    write_numbered_pngs(tmp_path, 20)
+    loader = Loader(tmp_path, batch_size=4, image_size=SMALL, workers=2, depth=2, seed=13)
+    with loader:
+        first, second = list(loader), list(loader)
+    assert sorted(epoch_numbers(first)) == sorted(epoch_numbers(second)) == list(range(20))
+    assert epoch_numbers(first) != epoch_numbers(second)
+    kept = first + second
+    for i, a in enumerate(kept):
+        for b in kept[i + 1 :]:
+            assert not np.shares_memory(a.images, b.images)
+
+
 def test_copy_true_gives_each_batch_its_own_memory(shapes_root: Path) -> None:
     loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=2, copy=True)
     with loader:
@@ -733,12 +774,14 @@ def test_a_stalled_consumer_bounds_the_decoded_samples_by_the_window(tmp_path: P
         decoder=decoder,
     )
     iterator = iter(loader)
-    first = next(iterator)
-    assert len(first.images) == batch_size
-    time.sleep(0.5)
-    assert batch_size <= decoder.calls <= (depth + 1) * batch_size
-    iterator.close()
-    del first
+    try:
+        first = next(iterator)
+        assert len(first.images) == batch_size
+        time.sleep(0.5)  # a stalled consumer: the workers must stop once the window is full
+        decoded = decoder.calls
+    finally:
+        iterator.close()
+    assert batch_size <= decoded <= (depth + 1) * batch_size
 
 
 # --- stats --------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_keras_fit_on_a_generated_folder_learns_well_above_chance(
     loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), workers=2, seed=0)
     test = prefetch.Loader(held_out, batch_size=30, image_size=(32, 32), workers=2, shuffle=False)
     with loader, test:
-        history = model.fit(prefetch.tf.dataset(loader), epochs=8, verbose=0)
+        history = model.fit(prefetch.tf.dataset(loader), epochs=8, shuffle=False, verbose=0)
         _, accuracy = model.evaluate(prefetch.tf.dataset(test), verbose=0)
     assert len(history.history["loss"]) == 8
     assert loader.stats().epochs == 8
@@ -122,7 +122,7 @@ def test_a_worker_error_in_fit_is_re_raised_as_the_original_when_the_loader_bloc
     loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), decoder=decoder, seed=0)
     model = small_cnn(32, 3)
     with pytest.raises(InjectedDecodeError, match="injected failure") as raised, loader:
-        model.fit(prefetch.tf.dataset(loader), epochs=1, verbose=0)
+        model.fit(prefetch.tf.dataset(loader), epochs=1, shuffle=False, verbose=0)
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert "square_0007" in notes
     # TensorFlow's own error is kept in the chain, so nothing is hidden.
