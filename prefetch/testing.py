@@ -134,5 +134,6 @@ def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.nda
     """A sample augmentation that uses its random generator: flip half the images, add noise."""
     if rng.random() < 0.5:
         image = image[:, ::-1]
-    noise = rng.integers(-8, 9, size=image.shape)
-    return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+    noisy = image.astype(np.int16) + rng.integers(-8, 9, size=image.shape, dtype=np.int16)
+    result: np.ndarray = np.clip(noisy, 0, 255).astype(np.uint8)
+    return result
