@@ -2,7 +2,7 @@
 
 Runs in one process, in this order, because TensorFlow's patch is process-wide and permanent:
   1. single-core decode rate (the decode limit is usable cores x this rate)
-  2. the Loader alone (thread backend)
+  2. the Loader alone (thread backend), and plain threads decoding into fresh arrays
   3. prefetch.tf.dataset without the malloc fix, then the Loader alone again (TF patched malloc)
   4. restore_malloc_thresholds(), then the Loader alone and prefetch.tf.dataset again
 
@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,12 @@ def main() -> None:
                 prefetch.decode_image(str(path), options)
             return 200
 
+        def plain_threads() -> int:
+            # What users without preallocated buffers do: a fresh array per image, in threads.
+            with ThreadPoolExecutor(args.workers) as pool:
+                list(pool.map(lambda p: prefetch.decode_image(str(p), options), folder.paths))
+            return len(folder)
+
         def loader_alone() -> int:
             return sum(len(images) for images, _ in loader)
 
@@ -84,6 +91,7 @@ def main() -> None:
         limit = core_rate * args.workers
         with loader:
             rows.append(("loader alone, before TensorFlow", rate(loader_alone, args.repeats)))
+            rows.append(("plain threads, before TensorFlow", rate(plain_threads, args.repeats)))
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             tf_stages = importlib.import_module("prefetch.tf")  # imports TensorFlow now
             patched = tf_stages.dataset(loader, malloc_fix=False)
@@ -91,8 +99,12 @@ def main() -> None:
                 ("tf.dataset, TF malloc patch active", rate(through_tf(patched), args.repeats))
             )
             rows.append(("loader alone, TF malloc patch active", rate(loader_alone, args.repeats)))
+            rows.append(
+                ("plain threads, TF malloc patch active", rate(plain_threads, args.repeats))
+            )
             tf_stages.restore_malloc_thresholds()
             rows.append(("loader alone, thresholds restored", rate(loader_alone, args.repeats)))
+            rows.append(("plain threads, thresholds restored", rate(plain_threads, args.repeats)))
             fixed = tf_stages.dataset(loader)
             rows.append(("tf.dataset, thresholds restored", rate(through_tf(fixed), args.repeats)))
     print(

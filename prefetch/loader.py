@@ -49,6 +49,8 @@ ON_ERROR = ("raise", "skip")
 BACKENDS = ("thread",)
 # How often the consumer, while waiting for a batch, wakes to check for a stop.
 POLL_S = 0.1
+# How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
+SLOT_DRAIN_S = 5.0
 # Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond
 # this, the consumer's references own them and the ring forgets them.
 KEPT_REFERENCED_SLOTS = 4
@@ -385,8 +387,9 @@ class Loader:
             for _, pending in window:
                 pending.cancel()
             for slot, pending in window:
-                pending.wait(5.0)  # rows may still be written: never hand out a busy slot
-                ring.release(slot)
+                if pending.wait(SLOT_DRAIN_S):
+                    ring.release(slot)
+                # else a worker may still write rows: forget the slot rather than reuse it
 
     def _wait(self, pending: PendingBatch) -> None:
         while not pending.wait(POLL_S):
@@ -405,7 +408,7 @@ class Loader:
                 f"{len(self._skipped_files)} samples could not be read, more than "
                 f"max_skipped={self.max_skipped}; the last was {skipped[-1].path!r}. Fix or "
                 "remove the files (see .paths), or raise max_skipped",
-                list(self._stats.skipped_paths),
+                sorted(self._skipped_files),
             ) from skipped[-1].error
 
     def _deliver(self, slot: Slot, count: int) -> Any:

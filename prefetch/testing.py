@@ -1,7 +1,7 @@
 """Test helpers that ship with prefetch: tiny image trees and fault-injecting decoders.
 
 Image trees are real JPEG/PNG files with learnable classes (one shape per class), written with
-Pillow. The fakes wrap the default decoder to sleep, raise or crash at chosen files; they are
+Pillow. The fakes wrap the default decoder to sleep or raise at chosen files; they are
 plain picklable classes, so they work in thread and process workers alike.
 """
 

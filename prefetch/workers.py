@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 # How often an idle worker thread wakes to check the stop flag.
 POLL_S = 0.1
-# How long close() waits for worker threads to finish the sample they are decoding.
+# How long close() waits for worker threads to finish the chunk of samples they are decoding.
 JOIN_GRACE_S = 10.0
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
@@ -139,15 +139,26 @@ class SampleReader:
             item = self.source[index]
             image, label = item if self.labelled else (item, 0)
             image = to_target_size(image, self.options)
+        _check_image(image, self.options, "decoder")
         if self.transform is not None:
             rng = np.random.default_rng([task.seed, task.epoch, index])
             image = self.transform(image, rng)
-            if np.shape(image) != self.options.shape:
-                raise ValueError(
-                    f"transform returned shape {np.shape(image)}, expected {self.options.shape}: "
-                    "transforms must keep the image size (resize with image_size instead)"
-                )
+            _check_image(image, self.options, "transform")
         return image, label
+
+
+def _check_image(image: Any, options: DecodeOptions, made_by: str) -> None:
+    """Refuse what would be silently broadcast or wrapped around when written to a slot."""
+    if np.shape(image) != options.shape:
+        raise ValueError(
+            f"{made_by} returned shape {np.shape(image)}, expected {options.shape}: "
+            f"a {made_by} must keep the image size (resize with image_size instead)"
+        )
+    if getattr(image, "dtype", None) != np.uint8:
+        raise TypeError(
+            f"{made_by} returned dtype {getattr(image, 'dtype', type(image).__name__)}, "
+            "expected uint8: clip and cast, e.g. np.clip(x, 0, 255).astype(np.uint8)"
+        )
 
 
 def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:

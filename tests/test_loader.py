@@ -588,6 +588,34 @@ def test_a_transform_that_changes_the_shape_raises(shapes_root: Path) -> None:
             pass
 
 
+def float_output(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return image.astype(np.float32) / 255
+
+
+class WrongSizeDecoder:
+    """Returns one row too few, which numpy would otherwise broadcast silently."""
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        _, width, channels = options.shape
+        return np.zeros((1, width, channels), np.uint8)
+
+
+def test_a_transform_that_returns_floats_is_refused_rather_than_wrapped_around(
+    shapes_root: Path,
+) -> None:
+    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, transform=float_output)
+    with pytest.raises(TypeError, match=r"transform returned dtype float32, expected uint8"):
+        for _ in loader:
+            pass
+
+
+def test_a_decoder_that_returns_the_wrong_size_is_refused(shapes_root: Path) -> None:
+    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, decoder=WrongSizeDecoder())
+    with pytest.raises(ValueError, match="decoder returned shape"):
+        for _ in loader:
+            pass
+
+
 # --- sources ------------------------------------------------------------------------------------
 
 

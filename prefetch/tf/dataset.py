@@ -70,7 +70,8 @@ def dataset(loader: Loader, *, malloc_fix: bool = True) -> tf.data.Dataset:
 
     Each iteration runs one epoch of `loader`. When the loader raises on every bad file
     (`on_error="raise"`), the dataset knows its length, so Keras shows epoch progress.
-    `malloc_fix` applies `restore_malloc_thresholds()` when the first epoch starts.
+    `malloc_fix` applies `restore_malloc_thresholds()` as each epoch starts (after TensorFlow
+    has applied its patch).
     """
 
     def batches() -> Iterator[Any]:
