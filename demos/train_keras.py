@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import prefetch
-from prefetch.testing import write_image_folder
+from prefetch.testing import small_cnn, write_image_folder
 
 SAMPLE_CLASSES = ("circle", "square", "triangle", "cross")
 
@@ -39,30 +39,6 @@ def split(folder: prefetch.ImageFolder, fraction: float) -> tuple[prefetch.FileL
     order = np.random.default_rng(1337).permutation(len(folder))
     cut = int(len(folder) * (1 - fraction))
     return folder.subset(order[:cut]), folder.subset(order[cut:])
-
-
-def build_model(size: int, classes: int):  # type: ignore[no-untyped-def]
-    import keras
-
-    model = keras.Sequential(
-        [
-            keras.Input((size, size, 3)),
-            keras.layers.Rescaling(1 / 255),
-            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu", padding="same"),
-            keras.layers.GlobalMaxPooling2D(),
-            keras.layers.Dense(classes),
-        ]
-    )
-    model.compile(
-        keras.optimizers.Adam(3e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
 
 
 def main() -> None:
@@ -96,7 +72,7 @@ def main() -> None:
     options = dict(batch_size=args.batch_size, image_size=size, workers=args.workers)
     train = prefetch.Loader(train_source, shuffle=True, seed=0, **options)
     validation = prefetch.Loader(validation_source, shuffle=False, **options)
-    model = build_model(args.image_size, len(classes))
+    model = small_cnn(args.image_size, len(classes))
     input_stats = prefetch.tf.InputStatsCallback(train)
     report = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: print(

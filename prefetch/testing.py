@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -128,6 +129,34 @@ class FailingDecoder:
         if self.marker in path:
             raise self.error(f"injected failure for {path}")
         return decode_image(path, options)
+
+
+def small_cnn(size: int, classes: int) -> Any:
+    """A compiled Keras CNN (3 conv layers) that learns the shape classes in a few epochs.
+
+    Takes uint8 images (size, size, 3); imports Keras when called.
+    """
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((size, size, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu", padding="same"),
+            keras.layers.GlobalMaxPooling2D(),
+            keras.layers.Dense(classes),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(3e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
 
 
 def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

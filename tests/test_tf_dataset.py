@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.testing import FailingDecoder, write_image_folder
+from prefetch.testing import FailingDecoder, small_cnn, write_image_folder
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -27,28 +27,6 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     train = write_image_folder(root / "train", per_class=60, size=(40, 40), seed=1)
     held_out = write_image_folder(root / "held_out", per_class=30, size=(40, 40), seed=2)
     return train, held_out
-
-
-def small_cnn(size: int, classes: int) -> keras.Model:
-    model = keras.Sequential(
-        [
-            keras.Input((size, size, 3)),
-            keras.layers.Rescaling(1 / 255),
-            keras.layers.Conv2D(16, 3, activation="relu", padding="same"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu", padding="same"),
-            keras.layers.GlobalMaxPooling2D(),
-            keras.layers.Dense(classes),
-        ]
-    )
-    model.compile(
-        keras.optimizers.Adam(3e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
 
 
 def test_keras_fit_on_a_generated_folder_learns_well_above_chance(
