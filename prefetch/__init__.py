@@ -15,6 +15,7 @@ from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.errors import PrefetchError, TooManySkippedError
 from prefetch.loader import Batch, Loader
+from prefetch.processes import WorkerCrashedError
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
 
@@ -32,6 +33,7 @@ __all__ = [
     "PrefetchError",
     "Source",
     "TooManySkippedError",
+    "WorkerCrashedError",
     "background",
     "decode_image",
 ]

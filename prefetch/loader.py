@@ -30,6 +30,7 @@ import numpy as np
 from prefetch.coordinator import Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decode_image
 from prefetch.errors import TooManySkippedError
+from prefetch.processes import ProcessBackend
 from prefetch.sources import ImageFolder, Source, epoch_order
 from prefetch.stats import LoaderStats, StatsRecorder
 from prefetch.workers import (
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 ON_ERROR = ("raise", "skip")
-BACKENDS = ("thread",)
+BACKENDS = ("thread", "process")
 # How often the consumer, while waiting for a batch, wakes to check for a stop.
 POLL_S = 0.1
 # How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
@@ -158,6 +159,7 @@ class Loader:
         num_shards: int = 1,
         shard_index: int = 0,
         backend: str = "thread",
+        max_restarts: int = 3,
     ) -> None:
         if isinstance(source, (str, os.PathLike)):
             source = ImageFolder(source)
@@ -183,6 +185,9 @@ class Loader:
             raise ValueError(f"max_skipped must be >= 0 or None, got {max_skipped}")
         self.max_skipped = max_skipped
         self.copy = bool(copy)
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self.max_restarts = int(max_restarts)
         self.num_shards = _positive("num_shards", num_shards)
         if not 0 <= shard_index < self.num_shards:
             raise ValueError(
@@ -281,7 +286,20 @@ class Loader:
             if self._backend is not None:
                 return
             self.coordinator.clear_stop()
-            backend = ThreadBackend(self._reader, self.workers, self.batch_size, self.coordinator)
+            backend: Backend
+            if self.backend_name == "process":
+                backend = ProcessBackend(
+                    self._reader,
+                    self.workers,
+                    self.batch_size,
+                    self.depth,
+                    self.coordinator,
+                    self.max_restarts,
+                )
+            else:
+                backend = ThreadBackend(
+                    self._reader, self.workers, self.batch_size, self.coordinator
+                )
             backend.start()
             self._backend = backend
             self._ring = _SlotRing(backend)

@@ -166,3 +166,29 @@ def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.nda
     noisy = image.astype(np.int16) + rng.integers(-8, 9, size=image.shape, dtype=np.int16)
     result: np.ndarray = np.clip(noisy, 0, 255).astype(np.uint8)
     return result
+
+
+class CrashingDecoder:
+    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`.
+
+    With `once_flag` (a file path), it crashes only the first time: it creates the file before
+    dying, so the restarted worker decodes the file normally. Use with backend="process".
+    """
+
+    def __init__(self, marker: str, once_flag: str | None = None, exit_code: int = 13) -> None:
+        self.marker = marker
+        self.once_flag = once_flag
+        self.exit_code = exit_code
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        if self.marker in path:
+            if self.once_flag is None:
+                os._exit(self.exit_code)
+            try:
+                with open(self.once_flag, "x"):
+                    pass
+            except FileExistsError:
+                pass
+            else:
+                os._exit(self.exit_code)
+        return decode_image(path, options)

@@ -41,10 +41,14 @@ Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
 @dataclass(eq=False)
 class Slot:
-    """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32."""
+    """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32.
+
+    `name` names the shared-memory segment behind a process-backend slot ("" otherwise).
+    """
 
     images: np.ndarray
     labels: np.ndarray
+    name: str = ""
 
 
 @dataclass(frozen=True)

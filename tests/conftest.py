@@ -22,11 +22,19 @@ def _shm_entries() -> set[str]:
 
 
 def _live_children() -> set[int]:
-    return {
-        child.pid
-        for child in psutil.Process().children(recursive=True)
-        if child.status() != psutil.STATUS_ZOMBIE
-    }
+    """Child processes, less multiprocessing's long-lived helpers (resource tracker, forkserver)."""
+    children = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            command = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "resource_tracker" in command or "forkserver" in command:
+            continue
+        children.add(child.pid)
+    return children
 
 
 @pytest.fixture(autouse=True)

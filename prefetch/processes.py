@@ -1,0 +1,312 @@
+"""The process backend: spawned workers decode straight into shared-memory slots.
+
+Each worker has its own pipe. The parent sends (batch id, task, slot name); the worker attaches
+the slot's segment, fills it with `SampleReader.read_into`, and answers (batch id, outcome) or
+(batch id, error). No pixels cross a pipe. The consumer thread drives everything from
+`pump()`, which waits on the pipes and on the processes' sentinels, so a dead worker is seen
+within `POLL_S`; it is restarted and its batches re-sent, up to `max_restarts` times, after
+which `WorkerCrashedError` names it. Workers ignore SIGINT and exit when their parent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import traceback
+from collections import OrderedDict
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from prefetch.coordinator import Coordinator
+from prefetch.errors import PrefetchError, add_note
+from prefetch.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
+from prefetch.workers import BatchOutcome, BatchTask, SampleReader, Skipped, Slot, compact
+
+log = logging.getLogger(__name__)
+
+# How often a waiting consumer or an idle worker wakes to check for stops and dead processes.
+POLL_S = 0.1
+# How long close() waits for workers to exit after the stop message, before terminating them.
+STOP_GRACE_S = 2.0
+
+
+class WorkerCrashedError(PrefetchError):
+    """A worker process died more often than `max_restarts` allows."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process (set as the error's __cause__)."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0])
+
+
+class _Stop:
+    """Message to a worker: exit."""
+
+
+def _worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
+    """A worker process: take tasks from `conn` until told to stop or the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
+    name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
+    segments: dict[str, Slot] = {}
+    while os.getppid() == parent:
+        if not conn.poll(POLL_S):
+            continue
+        message = conn.recv()
+        if isinstance(message, _Stop):
+            break
+        batch_id, task, slot_name, size = message
+        if slot_name not in segments:
+            segments[slot_name] = layout.map(slot_name)
+        slot: Slot = segments[slot_name]
+        try:
+            outcome = reader.read_into(task, slot, 0, size, name)
+            outcome.skipped = [_picklable_skip(s) for s in outcome.skipped]
+            conn.send((batch_id, outcome, None))
+        except Exception as error:
+            conn.send((batch_id, None, _picklable_error(error)))
+
+
+def _picklable_error(error: BaseException) -> tuple[BaseException, str]:
+    text = "".join(traceback.format_exception(error))
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        copy = PrefetchError(f"{type(error).__name__}: {error}")
+        for note in getattr(error, "__notes__", []):
+            add_note(copy, note)
+        error = copy
+    return error, text
+
+
+def _picklable_skip(skipped: Skipped) -> Skipped:
+    error, _ = _picklable_error(skipped.error)
+    return Skipped(skipped.position, skipped.path, error)
+
+
+class ProcessPending:
+    """A batch sent to one worker; its result arrives through the backend's pump."""
+
+    def __init__(self, backend: ProcessBackend, batch_id: int) -> None:
+        self._backend = backend
+        self.batch_id = batch_id
+        self.outcome: BatchOutcome | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+    def done(self) -> bool:
+        return self.outcome is not None or self.error is not None or self.cancelled
+
+    def wait(self, timeout_s: float) -> bool:
+        if not self.done():
+            self._backend.pump(timeout_s)
+        return self.done()
+
+    def result(self) -> BatchOutcome:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None, "result() before the batch was done"
+        return self.outcome
+
+    def cancel(self) -> None:
+        if not self.done():
+            self.cancelled = True
+
+
+class _Worker:
+    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+        self.index = index
+        self.process = process
+        self.conn = conn
+        self.in_flight: OrderedDict[int, tuple[BatchTask, Slot, int]] = OrderedDict()
+
+
+class ProcessBackend:
+    """Spawned worker processes filling shared-memory slots; see the module docstring."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        reader: SampleReader,
+        workers: int,
+        batch_size: int,
+        depth: int,
+        coordinator: Coordinator,
+        max_restarts: int = 3,
+    ) -> None:
+        self.workers = workers
+        self._reader = reader
+        self._layout = SlotLayout(batch_size, reader.options.shape)
+        self._depth = depth
+        self._coordinator = coordinator
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._context = multiprocessing.get_context("spawn")
+        self._slots = SharedSlots(self._layout)
+        self._workers: list[_Worker] = []
+        self._pending: dict[int, ProcessPending] = {}
+        self._next_id = 0
+        self._crashed: WorkerCrashedError | None = None
+        self._lock = threading.RLock()
+        check_picklable(reader)
+
+    def start(self) -> None:
+        sweep_stale()
+        check_free_space(
+            (self._depth + 2) * self._layout.nbytes, self._depth, self._layout.batch_size
+        )
+        self._workers = [self._spawn(i) for i in range(self.workers)]
+
+    def _spawn(self, index: int) -> _Worker:
+        parent_end, child_end = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            args=(self._reader, self._layout, child_end, os.getpid()),
+            name=f"prefetch-process-{index}",
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        self._coordinator.register_thread(process)
+        return _Worker(index, process, parent_end)
+
+    def new_slot(self) -> Slot:
+        with self._lock:
+            return self._slots.create()
+
+    def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
+        with self._lock:
+            batch_id = self._next_id
+            self._next_id += 1
+            pending = ProcessPending(self, batch_id)
+            if self._crashed is not None or not self._workers:
+                pending.error = self._crashed or WorkerCrashedError("no worker processes left")
+                return pending
+            self._pending[batch_id] = pending
+            worker = min(self._workers, key=lambda w: (len(w.in_flight), w.index))
+            self._send(worker, batch_id, task, slot, len(task.indices))
+            return pending
+
+    def _send(self, worker: _Worker, batch_id: int, task: BatchTask, slot: Slot, size: int) -> None:
+        worker.in_flight[batch_id] = (task, slot, size)
+        with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
+            worker.conn.send((batch_id, task, slot.name, size))
+
+    def pump(self, timeout_s: float) -> None:
+        """Receive results and handle dead workers, waiting at most `timeout_s`."""
+        with self._lock:
+            by_handle: dict[Any, _Worker] = {}
+            for worker in self._workers:
+                by_handle[worker.conn] = worker
+                by_handle[worker.process.sentinel] = worker
+            ready = wait(list(by_handle), timeout_s)
+            for worker in list(self._workers):
+                if worker.conn in ready:
+                    self._receive(worker)
+            for worker in list(self._workers):
+                if worker.process.exitcode is not None:
+                    self._receive(worker)  # what it sent before it died still counts
+                    self._handle_death(worker)
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll(0):
+                batch_id, outcome, error = worker.conn.recv()
+                _, slot, size = worker.in_flight.pop(batch_id)
+                pending = self._pending.pop(batch_id, None)
+                if pending is None:
+                    continue
+                if error is not None:
+                    exception, text = error
+                    exception.__cause__ = RemoteTraceback(text)
+                    pending.error = exception
+                else:
+                    outcome_count = compact(slot, size, outcome.skipped)
+                    pending.outcome = BatchOutcome(outcome_count, outcome.skipped, outcome.busy_s)
+        except (EOFError, OSError):
+            pass  # the worker died; its sentinel tells
+
+    def _handle_death(self, worker: _Worker) -> None:
+        code = worker.process.exitcode
+        reason = (
+            f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        )
+        lost = list(worker.in_flight.items())
+        files = [self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices]
+        worker.conn.close()
+        worker.process.join()
+        self._workers.remove(worker)
+        if self.restarts >= self.max_restarts:
+            error = WorkerCrashedError(
+                f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
+                f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}); "
+                f"it was decoding {len(files)} files: {files[:8]}"
+                + (" ..." if len(files) > 8 else "")
+            )
+            self._crashed = error
+            for batch_id, _ in lost:
+                pending = self._pending.pop(batch_id, None)
+                if pending is not None:
+                    pending.error = error
+            return
+        self.restarts += 1
+        log.warning(
+            "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %d "
+            "batches",
+            worker.process.name,
+            worker.process.pid,
+            reason,
+            self.restarts,
+            self.max_restarts,
+            len(lost),
+        )
+        replacement = self._spawn(worker.index)
+        self._workers.append(replacement)
+        for batch_id, (task, slot, size) in lost:
+            if batch_id in self._pending:
+                self._send(replacement, batch_id, task, slot, size)
+
+    def close(self) -> None:
+        """Stop the workers (terminate after a grace period), then unlink every segment."""
+        with self._lock:
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Stop())
+            for worker in self._workers:
+                worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.terminate()
+                    worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join()
+                worker.conn.close()
+            self._workers = []
+            for pending in self._pending.values():
+                pending.cancelled = True
+            self._pending.clear()
+            self._slots.close()
+
+
+def check_picklable(reader: SampleReader) -> None:
+    """Fail early, naming the part of the loader that cannot be sent to worker processes."""
+    for what, value in (
+        ("transform", reader.transform),
+        ("decoder", reader.decoder),
+        ("source", reader.source),
+    ):
+        try:
+            pickle.dumps(value)
+        except Exception as error:
+            raise TypeError(
+                f"backend='process' sends the {what} to worker processes, but {value!r} cannot be "
+                f"pickled ({error}). Define it at module level (not a lambda or a local "
+                "function), or use backend='thread'"
+            ) from error

@@ -1,0 +1,235 @@
+"""backend="process": spawned workers, shared-memory slots, crashes, errors, and cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prefetch
+from prefetch.processes import RemoteTraceback, WorkerCrashedError
+from prefetch.shm import PREFIX, check_free_space, sweep_stale
+from prefetch.testing import (
+    CrashingDecoder,
+    FailingDecoder,
+    SlowDecoder,
+    random_flip_and_noise,
+    write_bad_files,
+    write_image_folder,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SMALL = (16, 16)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("proc"), per_class=12, size=(24, 24))
+
+
+def our_segments() -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(PREFIX)]
+
+
+def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    with loader:
+        return [(x.copy(), y.copy()) for _ in range(epochs) for x, y in loader]
+
+
+def assert_same(
+    got: list[tuple[np.ndarray, np.ndarray]], expected: list[tuple[np.ndarray, np.ndarray]]
+) -> None:
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+
+
+def test_processes_give_the_same_batches_as_threads_for_two_epochs(folder: Path) -> None:
+    options = dict(batch_size=5, image_size=SMALL, seed=4, transform=random_flip_and_noise)
+    threads = all_batches(prefetch.Loader(folder, workers=2, **options), epochs=2)  # type: ignore[arg-type]
+    processes = all_batches(
+        prefetch.Loader(folder, workers=2, backend="process", **options),
+        epochs=2,  # type: ignore[arg-type]
+    )
+    assert_same(processes, threads)
+    assert not our_segments()
+
+
+def test_worker_processes_persist_across_epochs_inside_with(folder: Path) -> None:
+    loader = prefetch.Loader(folder, batch_size=6, image_size=SMALL, workers=2, backend="process")
+    with loader:
+        for _ in loader:
+            pass
+        first = {p.pid for p in _children()}
+        for _ in loader:
+            pass
+        assert {p.pid for p in _children()} == first and len(first) == 2
+    assert not _children()
+
+
+def _children() -> list[object]:
+    import psutil
+
+    return [
+        child
+        for child in psutil.Process().children()
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
+
+
+def test_a_worker_error_keeps_its_type_with_the_worker_traceback_and_a_note(folder: Path) -> None:
+    decoder = FailingDecoder("triangle_0002", error=PermissionError)
+    loader = prefetch.Loader(
+        folder, batch_size=6, image_size=SMALL, workers=2, backend="process", decoder=decoder
+    )
+    with pytest.raises(PermissionError, match="injected failure") as raised, loader:
+        for _ in loader:
+            pass
+    assert isinstance(raised.value.__cause__, RemoteTraceback)
+    assert "FailingDecoder" in str(raised.value.__cause__) or "__call__" in str(
+        raised.value.__cause__
+    )
+    notes = "\n".join(raised.value.__notes__)
+    assert "triangle_0002" in notes and "prefetch-process-" in notes
+
+
+def test_skip_drops_bad_files_and_delivers_every_good_one_once(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "data", per_class=5, size=(24, 24))
+    write_bad_files(root / "circle")
+    loader = prefetch.Loader(
+        root, batch_size=4, image_size=SMALL, workers=2, backend="process", on_error="skip"
+    )
+    with loader:
+        labels = np.concatenate([y for _, y in loader])
+    assert len(labels) == 15
+    assert loader.stats().skipped == 4
+
+
+def test_a_crash_restarts_the_worker_and_delivers_everything_once_in_order(
+    folder: Path, tmp_path: Path
+) -> None:
+    options = dict(batch_size=5, image_size=SMALL, seed=9, workers=2)
+    expected = all_batches(prefetch.Loader(folder, **options))  # type: ignore[arg-type]
+    decoder = CrashingDecoder("square_0004", once_flag=str(tmp_path / "crashed"))
+    loader = prefetch.Loader(folder, backend="process", decoder=decoder, **options)  # type: ignore[arg-type]
+    assert_same(all_batches(loader), expected)
+    assert (tmp_path / "crashed").exists(), "the worker really crashed"
+
+
+def test_more_crashes_than_max_restarts_raise_worker_crashed_error(folder: Path) -> None:
+    loader = prefetch.Loader(
+        folder,
+        batch_size=5,
+        image_size=SMALL,
+        workers=2,
+        backend="process",
+        decoder=CrashingDecoder("square_0004"),
+        max_restarts=1,
+    )
+    started = time.monotonic()
+    with pytest.raises(WorkerCrashedError) as raised, loader:
+        for _ in loader:
+            pass
+    message = str(raised.value)
+    assert "exit code 13" in message and "pid" in message and "square_0004" in message
+    assert time.monotonic() - started < 20
+
+
+def test_a_worker_killed_from_outside_is_replaced_without_losing_a_batch(folder: Path) -> None:
+    options = dict(batch_size=4, image_size=SMALL, seed=2, workers=2)
+    expected = all_batches(prefetch.Loader(folder, **options))  # type: ignore[arg-type]
+    loader = prefetch.Loader(folder, backend="process", decoder=SlowDecoder(0.02), **options)  # type: ignore[arg-type]
+    got = []
+    with loader:
+        for i, (x, y) in enumerate(loader):
+            if i == 1:
+                os.kill(_children()[0].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+            got.append((x.copy(), y.copy()))
+    assert_same(got, expected)
+
+
+def test_an_unpicklable_transform_is_refused_before_any_worker_starts(folder: Path) -> None:
+    loader = prefetch.Loader(
+        folder, image_size=SMALL, backend="process", transform=lambda image, rng: image
+    )
+    with pytest.raises(TypeError, match="sends the transform to worker processes"), loader:
+        pass
+
+
+def test_batches_kept_after_close_stay_readable_and_no_segment_remains(folder: Path) -> None:
+    loader = prefetch.Loader(folder, batch_size=6, image_size=SMALL, workers=2, backend="process")
+    kept = list(loader)
+    assert not our_segments()
+    assert len(kept) == 6 and all(x.shape == (6, 16, 16, 3) for x, _ in kept)
+    assert int(kept[-1][0].sum()) > 0
+
+
+def test_too_little_shared_memory_fails_early_saying_how_to_fix_it() -> None:
+    with pytest.raises(MemoryError, match=r"Enlarge /dev/shm .* or lower depth or batch_size"):
+        check_free_space(1 << 60, depth=2, batch_size=64)
+
+
+def test_segments_of_a_dead_parent_are_swept() -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = f"/dev/shm/{PREFIX}{int(dead.stdout)}_deadbeef"
+    Path(stale).write_bytes(b"\0" * 64)
+    assert Path(stale).name in sweep_stale()
+    assert not Path(stale).exists()
+
+
+CTRL_C_SCRIPT = """
+import os, sys, time
+import prefetch
+from prefetch.testing import SlowDecoder
+
+if __name__ == "__main__":
+    loader = prefetch.Loader(sys.argv[1], batch_size=2, image_size=(16, 16), workers=2,
+                             backend="process", decoder=SlowDecoder(0.2))
+    with loader:
+        for batch in loader:
+            print("batch", flush=True)
+"""
+
+
+def test_ctrl_c_gives_one_traceback_and_leaves_no_worker_or_segment(
+    folder: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    import psutil
+
+    assert process.stdout is not None
+    process.stdout.readline()  # the first batch arrived: workers are running
+    workers = [
+        child
+        for child in psutil.Process(process.pid).children()
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
+    assert len(workers) == 2
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=20)
+    assert stderr.count("Traceback (most recent call last)") == 1, stderr
+    assert "KeyboardInterrupt" in stderr
+    _, alive = psutil.wait_procs(workers, timeout=2)
+    assert not alive
+    assert not [s for s in our_segments() if s.startswith(f"{PREFIX}{process.pid}_")]
