@@ -233,3 +233,52 @@ def test_ctrl_c_gives_one_traceback_and_leaves_no_worker_or_segment(
     _, alive = psutil.wait_procs(workers, timeout=2)
     assert not alive
     assert not [s for s in our_segments() if s.startswith(f"{PREFIX}{process.pid}_")]
+
+
+PARENT_SCRIPT = """
+import os, sys, time
+import psutil
+import prefetch
+from prefetch.testing import SlowDecoder
+
+if __name__ == "__main__":
+    loader = prefetch.Loader(sys.argv[1], batch_size=2, image_size=(16, 16), workers=2,
+                             backend="process", decoder=SlowDecoder(0.2))
+    with loader:
+        for batch in loader:
+            workers = [c.pid for c in psutil.Process().children()
+                       if "resource_tracker" not in " ".join(c.cmdline())]
+            print(" ".join(map(str, workers)), flush=True)
+            time.sleep(60)
+"""
+
+
+def test_workers_exit_within_seconds_when_their_parent_is_killed(
+    folder: Path, tmp_path: Path
+) -> None:
+    import psutil
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(PARENT_SCRIPT))
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
+    assert len(workers) == 2
+    parent.kill()
+    parent.wait(10)
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, "orphaned workers kept running after their parent died"
+    sweep_stale()  # the killed parent could not unlink its segments; the next start does
+
+
+def test_twenty_rapid_open_close_cycles_leak_nothing(folder: Path) -> None:
+    for _ in range(20):
+        loader = prefetch.Loader(
+            folder, batch_size=6, image_size=SMALL, workers=2, backend="process"
+        )
+        with loader:
+            next(iter(loader))
+    assert not our_segments()
+    assert not _children()
