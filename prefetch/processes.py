@@ -239,11 +239,13 @@ class ProcessBackend:
             f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
         )
         lost = list(worker.in_flight.items())
-        files = [self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices]
         worker.conn.close()
         worker.process.join()
         self._workers.remove(worker)
         if self.restarts >= self.max_restarts:
+            files = [
+                self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices
+            ]
             error = WorkerCrashedError(
                 f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
                 f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}); "

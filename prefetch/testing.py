@@ -159,6 +159,16 @@ def small_cnn(size: int, classes: int) -> Any:
     return model
 
 
+def assert_same_batches(
+    got: Sequence[tuple[np.ndarray, np.ndarray]], expected: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> None:
+    """Assert two runs gave the same number of batches with equal images and labels, in order."""
+    assert len(got) == len(expected), f"{len(got)} batches, expected {len(expected)}"
+    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(labels, want_labels)
+
+
 def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A sample augmentation that uses its random generator: flip half the images, add noise."""
     if rng.random() < 0.5:

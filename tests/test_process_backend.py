@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import prefetch
@@ -20,6 +21,7 @@ from prefetch.testing import (
     CrashingDecoder,
     FailingDecoder,
     SlowDecoder,
+    assert_same_batches,
     random_flip_and_noise,
     write_bad_files,
     write_image_folder,
@@ -44,15 +46,6 @@ def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarr
         return [(x.copy(), y.copy()) for _ in range(epochs) for x, y in loader]
 
 
-def assert_same(
-    got: list[tuple[np.ndarray, np.ndarray]], expected: list[tuple[np.ndarray, np.ndarray]]
-) -> None:
-    assert len(got) == len(expected)
-    for (x, y), (ex, ey) in zip(got, expected, strict=True):
-        np.testing.assert_array_equal(x, ex)
-        np.testing.assert_array_equal(y, ey)
-
-
 def test_processes_give_the_same_batches_as_threads_for_two_epochs(folder: Path) -> None:
     options = dict(batch_size=5, image_size=SMALL, seed=4, transform=random_flip_and_noise)
     threads = all_batches(prefetch.Loader(folder, workers=2, **options), epochs=2)  # type: ignore[arg-type]
@@ -60,7 +53,7 @@ def test_processes_give_the_same_batches_as_threads_for_two_epochs(folder: Path)
         prefetch.Loader(folder, workers=2, backend="process", **options),
         epochs=2,  # type: ignore[arg-type]
     )
-    assert_same(processes, threads)
+    assert_same_batches(processes, threads)
     assert not our_segments()
 
 
@@ -76,12 +69,11 @@ def test_worker_processes_persist_across_epochs_inside_with(folder: Path) -> Non
     assert not _children()
 
 
-def _children() -> list[object]:
-    import psutil
-
+def _children(pid: int | None = None) -> list[psutil.Process]:
+    """Worker processes of `pid` (default: this process), less multiprocessing's tracker."""
     return [
         child
-        for child in psutil.Process().children()
+        for child in psutil.Process(pid).children()
         if "resource_tracker" not in " ".join(child.cmdline())
     ]
 
@@ -121,7 +113,7 @@ def test_a_crash_restarts_the_worker_and_delivers_everything_once_in_order(
     expected = all_batches(prefetch.Loader(folder, **options))  # type: ignore[arg-type]
     decoder = CrashingDecoder("square_0004", once_flag=str(tmp_path / "crashed"))
     loader = prefetch.Loader(folder, backend="process", decoder=decoder, **options)  # type: ignore[arg-type]
-    assert_same(all_batches(loader), expected)
+    assert_same_batches(all_batches(loader), expected)
     assert (tmp_path / "crashed").exists(), "the worker really crashed"
 
 
@@ -152,9 +144,9 @@ def test_a_worker_killed_from_outside_is_replaced_without_losing_a_batch(folder:
     with loader:
         for i, (x, y) in enumerate(loader):
             if i == 1:
-                os.kill(_children()[0].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+                os.kill(_children()[0].pid, signal.SIGKILL)
             got.append((x.copy(), y.copy()))
-    assert_same(got, expected)
+    assert_same_batches(got, expected)
 
 
 def test_an_unpicklable_transform_is_refused_before_any_worker_starts(folder: Path) -> None:
@@ -216,15 +208,9 @@ def test_ctrl_c_gives_one_traceback_and_leaves_no_worker_or_segment(
         stderr=subprocess.PIPE,
         text=True,
     )
-    import psutil
-
     assert process.stdout is not None
     process.stdout.readline()  # the first batch arrived: workers are running
-    workers = [
-        child
-        for child in psutil.Process(process.pid).children()
-        if "resource_tracker" not in " ".join(child.cmdline())
-    ]
+    workers = _children(process.pid)
     assert len(workers) == 2
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=20)
@@ -256,8 +242,6 @@ if __name__ == "__main__":
 def test_workers_exit_within_seconds_when_their_parent_is_killed(
     folder: Path, tmp_path: Path
 ) -> None:
-    import psutil
-
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(PARENT_SCRIPT))
     parent = subprocess.Popen(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.testing import random_flip_and_noise, write_image_folder
+from prefetch.testing import assert_same_batches, random_flip_and_noise, write_image_folder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,15 +27,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def epochs_of(loader: prefetch.Loader, count: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     with loader:
         return [[(x.copy(), y.copy()) for x, y in loader] for _ in range(count)]
-
-
-def assert_same_batches(
-    got: list[tuple[np.ndarray, np.ndarray]], expected: list[tuple[np.ndarray, np.ndarray]]
-) -> None:
-    assert len(got) == len(expected)
-    for (x, y), (ex, ey) in zip(got, expected, strict=True):
-        np.testing.assert_array_equal(x, ex)
-        np.testing.assert_array_equal(y, ey)
 
 
 @pytest.mark.parametrize("workers_before, workers_after", [(2, 1), (1, 3)])
