@@ -55,3 +55,17 @@ def no_leaks() -> Iterator[None]:
     assert not threads, f"threads leaked: {[t.name for t in threads]}"
     assert not children, f"child processes leaked: {sorted(children)}"
     assert not shm, f"/dev/shm segments leaked: {sorted(shm)}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked `gpu` when TensorFlow sees no GPU (TF is imported only if one exists)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return
+    skip = pytest.mark.skip(reason="needs a GPU; TensorFlow sees none")
+    for item in gpu_items:
+        item.add_marker(skip)
