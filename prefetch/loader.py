@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from prefetch.autobackend import choose_backend
 from prefetch.coordinator import Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decode_image
 from prefetch.errors import TooManySkippedError
@@ -47,7 +49,8 @@ log = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 ON_ERROR = ("raise", "skip")
-BACKENDS = ("thread", "process")
+BACKENDS = ("thread", "process", "auto")
+START_METHODS = ("spawn", "forkserver")
 # How often the consumer, while waiting for a batch, wakes to check for a stop.
 POLL_S = 0.1
 # How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
@@ -151,6 +154,8 @@ class Loader:
         color_mode: str = "rgb",
         interpolation: str = "bilinear",
         crop_to_aspect_ratio: bool = False,
+        pad_to_aspect_ratio: bool = False,
+        antialias: bool = True,
         on_error: str = "raise",
         max_skipped: int | None = None,
         transform: Transform | None = None,
@@ -160,6 +165,7 @@ class Loader:
         shard_index: int = 0,
         backend: str = "thread",
         max_restarts: int = 3,
+        start_method: str | None = None,
     ) -> None:
         if isinstance(source, (str, os.PathLike)):
             source = ImageFolder(source)
@@ -176,10 +182,13 @@ class Loader:
         self.depth = _positive("depth", depth)
         self.shuffle = bool(shuffle)
         self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**63))
+        self._seed_is_random = seed is None  # then another process cannot draw the same order
         self.drop_remainder = bool(drop_remainder)
         self.label_mode = _one_of("label_mode", label_mode, LABEL_MODES)
         self.on_error = _one_of("on_error", on_error, ON_ERROR)
         self.backend_name = _one_of("backend", backend, BACKENDS)
+        self.backend_reason = "" if backend == "auto" else f"backend={backend!r} was asked for"
+        self.start_method = _start_method(start_method)
         _one_of("color_mode", color_mode, tuple(COLOR_MODES))
         if max_skipped is not None and max_skipped < 0:
             raise ValueError(f"max_skipped must be >= 0 or None, got {max_skipped}")
@@ -198,7 +207,12 @@ class Loader:
         self._check_labels()
         height, width = (int(v) for v in image_size)
         self.options = DecodeOptions(
-            (height, width), COLOR_MODES[color_mode], interpolation, bool(crop_to_aspect_ratio)
+            (height, width),
+            COLOR_MODES[color_mode],
+            interpolation,
+            bool(crop_to_aspect_ratio),
+            pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
+            antialias=bool(antialias),
         )
         self._reader = SampleReader(
             source=source,
@@ -251,6 +265,46 @@ class Loader:
         """Samples per epoch in this loader's shard."""
         return len(range(self.shard_index, len(self.source), self.num_shards))
 
+    def shard(self, num_shards: int, shard_index: int) -> None:
+        """From now on yield shard `shard_index` of `num_shards` (as the constructor's options).
+
+        For one input pipeline per process (tf.distribute): each process makes the same Loader
+        and calls `shard` with its own index. Allowed until the loader's first epoch begins
+        (also after `load_state_dict`), or at any time with the values it already has;
+        otherwise RuntimeError. A shuffling loader needs an explicit `seed` for num_shards > 1.
+        """
+        num_shards = _positive("num_shards", num_shards)
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(
+                f"shard_index must be in [0, num_shards={num_shards}), got {shard_index}"
+            )
+        if num_shards > 1 and self.shuffle and self._seed_is_random:
+            raise ValueError(
+                "sharding a shuffling loader needs an explicit seed: every shard must draw the "
+                f"same epoch order, but this loader picked a random seed ({self.seed}). Pass the "
+                "same seed= to the Loader in every process"
+            )
+        with self._lock:
+            if (num_shards, shard_index) == (self.num_shards, self.shard_index):
+                return
+            if self._current is not None:
+                raise RuntimeError(
+                    f"cannot re-shard a loader that has begun an epoch (it yields shard "
+                    f"{self.shard_index} of {self.num_shards}): create the Loader with "
+                    f"num_shards={num_shards}, shard_index={shard_index}, or call shard() before "
+                    "iterating it"
+                )
+            size = len(range(shard_index, len(self.source), num_shards))
+            full, rest = divmod(size, self.batch_size)
+            batches = full + (1 if rest and not self.drop_remainder else 0)
+            if batches < max(1, self._next[1]):
+                raise ValueError(
+                    f"shard {shard_index} of {num_shards} has {size} samples, {batches} batches of "
+                    f"{self.batch_size}: too few for an epoch (or for the resume position "
+                    f"{self._next[1]}); lower batch_size or the number of shards"
+                )
+            self.num_shards, self.shard_index = num_shards, int(shard_index)
+
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(height, width, channels) of each image."""
@@ -286,6 +340,11 @@ class Loader:
             if self._backend is not None:
                 return
             self.coordinator.clear_stop()
+            if self.backend_name == "auto":
+                first = self.batch_indices(self._next[0])[0]
+                choice = choose_backend(self._reader, first)
+                self.backend_name, self.backend_reason = choice.name, choice.reason
+                log.info("prefetch %s", choice.reason)
             backend: Backend
             if self.backend_name == "process":
                 backend = ProcessBackend(
@@ -295,6 +354,7 @@ class Loader:
                     self.depth,
                     self.coordinator,
                     self.max_restarts,
+                    self.start_method,
                 )
             else:
                 backend = ThreadBackend(
@@ -469,6 +529,7 @@ class Loader:
             )
         with self._lock:
             self.seed = int(state["seed"])
+            self._seed_is_random = False
             self._next = (int(state["epoch"]), position)
             self._current = None
 
@@ -476,7 +537,9 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
-        return self._stats.snapshot(self.backend_name, self.workers, self.depth)
+        return self._stats.snapshot(
+            self.backend_name, self.workers, self.depth, self.backend_reason
+        )
 
     def reset_stats(self) -> None:
         """Start counting afresh (for example at the start of each epoch)."""
@@ -488,6 +551,22 @@ class Loader:
             f"image_size={self.options.image_size}, workers={self.workers}, depth={self.depth}, "
             f"backend={self.backend_name!r})"
         )
+
+
+def _start_method(method: str | None) -> str:
+    """The multiprocessing start method for process workers: never fork (unsafe after TF)."""
+    if method is None:
+        # The default, as set by the program, else the platform's (forkserver from Python 3.14).
+        default = multiprocessing.get_start_method(allow_none=True)
+        default = default or multiprocessing.get_all_start_methods()[0]
+        return default if default in START_METHODS else "spawn"
+    if method not in START_METHODS:
+        raise ValueError(
+            f"start_method must be one of {START_METHODS}, got {method!r}: process workers are "
+            "never forked, because forking a process that has started threads (TensorFlow's, "
+            "the loader's) can deadlock the child"
+        )
+    return method
 
 
 def _usable_cores() -> int:

@@ -1,4 +1,8 @@
-"""The process backend: spawned workers decode straight into shared-memory slots.
+"""The process backend: worker processes decode straight into shared-memory slots.
+
+Workers start with spawn or forkserver (never fork: the loader's process may run TensorFlow's
+threads). They do not re-run the main script unless the transform, decoder or source is defined
+there, so a script's `import tensorflow` does not load TensorFlow in every worker.
 
 Each worker has its own pipe. The parent sends (batch id, task, slot name); the worker attaches
 the slot's segment, fills it with `SampleReader.read_into`, and answers (batch id, outcome) or
@@ -16,9 +20,12 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
+import types
 from collections import OrderedDict
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -33,6 +40,13 @@ log = logging.getLogger(__name__)
 POLL_S = 0.1
 # How long close() waits for workers to exit after the stop message, before terminating them.
 STOP_GRACE_S = 2.0
+
+
+_NEVER_ANSWERED = (
+    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
+    "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
+    "its main code)"
+)
 
 
 class WorkerCrashedError(PrefetchError):
@@ -50,15 +64,35 @@ class _Stop:
     """Message to a worker: exit."""
 
 
+def _parent_alive(parent: int) -> bool:
+    """Whether the loader's process still runs (under forkserver it is not our parent)."""
+    if os.getppid() == parent:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
-    """A worker process: take tasks from `conn` until told to stop or the parent dies."""
+    """A worker process: take tasks from `conn` until told to stop or the parent dies.
+
+    The parent's death shows as end-of-file on the pipe (the parent held its only other end),
+    or as its pid being gone.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
     name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
     segments: dict[str, Slot] = {}
-    while os.getppid() == parent:
+    while _parent_alive(parent):
         if not conn.poll(POLL_S):
             continue
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break  # the parent is gone
         if isinstance(message, _Stop):
             break
         batch_id, task, slot_name, size = message
@@ -125,6 +159,7 @@ class _Worker:
         self.process = process
         self.conn = conn
         self.in_flight: OrderedDict[int, tuple[BatchTask, Slot, int]] = OrderedDict()
+        self.answered = 0
 
 
 class ProcessBackend:
@@ -140,6 +175,7 @@ class ProcessBackend:
         depth: int,
         coordinator: Coordinator,
         max_restarts: int = 3,
+        start_method: str = "spawn",
     ) -> None:
         self.workers = workers
         self._reader = reader
@@ -148,14 +184,20 @@ class ProcessBackend:
         self._coordinator = coordinator
         self.max_restarts = max_restarts
         self.restarts = 0
-        self._context = multiprocessing.get_context("spawn")
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        self._context = (
+            multiprocessing.get_context("forkserver")
+            if start_method == "forkserver"
+            else multiprocessing.get_context("spawn")
+        )
         self._slots = SharedSlots(self._layout)
         self._workers: list[_Worker] = []
         self._pending: dict[int, ProcessPending] = {}
         self._next_id = 0
         self._crashed: WorkerCrashedError | None = None
         self._lock = threading.RLock()
-        check_picklable(reader)
+        self._needs_main = check_picklable(reader)
 
     def start(self) -> None:
         sweep_stale()
@@ -172,7 +214,8 @@ class ProcessBackend:
             name=f"prefetch-process-{index}",
             daemon=True,
         )
-        process.start()
+        with contextlib.nullcontext() if self._needs_main else _main_script_hidden():
+            process.start()
         child_end.close()
         self._coordinator.register_thread(process)
         return _Worker(index, process, parent_end)
@@ -220,6 +263,7 @@ class ProcessBackend:
             while worker.conn.poll(0):
                 batch_id, outcome, error = worker.conn.recv()
                 _, slot, size = worker.in_flight.pop(batch_id)
+                worker.answered += 1
                 pending = self._pending.pop(batch_id, None)
                 if pending is None:
                     continue
@@ -251,6 +295,7 @@ class ProcessBackend:
                 f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}); "
                 f"it was decoding {len(files)} files: {files[:8]}"
                 + (" ..." if len(files) > 8 else "")
+                + (_NEVER_ANSWERED if worker.answered == 0 else "")
             )
             self._crashed = error
             for batch_id, _ in lost:
@@ -297,18 +342,45 @@ class ProcessBackend:
             self._slots.close()
 
 
-def check_picklable(reader: SampleReader) -> None:
-    """Fail early, naming the part of the loader that cannot be sent to worker processes."""
+def check_picklable(reader: SampleReader) -> bool:
+    """Fail early, naming the part of the loader that cannot be sent to worker processes.
+
+    Returns whether the pickled parts refer to the main script (`__main__`), which a worker
+    must then run again to find them.
+    """
+    needs_main = False
     for what, value in (
         ("transform", reader.transform),
         ("decoder", reader.decoder),
         ("source", reader.source),
     ):
         try:
-            pickle.dumps(value)
+            needs_main |= b"__main__" in pickle.dumps(value)
         except Exception as error:
             raise TypeError(
                 f"backend='process' sends the {what} to worker processes, but {value!r} cannot be "
                 f"pickled ({error}). Define it at module level (not a lambda or a local "
                 "function), or use backend='thread'"
             ) from error
+    return needs_main
+
+
+_main_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Start processes without making them run the main script again.
+
+    spawn and forkserver children re-run the parent's main script (as `__mp_main__`) so that
+    functions defined there can be unpickled; its top-level imports, TensorFlow included, would
+    then load in every worker. When nothing sent to the workers lives in the main script, this
+    hides it while a process starts (multiprocessing reads `sys.modules["__main__"]` to decide).
+    """
+    with _main_lock:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main

@@ -26,6 +26,7 @@ class LoaderStats:
     - `producer_busy_s`: worker time spent reading samples, summed over workers.
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
       `depth` in flight); near `depth` means the producers are ahead.
+    - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
     """
 
     backend: str
@@ -42,6 +43,7 @@ class LoaderStats:
     mean_ready_batches: float
     skipped: int
     skipped_paths: tuple[str, ...]
+    backend_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -75,7 +77,9 @@ class StatsRecorder:
         self.skipped = 0
         self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
 
-    def snapshot(self, backend: str, workers: int, depth: int) -> LoaderStats:
+    def snapshot(
+        self, backend: str, workers: int, depth: int, backend_reason: str = ""
+    ) -> LoaderStats:
         elapsed = self.elapsed_s
         return LoaderStats(
             backend=backend,
@@ -92,4 +96,5 @@ class StatsRecorder:
             mean_ready_batches=self.ready_sum / self.requests if self.requests else 0.0,
             skipped=self.skipped,
             skipped_paths=tuple(self.skipped_paths),
+            backend_reason=backend_reason,
         )

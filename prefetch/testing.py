@@ -8,10 +8,12 @@ plain picklable classes, so they work in thread and process workers alike.
 from __future__ import annotations
 
 import os
+import struct
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -81,12 +83,28 @@ def write_image_folder(
     return root
 
 
-def write_bad_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
-    """Write one file of each kind of bad input into `folder`; returns {kind: path}.
+# The kinds of bad input that `write_bad_files` writes; the first four are its default.
+BAD_FILE_KINDS = ("corrupt", "truncated", "zero_byte", "text", "bomb", "unreadable")
 
-    Kinds: "corrupt" (JPEG header, garbage body), "truncated" (a JPEG cut in half), "zero_byte",
-    and "text" (a text file named .jpg).
+# Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
+# twice this. Spawned worker processes start with the default whatever the parent set.
+PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+
+
+def write_bad_files(
+    folder: str | os.PathLike[str],
+    kinds: Sequence[str] = ("corrupt", "truncated", "zero_byte", "text"),
+) -> dict[str, Path]:
+    """Write one file of each of `kinds` of bad input into `folder`; returns {kind: path}.
+
+    Kinds (see `BAD_FILE_KINDS`): "corrupt" (JPEG header, garbage body), "truncated" (a JPEG
+    cut in half), "zero_byte", "text" (a text file named .jpg), "bomb" (`bad_bomb.png`, see
+    `write_decompression_bomb`) and "unreadable" (a valid JPEG with permission bits 000; a
+    process with CAP_DAC_OVERRIDE, such as root, still reads it: check with `os.access`).
     """
+    unknown = [kind for kind in kinds if kind not in BAD_FILE_KINDS]
+    if unknown:
+        raise ValueError(f"unknown bad file kinds {unknown}; choose from {BAD_FILE_KINDS}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(1)
@@ -94,27 +112,140 @@ def write_bad_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
     draw_shape("circle", (64, 64), rng).save(good, "JPEG")
     data = good.read_bytes()
     good.unlink()
-    paths = {
-        "corrupt": folder / "bad_corrupt.jpg",
-        "truncated": folder / "bad_truncated.jpg",
-        "zero_byte": folder / "bad_zero_byte.jpg",
-        "text": folder / "bad_text.jpg",
-    }
-    paths["corrupt"].write_bytes(data[:20] + rng.integers(0, 256, 2000, dtype=np.uint8).tobytes())
-    paths["truncated"].write_bytes(data[: len(data) // 2])
-    paths["zero_byte"].write_bytes(b"")
-    paths["text"].write_text("this is not an image\n")
+    garbage = rng.integers(0, 256, 2000, dtype=np.uint8).tobytes()
+    paths = {}
+    for kind in kinds:
+        target = folder / (f"bad_{kind}.png" if kind == "bomb" else f"bad_{kind}.jpg")
+        target.unlink(missing_ok=True)  # an earlier "unreadable" file cannot be overwritten
+        if kind == "corrupt":
+            target.write_bytes(data[:20] + garbage)
+        elif kind == "truncated":
+            target.write_bytes(data[: len(data) // 2])
+        elif kind == "zero_byte":
+            target.write_bytes(b"")
+        elif kind == "text":
+            target.write_text("this is not an image\n")
+        elif kind == "bomb":
+            write_decompression_bomb(target)
+        else:
+            target.write_bytes(data)
+            target.chmod(0)
+        paths[kind] = target
     return paths
 
 
-class SlowDecoder:
-    """The default decoder, after sleeping `delay_s` per image (a slow disk or heavy decode)."""
+def write_decompression_bomb(path: str | os.PathLike[str]) -> Path:
+    """Write a valid 1-bit black PNG of over twice Pillow's default pixel limit; returns `path`.
 
-    def __init__(self, delay_s: float) -> None:
+    The file is about 22 KB and takes a fraction of a second to write; `Image.open` raises
+    `PIL.Image.DecompressionBombError` for it in any process that keeps Pillow's default
+    `MAX_IMAGE_PIXELS`, spawned workers included.
+    """
+    path = Path(path)
+    width = 1 << 14
+    height = 2 * PILLOW_DEFAULT_MAX_PIXELS // width + 64
+    row = b"\0" * (1 + width // 8)  # filter byte, then `width` one-bit pixels
+    compressor = zlib.compressobj(9)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", pixels)
+        + _png_chunk(b"IEND", b"")
+    )
+    return path
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+class OddImage(NamedTuple):
+    """A valid image in an unusual mode, and what a correct decoder makes of it.
+
+    `rgba` is the expected (height, width, 4) uint8 result at the file's own size with
+    `color_mode="rgba"`; `rgba[..., :3]` is the expected "rgb" result. Each channel may differ
+    from it by at most `tolerance` (JPEG is lossy; PNGs are exact).
+    """
+
+    path: Path
+    rgba: np.ndarray
+    tolerance: int
+
+
+def write_odd_images(
+    folder: str | os.PathLike[str], size: tuple[int, int] = (16, 16)
+) -> dict[str, OddImage]:
+    """Write valid images in unusual modes into `folder`; returns {kind: OddImage}.
+
+    `size` is (width, height), even. Kinds: "gray_jpeg" (mode L, gray 200), "cmyk_jpeg" (CMYK
+    (0, 200, 255, 55), which is RGB (200, 43, 0)), "gray16_png" (16-bit gray, 0x3210 on the
+    left half and 0xC8FF on the right: 50 and 200 in 8 bits, where clipping would give 255),
+    and "palette_png" (a palette PNG whose left half is a transparent magenta palette entry and
+    whose right half is opaque (0, 128, 255)).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    width, height = size
+    half = width // 2
+
+    def expected(left: tuple[int, ...], right: tuple[int, ...]) -> np.ndarray:
+        rgba = np.empty((height, width, 4), np.uint8)
+        rgba[:, :half], rgba[:, half:] = left, right
+        return rgba
+
+    gray, orange = (200, 200, 200, 255), (200, 43, 0, 255)
+    images = {
+        "gray_jpeg": OddImage(folder / "odd_gray.jpg", expected(gray, gray), 3),
+        "cmyk_jpeg": OddImage(folder / "odd_cmyk.jpg", expected(orange, orange), 3),
+        "gray16_png": OddImage(
+            folder / "odd_gray16.png", expected((50, 50, 50, 255), (200, 200, 200, 255)), 0
+        ),
+        "palette_png": OddImage(
+            folder / "odd_palette.png", expected((255, 0, 255, 0), (0, 128, 255, 255)), 0
+        ),
+    }
+    Image.new("L", size, 200).save(images["gray_jpeg"].path, "JPEG")
+    Image.new("CMYK", size, (0, 200, 255, 55)).save(images["cmyk_jpeg"].path, "JPEG")
+    gray16 = np.full((height, width), 0xC8FF, np.uint16)
+    gray16[:, :half] = 0x3210
+    Image.fromarray(gray16).save(images["gray16_png"].path)
+    indices = np.zeros((height, width), np.uint8)
+    indices[:, half:] = 1
+    palette = Image.fromarray(indices, "P")
+    palette.putpalette([255, 0, 255, 0, 128, 255])
+    palette.save(images["palette_png"].path, transparency=0)
+    return images
+
+
+class SlowDecoder:
+    """The default decoder, after sleeping `delay_s` per image (a slow disk or heavy decode).
+
+    With `marker`, it sleeps only for paths containing it. With `once_flag` (a file path), it
+    sleeps only the first time, in whichever process: it creates the file before sleeping.
+    """
+
+    def __init__(
+        self, delay_s: float, marker: str | None = None, once_flag: str | None = None
+    ) -> None:
         self.delay_s = delay_s
+        self.marker = marker
+        self.once_flag = once_flag
 
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        time.sleep(self.delay_s)
+        if self.marker is None or self.marker in path:
+            if self.once_flag is None:
+                time.sleep(self.delay_s)
+            else:
+                try:
+                    with open(self.once_flag, "x"):
+                        pass
+                except FileExistsError:
+                    pass
+                else:
+                    time.sleep(self.delay_s)
         return decode_image(path, options)
 
 
@@ -202,3 +333,44 @@ class CrashingDecoder:
             else:
                 os._exit(self.exit_code)
         return decode_image(path, options)
+
+
+class GilHoldingTransform:
+    """A transform that holds the GIL (a pure-Python busy loop) for `delay_s` per image.
+
+    It stands in for Python-heavy augmentation, the case `backend="auto"` sends to processes.
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        deadline = time.perf_counter() + self.delay_s
+        while time.perf_counter() < deadline:
+            pass
+        return image
+
+
+def worker_processes(pid: int | None = None) -> list[Any]:
+    """The live worker processes (psutil.Process) of process `pid` (default: this one).
+
+    Spawned workers are its children; forkserver workers are children of its forkserver. The
+    multiprocessing helpers themselves (resource tracker, forkserver) are left out.
+    """
+    import psutil  # a test dependency, not a dependency of prefetch
+
+    parent = psutil.Process(pid)
+    workers = []
+    for child in parent.children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            command = " ".join(child.cmdline())
+            if "resource_tracker" in command:
+                continue
+            if "forkserver" in command and child.ppid() == parent.pid:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        workers.append(child)
+    return workers

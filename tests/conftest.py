@@ -31,7 +31,11 @@ def _live_children() -> set[int]:
             command = " ".join(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        if "resource_tracker" in command or "forkserver" in command:
+        # multiprocessing's own helpers; workers forked by a forkserver share its command line,
+        # so only the server itself (our direct child) is left out.
+        if "resource_tracker" in command:
+            continue
+        if "forkserver" in command and child.ppid() == os.getpid():
             continue
         children.add(child.pid)
     return children

@@ -23,6 +23,7 @@ from prefetch.testing import (
     SlowDecoder,
     assert_same_batches,
     random_flip_and_noise,
+    worker_processes,
     write_bad_files,
     write_image_folder,
 )
@@ -70,12 +71,8 @@ def test_worker_processes_persist_across_epochs_inside_with(folder: Path) -> Non
 
 
 def _children(pid: int | None = None) -> list[psutil.Process]:
-    """Worker processes of `pid` (default: this process), less multiprocessing's tracker."""
-    return [
-        child
-        for child in psutil.Process(pid).children()
-        if "resource_tracker" not in " ".join(child.cmdline())
-    ]
+    """Worker processes of `pid` (default: this process), less multiprocessing's helpers."""
+    return worker_processes(pid)
 
 
 def test_a_worker_error_keeps_its_type_with_the_worker_traceback_and_a_note(folder: Path) -> None:

@@ -1,0 +1,99 @@
+"""backend="auto": choose threads or processes from a short measurement of the per-sample work.
+
+Worker threads run in parallel only while the work releases the GIL. Pillow's decode and resize
+release it; a Python transform (and a source's own `__getitem__`, or a decoder written in Python)
+holds it, so threads serialise on it and also slow the training loop's own Python. The choice
+times the stages of a few samples on the calling thread:
+
+- time spent in stages known to release the GIL: the built-in decoder `decode_image`, and any
+  decoder whose `releases_gil` attribute is True;
+- time spent in everything else (the transform, a source's `__getitem__`, other decoders).
+
+If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
+otherwise threads, which start faster and copy nothing. The measurement runs in the training
+process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
+thread workers would.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from prefetch.decode import decode_image, to_target_size
+from prefetch.workers import SampleReader
+
+# Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
+# two threads already lose about a fifth of their speed-up to the GIL (Amdahl), which the
+# process backend's fixed costs (spawn, a pipe message per batch) do not.
+PROCESS_SHARE = 0.25
+# The measurement stops after this many samples or this many seconds, whichever comes first.
+MAX_SAMPLES = 8
+BUDGET_S = 0.5
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend `backend="auto"` chose, and why (shown in `LoaderStats.backend_reason`)."""
+
+    name: str
+    gil_share: float
+    seconds_per_sample: float
+    samples: int
+    reason: str
+
+
+def releases_gil(decoder: object) -> bool:
+    """True for decoders known to do their work without the GIL."""
+    return decoder is decode_image or getattr(decoder, "releases_gil", False) is True
+
+
+def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
+    """Time up to `MAX_SAMPLES` of `indices` (within `BUDGET_S`) and pick "thread" or "process".
+
+    Samples that fail to read are left out of the measurement (the epoch reports them).
+    """
+    free_s = held_s = 0.0
+    samples = 0
+    began = time.perf_counter()
+    for index in indices[:MAX_SAMPLES]:
+        try:
+            free, held, image = _time_read(reader, int(index))
+            free_s, held_s = free_s + free, held_s + held
+            if reader.transform is not None:
+                start = time.perf_counter()
+                reader.transform(image, np.random.default_rng(int(index)))
+                held_s += time.perf_counter() - start
+            samples += 1
+        except Exception:
+            pass
+        if time.perf_counter() - began > BUDGET_S:
+            break
+    total = free_s + held_s
+    if samples == 0 or total <= 0:
+        return BackendChoice(
+            "thread", 0.0, 0.0, samples, "auto: thread (nothing could be measured)"
+        )
+    share = held_s / total
+    name = "process" if share >= PROCESS_SHARE else "thread"
+    reason = (
+        f"auto: {name} (the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
+        f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%})"
+    )
+    return BackendChoice(name, share, total / samples, samples, reason)
+
+
+def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarray]:
+    """Read one sample; returns (seconds without the GIL, seconds with it, the image)."""
+    start = time.perf_counter()
+    paths = getattr(reader.source, "paths", None)
+    if paths is not None:
+        image = reader.decoder(str(paths[index]), reader.options)
+        spent = time.perf_counter() - start
+        return (spent, 0.0, image) if releases_gil(reader.decoder) else (0.0, spent, image)
+    item = reader.source[index]
+    fetched = time.perf_counter()
+    image = to_target_size(item[0] if reader.labelled else item, reader.options)
+    return time.perf_counter() - fetched, fetched - start, image
