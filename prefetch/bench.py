@@ -1,0 +1,802 @@
+"""prefetch.bench: measure loaders on one image folder against the machine's decode limit.
+
+`run(root, ...)` measures, in one process and one run, the single-core decode + resize rate of
+every decoder in `available_decoders()` (the decode limit is usable cores x the best rate) and
+the images/s and consumer wait of each loader: a plain Python loop, prefetch threads, prefetch
+processes, and, where installed, the tf.data AUTOTUNE pipeline, Keras
+`image_dataset_from_directory` and a PyTorch `DataLoader`. It returns a `BenchReport` (table,
+JSON, chart). Rounds are interleaved (every loader once per round, medians over rounds) so that
+a busy machine slows all rows alike.
+
+Contract: runs in the calling thread; every loader it opens (threads, processes) is closed
+before `run` returns or raises. TensorFlow, Keras and torch are imported only to measure their
+loaders, matplotlib only to draw. Figures are timings: compare rows of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from prefetch.decode import DecodeOptions, Decoder, decode_image
+from prefetch.loader import Loader
+from prefetch.sources import ImageFolder, epoch_order
+from prefetch.testing import SHAPES, write_image_folder
+from prefetch.timeline import TimedDecoder, Timeline, import_matplotlib
+
+# Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
+SCHEMA_VERSION = 1
+# Images per single-core decode measurement (fewer when the folder is smaller).
+DECODE_SAMPLE = 200
+# Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.
+SAMPLE_SIZE = (500, 375)
+
+# The decoders whose single-core rate is measured, by name. Add one here (or from
+# `prefetch.decode.available_decoders()`, see `available_decoders`) and it appears in the table.
+DECODERS: dict[str, Decoder] = {"pillow": decode_image}
+
+# Loader keys in the order they run in each round, with their display names.
+LOADER_NAMES: dict[str, str] = {
+    "loop": "python loop (1 core)",
+    "threads": "prefetch threads",
+    "processes": "prefetch processes",
+    "tf.data": "tf.data AUTOTUNE",
+    "keras": "keras image_dataset_from_directory",
+    "torch": "torch DataLoader",
+}
+# Modules a loader needs, and how to install them.
+_REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tf.data": (("tensorflow",), "pip install tensorflow"),
+    "keras": (("keras", "tensorflow"), "pip install tensorflow keras"),
+    "torch": (("torch",), "pip install torch"),
+}
+
+Progress = Callable[[int, int, str], None]
+"""`progress(done, total, label)`: called as work advances (units: batches of images)."""
+
+
+# ---- the report --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What was measured: the folder, the batch shape, the workers and the simulated step."""
+
+    root: str
+    images: int
+    classes: int
+    image_size: tuple[int, int]
+    batch_size: int
+    workers: int
+    depth: int
+    step_ms: float
+    repeats: int
+    seed: int
+    decode_sample: int
+    timeline_batches: int
+    timeline_backend: str
+
+
+@dataclass(frozen=True)
+class DecoderRate:
+    """A decoder's single-core decode + resize rate: the median and each round's value."""
+
+    name: str
+    images_per_s: float
+    runs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LoaderResult:
+    """One loader's medians over the rounds, and its ratios to the decode limit and tf.data.
+
+    `consumer_wait_fraction` is the share of the measured time the consumer spent waiting for
+    a batch (0 to 1). `ratio_to_tf_data` is None when tf.data was not measured.
+    """
+
+    key: str
+    name: str
+    images_per_s: float
+    consumer_wait_fraction: float
+    ratio_to_limit: float
+    ratio_to_tf_data: float | None
+    images_per_s_runs: tuple[float, ...]
+    wait_fraction_runs: tuple[float, ...]
+
+
+@dataclass
+class BenchReport:
+    """The result of `run`: settings, machine, decoder rates, decode limit and loader rows.
+
+    `skipped` maps the key of each loader that was asked for but not measured to the reason
+    (for example "torch is not installed: pip install torch"). `timeline` is set when `run` was
+    asked to record one.
+    """
+
+    config: BenchConfig
+    machine: dict[str, Any]
+    decoders: list[DecoderRate]
+    decode_limit: float
+    limit_decoder: str
+    loaders: list[LoaderResult]
+    skipped: dict[str, str]
+    timeline: Timeline | None = None
+
+    def loader(self, key: str) -> LoaderResult:
+        """The row of the loader `key` ("threads", "tf.data", ...); KeyError if not measured."""
+        for row in self.loaders:
+            if row.key == key:
+                return row
+        raise KeyError(
+            f"loader {key!r} was not measured; measured: {[r.key for r in self.loaders]}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (schema in docs/api.md, "prefetch.bench")."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "config": dataclasses.asdict(self.config),
+            "machine": dict(self.machine),
+            "decoders": [dataclasses.asdict(rate) for rate in self.decoders],
+            "decode_limit": {
+                "images_per_s": self.decode_limit,
+                "decoder": self.limit_decoder,
+                "cores": self.machine["usable_cores"],
+            },
+            "loaders": [dataclasses.asdict(row) for row in self.loaders],
+            "skipped": dict(self.skipped),
+            "timeline": self.timeline.as_dicts() if self.timeline is not None else None,
+        }
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        """Write `as_dict()` to `path` as indented JSON."""
+        Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def format_table(self) -> str:
+        """The report as a text table (what `prefetch bench` prints)."""
+        c, m = self.config, self.machine
+        height, width = c.image_size
+        lines = [
+            f"prefetch bench: {c.images} images in {c.classes} classes under {c.root}",
+            f"  -> {height}x{width}, batch {c.batch_size}, {c.workers} workers, depth {c.depth}, "
+            f"step {c.step_ms:g} ms, median of {c.repeats} round(s)",
+            f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
+            f"Python {m['python']}, {m['platform']}",
+            "",
+            f"{'single-core decode + resize':36s} {'images/s':>9s}",
+        ]
+        lines += [f"{rate.name:36s} {rate.images_per_s:9.0f}" for rate in self.decoders]
+        limit_name = f"decode limit ({m['usable_cores']} cores x {self.limit_decoder})"
+        lines += [f"{limit_name:36s} {self.decode_limit:9.0f}", ""]
+        lines.append(
+            f"{'loader':36s} {'images/s':>9s} {'wait %':>7s} {'of limit':>9s} {'of tf.data':>11s}"
+        )
+        for row in self.loaders:
+            of_tf = f"{row.ratio_to_tf_data:.0%}" if row.ratio_to_tf_data is not None else "-"
+            lines.append(
+                f"{row.name:36s} {row.images_per_s:9.0f} {row.consumer_wait_fraction:7.1%} "
+                f"{row.ratio_to_limit:9.0%} {of_tf:>11s}"
+            )
+        for key, reason in self.skipped.items():
+            lines.append(f"skipped {LOADER_NAMES.get(key, key)}: {reason}")
+        lines.append(
+            "wait %: share of the consumer's time spent waiting for a batch; timings are noisy "
+            "on a busy machine: compare rows of one run"
+        )
+        if self.timeline is not None:
+            backend = "threads" if c.timeline_backend == "thread" else "processes"
+            lines += ["", f"timeline: prefetch {backend}, the first {c.timeline_batches} batches"]
+            lines.append(self.timeline.render_text())
+        return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Draw images/s per loader (wait % on each bar) and the decode limit into `path` (PNG).
+
+        Needs matplotlib; raises ImportError saying how to install it when it is missing.
+        """
+        figure_class, _ = import_matplotlib("BenchReport.plot")
+        c = self.config
+        figure = figure_class(figsize=(9, 1.5 + 0.5 * len(self.loaders)))
+        axes = figure.subplots()
+        names = [row.name for row in self.loaders]
+        rates = [row.images_per_s for row in self.loaders]
+        bars = axes.barh(names, rates, color="tab:blue")
+        for bar, row in zip(bars, self.loaders, strict=True):
+            axes.annotate(
+                f" {row.images_per_s:.0f}/s, wait {row.consumer_wait_fraction:.0%}",
+                (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                va="center",
+                fontsize="small",
+            )
+        axes.axvline(self.decode_limit, color="tab:red", linestyle="--")
+        axes.annotate(
+            f"decode limit {self.decode_limit:.0f}/s",
+            (self.decode_limit, -0.6),
+            color="tab:red",
+            ha="right",
+            va="top",
+            fontsize="small",
+        )
+        axes.invert_yaxis()
+        axes.set_xlim(0, max([*rates, self.decode_limit]) * 1.35)
+        axes.set_xlabel("images/s")
+        axes.set_title(
+            f"{c.images} images -> {c.image_size[0]}x{c.image_size[1]}, batch {c.batch_size}, "
+            f"{c.workers} workers, step {c.step_ms:g} ms, "
+            f"{self.machine['usable_cores']} cores"
+        )
+        figure.tight_layout()
+        figure.savefig(os.fspath(path), dpi=110)
+
+
+# ---- decoders and the machine ------------------------------------------------------------
+
+
+def available_decoders() -> dict[str, Decoder]:
+    """The decoders to measure: `DECODERS`, plus `prefetch.decode.available_decoders()`.
+
+    The second part lets a decoder added to `prefetch.decode` (a turbo JPEG decoder, say)
+    appear in the bench without a change here: if `prefetch.decode` has a function
+    `available_decoders() -> dict[str, Decoder]`, its entries are included.
+    """
+    decoders = dict(DECODERS)
+    module = importlib.import_module("prefetch.decode")
+    extra = getattr(module, "available_decoders", None)
+    if callable(extra):
+        decoders.update(extra())
+    return decoders
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and package versions the figures were measured with (JSON-ready)."""
+    versions: dict[str, str | None] = {}
+    for name in ("numpy", "pillow", "tensorflow", "keras", "torch"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "cpu": _cpu_model(),
+        "usable_cores": usable_cores(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_sample_folder(
+    root: str | os.PathLike[str],
+    images: int,
+    *,
+    classes: int = 2,
+    size: tuple[int, int] = SAMPLE_SIZE,
+    seed: int = 0,
+) -> Path:
+    """Write `images` JPEGs of `size` (width, height; default ImageNet's typical 500x375).
+
+    The images (shapes with noise, Pillow's default JPEG quality) are spread over `classes`
+    class folders (at most 6) under `root`, which must not exist yet or be empty. Returns root.
+    """
+    root = Path(root)
+    if images < 1:
+        raise ValueError(f"images must be >= 1, got {images}")
+    if not 1 <= classes <= len(SHAPES):
+        raise ValueError(f"classes must be in [1, {len(SHAPES)}], got {classes}")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(
+            f"{str(root)!r} exists and is not an empty folder; pass a new folder to generate into"
+        )
+    for index in range(classes):
+        per_class = images // classes + (1 if index < images % classes else 0)
+        if per_class:
+            write_image_folder(
+                root,
+                class_names=(SHAPES[index],),
+                per_class=per_class,
+                size=size,
+                seed=seed + index,
+            )
+    return root
+
+
+# ---- measuring ---------------------------------------------------------------------------
+
+
+class _Contender(Protocol):
+    """A loader under test: opened once, then one epoch per round, yielding batch sizes."""
+
+    def open(self, stack: contextlib.ExitStack) -> None: ...
+
+    def epoch(self, number: int) -> Generator[int, None, None]: ...
+
+
+@dataclass(frozen=True)
+class _Setup:
+    folder: ImageFolder
+    options: DecodeOptions
+    batch_size: int
+    workers: int
+    depth: int
+    seed: int
+    decoder: Decoder
+
+
+class _PythonLoop:
+    """Decode one image after another in the consumer's thread; no overlap at all."""
+
+    def __init__(self, setup: _Setup) -> None:
+        self.setup = setup
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        pass
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        s = self.setup
+        order = epoch_order(len(s.folder), shuffle=True, seed=s.seed, epoch=number)
+        for first in range(0, len(order), s.batch_size):
+            chunk = order[first : first + s.batch_size]
+            images = np.stack([s.decoder(str(s.folder.paths[i]), s.options) for i in chunk])
+            yield len(images)
+
+
+class _PrefetchLoader:
+    """`prefetch.Loader` with the given backend, owned for all rounds (`with loader:`)."""
+
+    def __init__(self, setup: _Setup, backend: str) -> None:
+        s = setup
+        self.loader = Loader(
+            s.folder,
+            batch_size=s.batch_size,
+            image_size=s.options.image_size,
+            workers=s.workers,
+            depth=s.depth,
+            seed=s.seed,
+            decoder=s.decoder,
+            backend=backend,
+        )
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(self.loader)
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        return _batches(self.loader)
+
+
+class _TfData:
+    """The tf.data pipeline as TensorFlow's guides write it, AUTOTUNE everywhere.
+
+    Files (the same listing as ImageFolder) -> shuffle -> read -> decode -> resize (bilinear,
+    float32 like Keras) -> batch -> prefetch.
+    """
+
+    def __init__(self, setup: _Setup) -> None:
+        self.setup = setup
+        self.dataset: Any = None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        tf = importlib.import_module("tensorflow")
+        s = self.setup
+        autotune = tf.data.AUTOTUNE
+        channels = s.options.channels
+
+        def load(path: Any, label: Any) -> tuple[Any, Any]:
+            data = tf.io.read_file(path)
+            image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+            return tf.image.resize(image, s.options.image_size), label
+
+        paths = [str(p) for p in s.folder.paths]
+        dataset = tf.data.Dataset.from_tensor_slices((paths, s.folder.labels))
+        dataset = dataset.shuffle(len(paths), seed=s.seed, reshuffle_each_iteration=True)
+        dataset = dataset.map(load, num_parallel_calls=autotune)
+        self.dataset = dataset.batch(s.batch_size).prefetch(autotune)
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        for images, _labels in self.dataset:
+            count = int(images.shape[0])
+            del images, _labels
+            yield count
+
+
+class _Keras(_TfData):
+    """`keras.utils.image_dataset_from_directory` on the folder, with its own defaults."""
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        keras = importlib.import_module("keras")
+        s = self.setup
+        self.dataset = keras.utils.image_dataset_from_directory(
+            str(s.folder.root),
+            batch_size=s.batch_size,
+            image_size=s.options.image_size,
+            shuffle=True,
+            seed=s.seed,
+            verbose=False,
+        )
+
+
+class TorchSamples:
+    """A map-style dataset for torch's `DataLoader`: `(decoded image, label)` per index.
+
+    Picklable (spawned DataLoader workers import it from here); no torch needed to build it.
+    """
+
+    def __init__(self, folder: ImageFolder, decoder: Decoder, options: DecodeOptions) -> None:
+        self.paths = folder.paths
+        self.labels = folder.labels
+        self.decoder = decoder
+        self.options = options
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.decoder(str(self.paths[index]), self.options), int(self.labels[index])
+
+
+class _Torch:
+    """torch's `DataLoader` with `workers` spawned worker processes and default prefetching."""
+
+    def __init__(self, setup: _Setup) -> None:
+        self.setup = setup
+        self.loader: Any = None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        torch = importlib.import_module("torch")
+        data = importlib.import_module("torch.utils.data")
+        s = self.setup
+        self.loader = data.DataLoader(
+            TorchSamples(s.folder, s.decoder, s.options),
+            batch_size=s.batch_size,
+            shuffle=True,
+            num_workers=s.workers,
+            multiprocessing_context="spawn",  # never fork a process that may hold TensorFlow
+            generator=torch.Generator().manual_seed(s.seed),
+        )
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        for images, _labels in self.loader:
+            count = int(images.shape[0])
+            del images, _labels
+            yield count
+
+
+def _make_contender(key: str, setup: _Setup) -> _Contender:
+    if key == "loop":
+        return _PythonLoop(setup)
+    if key == "threads":
+        return _PrefetchLoader(setup, "thread")
+    if key == "processes":
+        return _PrefetchLoader(setup, "process")
+    if key == "tf.data":
+        return _TfData(setup)
+    if key == "keras":
+        return _Keras(setup)
+    return _Torch(setup)
+
+
+def missing_requirement(key: str) -> str | None:
+    """Why loader `key` cannot run here ("torch is not installed: pip install torch"), or None."""
+    modules, install = _REQUIREMENTS.get(key, ((), ""))
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: {install}"
+    return None
+
+
+def _measure_epoch(
+    batches: Generator[int, None, None], step_s: float, tick: Callable[[], None]
+) -> tuple[int, float, float]:
+    """(images, seconds, seconds waited) of one epoch, after its first (warm-up) batch.
+
+    The consumer takes a batch, then works on it for `step_s` (a sleep, like a device step).
+    """
+    with contextlib.closing(batches):
+        next(batches)  # the warm-up batch: start-up, tracing and filling the window
+        _step(step_s)
+        tick()
+        images, waited = 0, 0.0
+        began = time.perf_counter()
+        while True:
+            asked = time.perf_counter()
+            count = next(batches, None)
+            if count is None:
+                break
+            waited += time.perf_counter() - asked
+            images += count
+            _step(step_s)
+            tick()
+        return images, time.perf_counter() - began, waited
+
+
+def _step(step_s: float) -> None:
+    if step_s > 0:
+        time.sleep(step_s)
+
+
+def _decode_rate(
+    decoder: Decoder,
+    paths: Sequence[str],
+    options: DecodeOptions,
+    tick: Callable[[], None],
+    every: int,
+) -> float:
+    """Images/s of `decoder` on `paths`, one after another in this thread."""
+    began = time.perf_counter()
+    for done, path in enumerate(paths, 1):
+        decoder(path, options)
+        if done % every == 0:
+            tick()
+    return len(paths) / (time.perf_counter() - began)
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def run(
+    root: str | os.PathLike[str],
+    *,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int | None = None,
+    depth: int = 2,
+    step_ms: float = 0.0,
+    repeats: int = 3,
+    loaders: Sequence[str] | None = None,
+    decoders: Mapping[str, Decoder] | None = None,
+    decoder: Decoder | None = None,
+    decode_sample: int = DECODE_SAMPLE,
+    seed: int = 0,
+    timeline_batches: int = 0,
+    timeline_backend: str = "thread",
+    progress: Progress | None = None,
+) -> BenchReport:
+    """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
+
+    - `loaders`: keys of `LOADER_NAMES` ("loop", "threads", "processes", "tf.data", "keras",
+      "torch"); None means all. A loader whose package is missing is skipped (see
+      `BenchReport.skipped`); an unknown key raises ValueError.
+    - `decoders`: name -> decoder whose single-core rate is measured (default
+      `available_decoders()`); the decode limit uses the best. `decoder` is what the loop,
+      prefetch and torch loaders decode with (default `decode_image`).
+    - Each round runs one epoch per loader; the first batch of each epoch is a warm-up and is
+      not timed. After each batch the consumer sleeps `step_ms` (a simulated training step).
+      Medians over `repeats` rounds are reported.
+    - `decode_sample`: images per single-core decode measurement (at most the folder's).
+    - `timeline_batches` > 0: afterwards, record a `Timeline` of the first that many batches of
+      a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
+    - `progress(done, total, label)` is called after every batch.
+    """
+    batch_size = _positive("batch_size", batch_size)
+    repeats = _positive("repeats", repeats)
+    depth = _positive("depth", depth)
+    decode_sample = _positive("decode_sample", decode_sample)
+    workers = _positive("workers", workers if workers is not None else usable_cores())
+    if not step_ms >= 0:
+        raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
+    if timeline_batches < 0:
+        raise ValueError(f"timeline_batches must be >= 0, got {timeline_batches}")
+    if timeline_backend not in ("thread", "process"):
+        raise ValueError(
+            f"timeline_backend must be 'thread' or 'process', got {timeline_backend!r}"
+        )
+    keys = list(LOADER_NAMES) if loaders is None else list(dict.fromkeys(loaders))
+    unknown = [key for key in keys if key not in LOADER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown loaders {unknown}; choose from {list(LOADER_NAMES)}")
+    folder = ImageFolder(root)
+    if len(folder) < 2 * batch_size:
+        raise ValueError(
+            f"{str(folder.root)!r} has {len(folder)} images, fewer than 2 batches of {batch_size}: "
+            "every epoch needs a warm-up batch and a measured one; lower batch_size or add images"
+        )
+    decoders = dict(decoders) if decoders is not None else available_decoders()
+    if not decoders:
+        raise ValueError("decoders is empty: give at least one name -> decoder")
+    options = DecodeOptions((int(image_size[0]), int(image_size[1])))
+    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
+    skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
+    keys = [key for key in keys if key not in skipped]
+
+    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
+    epoch_batches = math.ceil(len(folder) / batch_size)
+    decode_ticks = len(sample) // batch_size
+    total = repeats * (len(decoders) * decode_ticks + len(keys) * epoch_batches)
+    total += min(timeline_batches, epoch_batches)
+    done = 0
+    label = "starting"
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total, label)
+
+    for path in sample:  # warm the page cache and the decoder before any timing
+        setup.decoder(path, options)
+    decode_runs: dict[str, list[float]] = {name: [] for name in decoders}
+    load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in keys}
+    contenders = {key: _make_contender(key, setup) for key in keys}
+    with contextlib.ExitStack() as stack:
+        for contender in contenders.values():
+            contender.open(stack)
+        for round_index in range(repeats):
+            for name, candidate in decoders.items():
+                label = f"round {round_index + 1}/{repeats}: decode {name}"
+                every = batch_size
+                decode_runs[name].append(_decode_rate(candidate, sample, options, tick, every))
+            for key, contender in contenders.items():
+                label = f"round {round_index + 1}/{repeats}: {LOADER_NAMES[key]}"
+                images, elapsed, waited = _measure_epoch(
+                    contender.epoch(round_index), step_ms / 1000, tick
+                )
+                load_runs[key].append((images / elapsed, waited / elapsed))
+    timeline = None
+    if timeline_batches:
+        label = "timeline"
+        timeline = _record_timeline(setup, timeline_batches, step_ms / 1000, timeline_backend, tick)
+    if progress is not None:
+        progress(total, total, "done")
+
+    rates = [DecoderRate(n, statistics.median(r), tuple(r)) for n, r in decode_runs.items()]
+    best = max(rates, key=lambda rate: rate.images_per_s)
+    limit = best.images_per_s * usable_cores()
+    medians = {
+        key: (statistics.median(r for r, _ in runs), statistics.median(w for _, w in runs))
+        for key, runs in load_runs.items()
+    }
+    tf_rate = medians["tf.data"][0] if "tf.data" in medians else None
+    rows = [
+        LoaderResult(
+            key=key,
+            name=LOADER_NAMES[key],
+            images_per_s=rate,
+            consumer_wait_fraction=wait,
+            ratio_to_limit=rate / limit,
+            ratio_to_tf_data=rate / tf_rate if tf_rate else None,
+            images_per_s_runs=tuple(r for r, _ in load_runs[key]),
+            wait_fraction_runs=tuple(w for _, w in load_runs[key]),
+        )
+        for key, (rate, wait) in medians.items()
+    ]
+    config = BenchConfig(
+        root=str(folder.root),
+        images=len(folder),
+        classes=len(folder.class_names),
+        image_size=options.image_size,
+        batch_size=batch_size,
+        workers=workers,
+        depth=depth,
+        step_ms=float(step_ms),
+        repeats=repeats,
+        seed=seed,
+        decode_sample=len(sample),
+        timeline_batches=timeline_batches,
+        timeline_backend=timeline_backend,
+    )
+    return BenchReport(config, machine_info(), rates, limit, best.name, rows, skipped, timeline)
+
+
+# ---- the timeline ------------------------------------------------------------------------
+
+
+def record_timeline(
+    root: str | os.PathLike[str],
+    *,
+    batches: int = 8,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int | None = None,
+    depth: int = 2,
+    step_ms: float = 0.0,
+    backend: str = "thread",
+    decoder: Decoder | None = None,
+    seed: int = 0,
+) -> Timeline:
+    """The first `batches` batches of one epoch of a fresh prefetch `Loader`, as a Timeline.
+
+    Lanes: each worker thread or process ("decode" spans, one per image, recorded by a
+    `TimedDecoder`), "in flight" ("produce" spans: a batch's first decode start to its last
+    decode end; stacked rows show how many batches were in flight at once), and "consumer"
+    ("wait" for each batch, then "step": a sleep of `step_ms`). Other arguments as in `run`.
+    """
+    folder = ImageFolder(root)
+    options = DecodeOptions((int(image_size[0]), int(image_size[1])))
+    workers = _positive("workers", workers if workers is not None else usable_cores())
+    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
+    return _record_timeline(setup, _positive("batches", batches), step_ms / 1000, backend)
+
+
+def _record_timeline(
+    setup: _Setup,
+    batches: int,
+    step_s: float,
+    backend: str,
+    tick: Callable[[], None] = lambda: None,
+) -> Timeline:
+    consumer: list[tuple[str, float, float, int]] = []
+    with tempfile.TemporaryDirectory(prefix="prefetch-timeline-") as spool:
+        timed = TimedDecoder(setup.decoder, spool)
+        loader = Loader(
+            setup.folder,
+            batch_size=setup.batch_size,
+            image_size=setup.options.image_size,
+            workers=setup.workers,
+            depth=setup.depth,
+            seed=setup.seed,
+            decoder=timed,
+            backend=backend,
+        )
+        batch_of = {
+            str(setup.folder.paths[index]): number
+            for number, indices in enumerate(loader.batch_indices(0))
+            for index in indices
+        }
+        with loader, contextlib.closing(_batches(loader)) as epoch:
+            for number in range(min(batches, len(loader))):
+                asked = time.perf_counter()
+                next(epoch)
+                got = time.perf_counter()
+                _step(step_s)
+                consumer.append(("wait", asked, got, number))
+                consumer.append(("step", got, time.perf_counter(), number))
+                tick()
+        spans = timed.read_spans()
+    timeline = Timeline()
+    produced: dict[int, list[float]] = {}
+    for span in spans:
+        number = batch_of[span.path]
+        timeline.record("decode", span.start_s, span.end_s, number, lane=span.worker)
+        first_last = produced.setdefault(number, [span.start_s, span.end_s])
+        first_last[0] = min(first_last[0], span.start_s)
+        first_last[1] = max(first_last[1], span.end_s)
+    for number, (first, last) in sorted(produced.items()):
+        timeline.record("produce", first, last, number, lane="in flight")
+    for kind, start, end, number in consumer:
+        timeline.record(kind, start, end, number)
+    return timeline
+
+
+def _batches(loader: Loader) -> Generator[int, None, None]:
+    """One epoch of `loader`, as batch sizes (holding no view of a batch between yields)."""
+    for batch in loader:
+        count = len(batch.images)
+        del batch  # a held view would keep its slot from being reused
+        yield count

@@ -1,0 +1,240 @@
+"""The `prefetch` command (also `python -m prefetch`): subcommands, each in its own function.
+
+`main(argv)` parses and dispatches; it returns the exit status (0 success, 2 bad input, 130
+Ctrl-C). A subcommand is added with an `add_<name>_parser(subparsers)` function that registers
+its arguments and sets `handler=<function(args) -> int>`; `build_parser` calls each one.
+Bad input is reported as `prefetch <command>: error: <message>` on stderr, without traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import TextIO
+
+from prefetch import bench
+from prefetch.timeline import MATPLOTLIB_HINT
+
+# Width of the progress bar, in characters.
+BAR_WIDTH = 30
+# The progress bar redraws at most this often (and at the end).
+BAR_REDRAW_S = 0.1
+
+
+class ProgressBar:
+    """A one-line text progress bar on `stream`, redrawn in place; inert when not enabled.
+
+    Call it as `bar(done, total, label)`; `close()` erases the line. Needs no dependency.
+    """
+
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self._drawn = 0
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < BAR_REDRAW_S:
+            return
+        self._last = now
+        fraction = min(done / total, 1.0) if total > 0 else 1.0
+        filled = round(fraction * BAR_WIDTH)
+        line = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {fraction:4.0%} {label}"
+        self.stream.write("\r" + line.ljust(self._drawn))
+        self.stream.flush()
+        self._drawn = len(line)
+
+    def close(self) -> None:
+        """Erase the bar's line."""
+        if self._drawn:
+            self.stream.write("\r" + " " * self._drawn + "\r")
+            self.stream.flush()
+            self._drawn = 0
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """Parse "224" or "224x192" (height x width) into (height, width)."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) == 1:
+        values *= 2
+    if len(values) != 2 or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"image size must be SIZE or HEIGHTxWIDTH in pixels, like 224 or 224x192; got {text!r}"
+        )
+    return values[0], values[1]
+
+
+def positive_int(text: str) -> int:
+    """Parse an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `prefetch bench`."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="compare loaders on an image folder against the machine's decode limit",
+        description=(
+            "Measure, on one image folder (root/<class>/<image>), the single-core decode rate "
+            "(the decode limit is usable cores x the best rate) and the images/s and consumer "
+            "wait of a Python loop, prefetch threads and processes, and tf.data AUTOTUNE, "
+            "Keras image_dataset_from_directory and torch DataLoader where installed."
+        ),
+    )
+    parser.add_argument(
+        "root", nargs="?", help="image folder; with --generate, a new folder to generate into"
+    )
+    parser.add_argument(
+        "--generate",
+        type=positive_int,
+        metavar="N",
+        help="first write N sample JPEGs of {}x{} into ROOT (kept), or into a temporary "
+        "folder (removed) when ROOT is not given".format(*bench.SAMPLE_SIZE),
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument(
+        "--image-size", type=image_size, default=(224, 224), metavar="HxW", help="default 224x224"
+    )
+    parser.add_argument(
+        "--workers", type=positive_int, help="workers per loader (default: usable cores)"
+    )
+    parser.add_argument("--depth", type=positive_int, default=2, help="prefetch window (batches)")
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulated training step per batch, in ms (default 0: the loaders alone)",
+    )
+    parser.add_argument("--repeats", type=positive_int, default=3, help="rounds (medians)")
+    parser.add_argument(
+        "--loaders",
+        default=",".join(bench.LOADER_NAMES),
+        help=f"comma-separated subset of {','.join(bench.LOADER_NAMES)} (default: all available)",
+    )
+    parser.add_argument(
+        "--decode-sample",
+        type=positive_int,
+        default=bench.DECODE_SAMPLE,
+        metavar="N",
+        help="images per single-core decode measurement",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="draw images/s per loader (matplotlib)")
+    parser.add_argument(
+        "--timeline", metavar="PNG", help="record a timeline; draw its Gantt chart (matplotlib)"
+    )
+    parser.add_argument(
+        "--timeline-text", action="store_true", help="record a timeline; print it as text only"
+    )
+    parser.add_argument("--timeline-batches", type=positive_int, default=8, metavar="N")
+    parser.add_argument("--timeline-backend", choices=("thread", "process"), default="thread")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    parser.set_defaults(handler=run_bench, parser=parser)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """`prefetch bench`: measure, print the table, write JSON and PNGs."""
+    parser: argparse.ArgumentParser = args.parser
+    for option, value in (("--plot", args.plot), ("--timeline", args.timeline)):
+        if value and importlib.util.find_spec("matplotlib") is None:
+            parser.error(f"{option} needs matplotlib: {MATPLOTLIB_HINT}")
+    if args.root is None and args.generate is None:
+        parser.error("give an image folder ROOT, or --generate N to measure a sample folder")
+    if not args.step_ms >= 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
+    loaders = [key.strip() for key in args.loaders.split(",") if key.strip()]
+    unknown = [key for key in loaders if key not in bench.LOADER_NAMES]
+    if unknown:
+        parser.error(f"--loaders: unknown {unknown}; choose from {','.join(bench.LOADER_NAMES)}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
+    with ExitStack() as stack:
+        root = args.root
+        if args.generate is not None:
+            if root is None:
+                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="prefetch-bench-"))
+            width, height = bench.SAMPLE_SIZE
+            note = f"writing {args.generate} sample JPEGs of {width}x{height} into {root}"
+            if not args.quiet:
+                print(note, file=sys.stderr)
+            try:
+                bench.write_sample_folder(root, args.generate)
+            except (ValueError, FileExistsError) as error:
+                parser.error(str(error))
+        timeline_batches = args.timeline_batches if args.timeline or args.timeline_text else 0
+        try:
+            report = bench.run(
+                root,
+                batch_size=args.batch_size,
+                image_size=args.image_size,
+                workers=args.workers,
+                depth=args.depth,
+                step_ms=args.step_ms,
+                repeats=args.repeats,
+                loaders=loaders,
+                decode_sample=args.decode_sample,
+                seed=args.seed,
+                timeline_batches=timeline_batches,
+                timeline_backend=args.timeline_backend,
+                progress=bar,
+            )
+        except (ValueError, FileNotFoundError) as error:
+            bar.close()
+            parser.error(str(error))
+        finally:
+            bar.close()
+    print(report.format_table())
+    written = []
+    if args.json:
+        report.to_json(args.json)
+        written.append(args.json)
+    if args.plot:
+        report.plot(args.plot)
+        written.append(args.plot)
+    if args.timeline and report.timeline is not None:
+        report.timeline.plot(args.timeline, title=f"prefetch bench timeline: {report.config.root}")
+        written.append(args.timeline)
+    if written and not args.quiet:
+        print(f"wrote {', '.join(written)}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `prefetch` parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="prefetch", description="prefetch: keep GPUs fed. Tools to measure and tune loading."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_bench_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `prefetch` command with `argv` (default: sys.argv[1:]); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except KeyboardInterrupt:
+        print(f"\nprefetch {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return status

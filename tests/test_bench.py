@@ -1,0 +1,273 @@
+"""prefetch bench: the Python API, the JSON report, the CLI, the progress bar and the timeline.
+
+Measurements run on tiny generated folders with one round; timing values are only checked for
+sanity (positive rates, wait fractions within 0..1), never for speed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefetch import bench
+from prefetch.cli import ProgressBar, main
+from prefetch.decode import decode_image
+from prefetch.testing import SlowDecoder
+from prefetch.timeline import Timeline
+
+pytestmark = pytest.mark.timeout(60)
+
+TINY = {"batch_size": 4, "image_size": (16, 16), "repeats": 1, "decode_sample": 8, "workers": 2}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 small JPEGs in 2 classes: 4 batches of 4."""
+    return bench.write_sample_folder(tmp_path_factory.mktemp("bench") / "images", 16, size=(40, 30))
+
+
+def test_run_measures_every_available_loader_with_sane_figures(folder: Path) -> None:
+    calls: list[tuple[int, int, str]] = []
+    report = bench.run(folder, progress=lambda *call: calls.append(call), **TINY)
+
+    available = [key for key in bench.LOADER_NAMES if bench.missing_requirement(key) is None]
+    assert [row.key for row in report.loaders] == available
+    assert {"loop", "threads", "processes"} <= set(available)
+    assert set(report.skipped) == set(bench.LOADER_NAMES) - set(available)
+    assert all("pip install" in reason for reason in report.skipped.values())
+    assert report.config.images == 16 and report.config.classes == 2
+    (pillow,) = report.decoders
+    assert pillow.name == "pillow" and pillow.images_per_s > 0
+    assert report.decode_limit == pytest.approx(pillow.images_per_s * bench.usable_cores())
+    tf_rate = report.loader("tf.data").images_per_s if "tf.data" in available else None
+    for row in report.loaders:
+        assert row.images_per_s > 0, row
+        assert 0.0 <= row.consumer_wait_fraction <= 1.0, row
+        assert row.ratio_to_limit == pytest.approx(row.images_per_s / report.decode_limit)
+        if tf_rate is None:
+            assert row.ratio_to_tf_data is None
+        else:
+            assert row.ratio_to_tf_data == pytest.approx(row.images_per_s / tf_rate)
+        assert len(row.images_per_s_runs) == len(row.wait_fraction_runs) == 1
+    assert calls[-1] == (calls[-1][1], calls[-1][1], "done")
+    assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
+
+
+def test_a_simulated_step_lets_prefetch_threads_hide_the_loading(folder: Path) -> None:
+    # The loop decodes in the consumer's own thread, so it always waits; with a long step the
+    # thread loader has the next batch ready. Only the order of the two is checked.
+    report = bench.run(folder, loaders=["loop", "threads"], step_ms=30, **TINY)
+
+    assert report.loader("threads").consumer_wait_fraction < (
+        report.loader("loop").consumer_wait_fraction
+    )
+
+
+def test_every_registered_decoder_is_measured_and_the_best_sets_the_limit(folder: Path) -> None:
+    decoders = {"pillow": decode_image, "slow": SlowDecoder(0.02)}
+    report = bench.run(folder, loaders=["loop"], decoders=decoders, **TINY)
+
+    assert [rate.name for rate in report.decoders] == ["pillow", "slow"]
+    assert report.limit_decoder == "pillow"
+    assert "slow" in report.format_table()
+    assert bench.available_decoders()["pillow"] is decode_image
+
+
+def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path) -> None:
+    report = bench.run(folder, loaders=["loop", "threads"], timeline_batches=2, **TINY)
+    path = tmp_path / "report.json"
+    report.to_json(path)
+    data = json.loads(path.read_text())
+
+    assert data["schema"] == bench.SCHEMA_VERSION == 1
+    assert set(data) == {
+        "schema", "config", "machine", "decoders", "decode_limit", "loaders", "skipped", "timeline"
+    }  # fmt: skip
+    assert data["config"]["image_size"] == [16, 16] and data["config"]["batch_size"] == 4
+    assert data["machine"]["usable_cores"] == bench.usable_cores()
+    assert data["decoders"][0]["name"] == "pillow" and len(data["decoders"][0]["runs"]) == 1
+    assert data["decode_limit"]["decoder"] == "pillow"
+    assert data["decode_limit"]["images_per_s"] == pytest.approx(report.decode_limit)
+    keys = [row["key"] for row in data["loaders"]]
+    assert keys == ["loop", "threads"]
+    assert set(data["loaders"][0]) == {
+        "key", "name", "images_per_s", "consumer_wait_fraction", "ratio_to_limit",
+        "ratio_to_tf_data", "images_per_s_runs", "wait_fraction_runs",
+    }  # fmt: skip
+    assert data["skipped"] == {}
+    spans = data["timeline"]
+    assert {span["kind"] for span in spans} == {"decode", "produce", "wait", "step"}
+    assert min(span["start_s"] for span in spans) == 0.0
+    assert all(span["end_s"] >= span["start_s"] for span in spans)
+
+
+def test_bad_arguments_name_the_problem_and_the_fix(folder: Path) -> None:
+    with pytest.raises(ValueError, match=r"fewer than 2 batches of 16.*lower batch_size"):
+        bench.run(folder, batch_size=16)
+    with pytest.raises(ValueError, match=r"unknown loaders \['dali'\]"):
+        bench.run(folder, loaders=["loop", "dali"])
+    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
+        bench.run(folder, repeats=0)
+    with pytest.raises(ValueError, match="step_ms must be >= 0"):
+        bench.run(folder, step_ms=-1)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        bench.run(folder / "missing")
+
+
+def test_write_sample_folder_writes_exactly_n_images_and_refuses_a_used_folder(
+    tmp_path: Path,
+) -> None:
+    root = bench.write_sample_folder(tmp_path / "sample", 7, classes=3, size=(50, 20))
+    files = sorted(root.rglob("*.jpg"))
+    assert len(files) == 7 and len({f.parent for f in files}) == 3
+    with pytest.raises(FileExistsError, match="not an empty folder"):
+        bench.write_sample_folder(root, 4)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prefetch", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_generates_a_sample_folder_benches_it_and_prints_the_table(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = run_cli(
+        str(tmp_path / "generated"),
+        "--generate", "12",
+        "--loaders", "loop,threads",
+        "--batch-size", "4", "--image-size", "16x24", "--repeats", "1", "--decode-sample", "4",
+        "--json", str(out), "--timeline-text", "--timeline-batches", "2",
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(
+        line.startswith("loader") and "images/s" in line and "wait %" in line for line in lines
+    )
+    assert any(line.startswith("python loop (1 core)") for line in lines)
+    assert any(line.startswith("prefetch threads") for line in lines)
+    assert any(line.startswith("decode limit") for line in lines)
+    assert any(line.strip().startswith("consumer |") for line in lines)  # the text timeline
+    assert "writing 12 sample JPEGs of 500x375" in result.stderr
+    assert len(list((tmp_path / "generated").rglob("*.jpg"))) == 12
+    data = json.loads(out.read_text())
+    assert data["config"]["image_size"] == [16, 24]
+    assert [row["key"] for row in data["loaders"]] == ["loop", "threads"]
+
+
+def test_cli_reports_bad_input_without_a_traceback(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        ([], "give an image folder ROOT, or --generate N"),
+        ([str(folder), "--loaders", "loop,dali"], "--loaders: unknown ['dali']"),
+        ([str(folder), "--image-size", "big"], "image size must be SIZE or HEIGHTxWIDTH"),
+        ([str(folder), "--batch-size", "16", "--loaders", "loop"], "fewer than 2 batches"),
+        ([str(folder), "--generate", "4"], "is not an empty folder"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "--quiet", *args])
+        assert exit_info.value.code == 2, args
+        error = capsys.readouterr().err
+        assert message in error, (args, error)
+        assert "Traceback" not in error
+
+
+def test_progress_bar_draws_in_place_and_erases_itself() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(stream, enabled=True)
+    bar(5, 10, "round 1/1: prefetch threads")
+    bar(10, 10, "done")
+    bar.close()
+    text = stream.getvalue()
+    assert "\r[###############...............]  50% round 1/1: prefetch threads" in text
+    assert "[##############################] 100% done" in text
+    assert text.endswith("\r")
+    silent = io.StringIO()
+    ProgressBar(silent, enabled=False)(1, 2, "x")
+    assert silent.getvalue() == ""
+
+
+def test_text_timeline_draws_each_span_in_its_time_buckets() -> None:
+    timeline = Timeline()
+    timeline.record("decode", 0.0, 0.5, 0, lane="worker")
+    timeline.record("decode", 0.5, 0.75, 1, lane="worker")
+    timeline.record("wait", 0.0, 0.5, 0)
+    timeline.record("step", 0.5, 1.0, 0)
+
+    lines = timeline.render_text(width=16).splitlines()
+
+    assert lines[1] == "  worker |000000001111    |"
+    assert lines[2] == "consumer |........00000000|"
+    assert "one character = 62.50 ms" in lines[3]
+
+
+def test_overlapping_spans_of_a_lane_stack_into_rows() -> None:
+    timeline = Timeline()
+    timeline.record("produce", 10.0, 10.5, 0, lane="in flight")
+    timeline.record("produce", 10.25, 11.0, 1, lane="in flight")
+    timeline.record("produce", 10.5, 11.0, 2, lane="in flight")
+
+    rows = timeline.rows()
+
+    assert [name for name, _ in rows] == ["in flight", ""]
+    assert [[span.batch for span in row] for _, row in rows] == [[0, 2], [1]]
+    assert [span["start_s"] for span in timeline.as_dicts()] == [0.0, 0.25, 0.5]
+    with pytest.raises(ValueError, match=r"ends .* before it starts"):
+        timeline.record("step", 2.0, 1.0, 3)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_recorded_timeline_has_worker_decodes_batches_in_flight_and_consumer_spans(
+    folder: Path, backend: str
+) -> None:
+    timeline = bench.record_timeline(
+        folder, batches=3, batch_size=4, image_size=(16, 16), workers=2, backend=backend
+    )
+
+    spans = timeline.spans
+    decodes = [s for s in spans if s.kind == "decode"]
+    workers = {s.lane for s in decodes}
+    assert 1 <= len(workers) <= 2 and "consumer" not in workers
+    assert {s.batch for s in decodes} >= {0, 1, 2}
+    assert sorted(s.batch for s in spans if s.kind == "wait") == [0, 1, 2]
+    assert sorted(s.batch for s in spans if s.kind == "step") == [0, 1, 2]
+    for produce in (s for s in spans if s.kind == "produce"):
+        mine = [s for s in decodes if s.batch == produce.batch]
+        assert produce.start_s == min(s.start_s for s in mine)
+        assert produce.end_s == max(s.end_s for s in mine)
+    text = timeline.render_text()
+    assert "in flight |" in text and "consumer |" in text
+
+
+def test_plots_are_written_as_png(folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = bench.run(folder, loaders=["loop", "threads"], timeline_batches=2, **TINY)
+    assert report.timeline is not None
+    report.plot(tmp_path / "bench.png")
+    report.timeline.plot(tmp_path / "timeline.png")
+    for name in ("bench.png", "timeline.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plotting_without_matplotlib_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
+    timeline = Timeline()
+    timeline.record("step", 0.0, 1.0, 0)
+    with pytest.raises(
+        ImportError, match=r"Timeline\.plot needs matplotlib: pip install matplotlib"
+    ):
+        timeline.plot(tmp_path / "timeline.png")
