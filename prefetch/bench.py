@@ -147,6 +147,13 @@ class BenchReport:
             f"loader {key!r} was not measured; measured: {[r.key for r in self.loaders]}"
         )
 
+    @property
+    def step_ceiling(self) -> float:
+        """The most images/s a consumer with this step can take: batch_size / step (inf at 0)."""
+        if self.config.step_ms <= 0:
+            return math.inf
+        return self.config.batch_size / (self.config.step_ms / 1000)
+
     def as_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (schema in docs/api.md, "prefetch.bench")."""
         return {
@@ -183,7 +190,11 @@ class BenchReport:
         ]
         lines += [f"{rate.name:36s} {rate.images_per_s:9.0f}" for rate in self.decoders]
         limit_name = f"decode limit ({m['usable_cores']} cores x {self.limit_decoder})"
-        lines += [f"{limit_name:36s} {self.decode_limit:9.0f}", ""]
+        lines.append(f"{limit_name:36s} {self.decode_limit:9.0f}")
+        if c.step_ms > 0:
+            ceiling = f"step ceiling (batch / {c.step_ms:g} ms step)"
+            lines.append(f"{ceiling:36s} {self.step_ceiling:9.0f}")
+        lines.append("")
         lines.append(
             f"{'loader':36s} {'images/s':>9s} {'wait %':>7s} {'of limit':>9s} {'of tf.data':>11s}"
         )
@@ -224,15 +235,20 @@ class BenchReport:
                 va="center",
                 fontsize="small",
             )
-        axes.axvline(self.decode_limit, color="tab:red", linestyle="--")
-        axes.annotate(
-            f"decode limit {self.decode_limit:.0f}/s",
-            (self.decode_limit, -0.6),
+        axes.axvline(
+            self.decode_limit,
             color="tab:red",
-            ha="right",
-            va="top",
-            fontsize="small",
+            linestyle="--",
+            label=f"decode limit {self.decode_limit:.0f}/s",
         )
+        if math.isfinite(self.step_ceiling):
+            axes.axvline(
+                self.step_ceiling,
+                color="tab:orange",
+                linestyle=":",
+                label=f"step ceiling {self.step_ceiling:.0f}/s",
+            )
+        axes.legend(loc="lower right", fontsize="small")
         axes.invert_yaxis()
         axes.set_xlim(0, max([*rates, self.decode_limit]) * 1.35)
         axes.set_xlabel("images/s")

@@ -177,7 +177,7 @@ class Timeline:
         handles = [
             rectangle_class((0, 0), 1, 1, color=KIND_COLOURS.get(k, "tab:gray")) for k in kinds
         ]
-        axes.legend(handles, kinds, loc="upper right", fontsize="small")
+        axes.legend(handles, kinds, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         figure.tight_layout()
         figure.savefig(os.fspath(path), dpi=110)
 
