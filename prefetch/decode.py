@@ -4,6 +4,11 @@ A decoder is any picklable callable `decoder(path, options) -> ndarray` returnin
 shape `(height, width, channels)` and dtype uint8. The default, `decode_image`, uses Pillow and
 decodes JPEGs at a reduced scale (DCT scaling, Pillow's `draft`) when the file is much larger than
 the target, before resizing. Decoders hold no state and are safe to call from many threads.
+
+`DecodeOptions(antialias=False)` selects the Keras-parity path instead: full-size decode (no
+draft) and `prefetch.resize`, which reproduces `tf.image.resize` (no antialiasing, half-pixel
+centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
+`keras.utils.image_dataset_from_directory` produces up to rounding and decoder differences.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from typing import Protocol
 
 import numpy as np
 from PIL import Image
+
+from prefetch import resize
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -39,12 +46,22 @@ _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """What a decoder produces: `image_size` is (height, width), like Keras."""
+    """What a decoder produces: `image_size` is (height, width), like Keras.
+
+    `crop_to_aspect_ratio` crops the largest centred region with the target's aspect ratio
+    before resizing; `pad_to_aspect_ratio` instead resizes the whole image to fit and pads it
+    with zeros (Keras's `tf.image.resize_with_pad` layout). At most one of them may be set.
+    `antialias=True` (the default) resizes with Pillow's filters, which widen when shrinking,
+    after JPEG DCT scaling; `antialias=False` decodes at full size and resizes like
+    `tf.image.resize` (Keras parity; `interpolation` may then be any of `prefetch.resize.METHODS`).
+    """
 
     image_size: tuple[int, int]
     channels: int = 3
     interpolation: str = "bilinear"
     crop_to_aspect_ratio: bool = False
+    pad_to_aspect_ratio: bool = False
+    antialias: bool = True
 
     def __post_init__(self) -> None:
         height, width = self.image_size
@@ -54,9 +71,19 @@ class DecodeOptions:
             )
         if self.channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
-        if self.interpolation not in INTERPOLATIONS:
+        if self.crop_to_aspect_ratio and self.pad_to_aspect_ratio:
             raise ValueError(
-                f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {self.interpolation!r}"
+                "crop_to_aspect_ratio and pad_to_aspect_ratio are both True; set at most one"
+            )
+        if self.antialias and self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation must be one of {sorted(INTERPOLATIONS)} with antialias=True, "
+                f"got {self.interpolation!r}; antialias=False also allows {list(resize.METHODS)}"
+            )
+        if not self.antialias and self.interpolation not in resize.METHODS:
+            raise ValueError(
+                f"interpolation must be one of {list(resize.METHODS)} with antialias=False "
+                f"(tf.image.resize's methods), got {self.interpolation!r}"
             )
 
     @property
@@ -78,7 +105,8 @@ def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
     `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for a bomb).
     """
     with Image.open(path) as image:
-        _draft(image, options)
+        if options.antialias:  # DCT scaling would change the pixels of the Keras-parity path
+            _draft(image, options)
         image.load()
         return to_target_size(image, options)
 
@@ -119,6 +147,10 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
     if isinstance(image, np.ndarray):
         image = _array_to_pil(image)
     image = _convert_mode(image, _PIL_MODES[options.channels])
+    if not options.antialias:
+        return _resize_like_keras(image, options)
+    if options.pad_to_aspect_ratio:
+        return _pad_with_pillow(image, options)
     height, width = options.image_size
     crop_w, crop_h = _crop_size(image.size, options)
     box = (
@@ -131,6 +163,33 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
         image = image.resize((width, height), INTERPOLATIONS[options.interpolation], box=box)
     array = np.asarray(image)
     return array.reshape(options.shape)
+
+
+def _resize_like_keras(image: Image.Image, options: DecodeOptions) -> np.ndarray:
+    """The Keras-parity path: crop, pad and resize exactly as Keras does, in numpy."""
+    array = np.asarray(image).reshape(image.height, image.width, options.channels)
+    size, method = options.image_size, options.interpolation
+    if options.crop_to_aspect_ratio:
+        top, left, crop_h, crop_w = resize.crop_box(image.height, image.width, size)
+        return resize.resize(array[top : top + crop_h, left : left + crop_w], size, method)
+    if options.pad_to_aspect_ratio:
+        top, left, inner_h, inner_w = resize.pad_layout(image.height, image.width, size)
+        padded = np.zeros(options.shape, np.uint8)
+        inner = resize.resize(array, (inner_h, inner_w), method)
+        padded[top : top + inner_h, left : left + inner_w] = inner
+        return padded
+    return resize.resize(array, size, method)
+
+
+def _pad_with_pillow(image: Image.Image, options: DecodeOptions) -> np.ndarray:
+    """Fit the whole image inside the target with a Pillow filter, then pad with zeros."""
+    top, left, inner_h, inner_w = resize.pad_layout(image.height, image.width, options.image_size)
+    if image.size != (inner_w, inner_h):
+        image = image.resize((inner_w, inner_h), INTERPOLATIONS[options.interpolation])
+    padded = np.zeros(options.shape, np.uint8)
+    inner = np.asarray(image).reshape(inner_h, inner_w, options.channels)
+    padded[top : top + inner_h, left : left + inner_w] = inner
+    return padded
 
 
 def _array_to_pil(array: np.ndarray) -> Image.Image:

@@ -156,6 +156,60 @@ def _list_images(folder: Path, follow_links: bool) -> list[str]:
     return found
 
 
+def index_directory(
+    directory: str | os.PathLike[str],
+    *,
+    infer_labels: bool = True,
+    class_names: Sequence[str] | None = None,
+    follow_links: bool = False,
+) -> tuple[list[str], np.ndarray, list[str]]:
+    """List image files exactly as Keras's `image_dataset_from_directory` does, unshuffled.
+
+    Returns `(paths, labels, class_names)`. With `infer_labels`, the classes are the sorted
+    non-hidden subfolders of `directory` (or `class_names`, in their order, which must all be
+    subfolders) and `labels` (int32) index them; otherwise every image under `directory` is
+    listed with label 0 and `class_names` is empty. Within a class, folders are walked in
+    sorted path order and files sorted within each; paths are joined from `directory` as given
+    (not normalised), so they equal the `file_paths` Keras reports for the same argument.
+    """
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"directory {os.fspath(directory)!r} does not exist or is not a directory; pass the "
+            "folder that holds one subfolder per class"
+        )
+    if infer_labels:
+        subdirs = [
+            name.rstrip("/")
+            for name in sorted(os.listdir(directory))
+            if os.path.isdir(os.path.join(directory, name)) and not name.startswith(".")
+        ]
+        if class_names is not None:
+            missing = [name for name in class_names if name not in subdirs]
+            if missing:
+                raise ValueError(
+                    f"class_names {missing} are not subfolders of {os.fspath(directory)!r}: "
+                    f"class_names must name some of its subfolders {subdirs}, or be None to "
+                    "use them all"
+                )
+            subdirs = list(class_names)
+    else:
+        subdirs = [""]
+    class_indices = {name: index for index, name in enumerate(subdirs)}
+    paths: list[str] = []
+    labels: list[int] = []
+    for subdir in subdirs:
+        folder = os.path.join(directory, subdir)
+        name = os.path.basename(folder)
+        walk = sorted(os.walk(folder, followlinks=follow_links), key=lambda entry: entry[0])
+        for root, _, filenames in walk:
+            for filename in sorted(filenames):
+                if filename.lower().endswith(IMAGE_EXTENSIONS):
+                    relative = os.path.relpath(os.path.join(root, filename), folder)
+                    paths.append(os.path.join(directory, os.path.join(name, relative)))
+                    labels.append(class_indices[name])
+    return paths, np.array(labels, dtype=np.int32), subdirs if infer_labels else []
+
+
 def epoch_order(size: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     """The sample indices of an epoch: a permutation derived from (seed, epoch) only."""
     if not shuffle:

@@ -1,0 +1,305 @@
+"""Resize, crop and pad uint8 images in numpy exactly as `tf.image.resize` does (antialias=False).
+
+This is the Keras-parity path of the decoder (`DecodeOptions(antialias=False)`): Keras's
+`image_dataset_from_directory` decodes at full size and resizes with `tf.image.resize`, whose
+filters do not widen when shrinking (no antialiasing) and sample at half-pixel centres. Every
+method here is separable: a resize is a gather of a few source rows (or columns) per output
+row, weighted, summed in float32 and rounded to uint8. Tap positions and weights follow
+TensorFlow's kernels (resize_bilinear, resize_nearest_neighbor, resize_bicubic with Keys
+a=-0.5, resize_area, and scale_and_translate for lanczos3/lanczos5/gaussian/mitchellcubic), in
+float32, so results differ from TensorFlow's float output only by the final rounding.
+
+`crop_box` and `pad_layout` reproduce Keras's crop (smart_resize) and `tf.image.resize_with_pad`
+arithmetic. Everything here is pure numpy, holds no state and is safe to call from many threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# tf.image.resize methods that `resize` reproduces.
+METHODS = (
+    "bilinear",
+    "nearest",
+    "bicubic",
+    "area",
+    "lanczos3",
+    "lanczos5",
+    "gaussian",
+    "mitchellcubic",
+)
+
+# TensorFlow's resize_bicubic looks its Keys-cubic weights up in a table of this many steps.
+_CUBIC_TABLE_SIZE = 1024
+# Keys's cubic coefficient that resize_bicubic uses with half-pixel centres.
+_KEYS_A = -0.5
+_F32 = np.float32
+
+Taps = tuple[np.ndarray, np.ndarray]  # (indices, weights), each (out_size, taps per output)
+
+
+def resize(image: np.ndarray, size: tuple[int, int], method: str) -> np.ndarray:
+    """Resize an HxWxC uint8 array to `size` (height, width) like `tf.image.resize`, as uint8."""
+    height, width, channels = image.shape
+    out_h, out_w = size
+    flat = image.reshape(height, width * channels)  # rows of interleaved channel values
+    if method == "nearest":
+        rows = _nearest_indices(height, out_h)
+        cols = _lanes(_nearest_indices(width, out_w), channels)
+        picked: np.ndarray = flat[rows][:, cols]
+        return picked.reshape(out_h, out_w, channels)
+    # TensorFlow interpolates along x first, then along y; so do we.
+    across = _weighted_sum(flat, _plan(method, width, out_w, channels), rows=False)
+    result = _weighted_sum(across, _plan(method, height, out_h, 1), rows=True)
+    np.rint(result, out=result)
+    np.clip(result, 0, 255, out=result)
+    return result.astype(np.uint8).reshape(out_h, out_w, channels)  # a copy: scratch is reused
+
+
+def crop_box(height: int, width: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Keras's centred crop with the aspect ratio of `size`: (top, left, crop height, width).
+
+    The arithmetic of `keras.utils.image_dataset_from_directory(crop_to_aspect_ratio=True)`
+    (smart_resize on a TensorFlow tensor): float32 divisions, truncated to int.
+    """
+    target_h, target_w = size
+    crop_h = int(_F32(width * target_h) / _F32(target_w))
+    crop_h = max(min(height, crop_h), 1)
+    crop_w = int(_F32(height * target_w) / _F32(target_h))
+    crop_w = max(min(width, crop_w), 1)
+    top = int(_F32(height - crop_h) / _F32(2))
+    left = int(_F32(width - crop_w) / _F32(2))
+    return top, left, crop_h, crop_w
+
+
+def pad_layout(height: int, width: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Where `tf.image.resize_with_pad` puts the image: (top, left, resized height, width).
+
+    The image is resized, keeping its aspect ratio, to fit inside `size`, then placed at
+    (top, left) on a zero background of `size`: the arithmetic of
+    `keras.utils.image_dataset_from_directory(pad_to_aspect_ratio=True)`.
+    """
+    target_h, target_w = _F32(size[0]), _F32(size[1])
+    f_height, f_width = _F32(height), _F32(width)
+    ratio = max(f_width / target_w, f_height / target_h)
+    resized_h = f_height / ratio
+    resized_w = f_width / ratio
+    top = max(0, math.floor((target_h - resized_h) / _F32(2)))
+    left = max(0, math.floor((target_w - resized_w) / _F32(2)))
+    return top, left, max(1, math.floor(resized_h)), max(1, math.floor(resized_w))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(method: str, in_size: int, out_size: int, channels: int) -> Taps:
+    """Taps along an axis interleaved with `channels` lanes: (taps, out * channels) each."""
+    indices, weights = _taps(method, in_size, out_size)
+    lanes = np.ascontiguousarray(_lanes(indices, channels).T)
+    return lanes, np.ascontiguousarray(np.repeat(weights, channels, axis=0).T)
+
+
+def _lanes(indices: np.ndarray, channels: int) -> np.ndarray:
+    """Indices of pixels -> indices of their channel values in a (rows, width * channels) view.
+
+    For a 2-D array of taps (out, k) the result is (out * channels, k).
+    """
+    lanes = np.arange(channels)
+    if indices.ndim == 1:
+        return (indices[:, None] * channels + lanes).reshape(-1)
+    expanded = indices[:, None, :] * channels + lanes[None, :, None]
+    return expanded.reshape(-1, indices.shape[1])
+
+
+def _weighted_sum(flat: np.ndarray, plan: Taps, *, rows: bool) -> np.ndarray:
+    """Sum over taps of weight * gathered rows (or columns) of a 2-D array, in float32.
+
+    Works in this thread's scratch buffers (see `_scratch`) and returns a view of one: large
+    temporaries allocated afresh per image cost more in page faults than the arithmetic.
+    """
+    indices, weights = plan
+    axis = 0 if rows else 1
+    shape = (indices.shape[1], flat.shape[1]) if rows else (flat.shape[0], indices.shape[1])
+    role = "rows" if rows else "columns"
+    gathered = _scratch(f"{role} gathered", shape, flat.dtype)
+    picked = _scratch(f"{role} picked", shape, np.dtype(_F32))
+    result = _scratch(f"{role} sum", shape, np.dtype(_F32))
+    for k in range(indices.shape[0]):
+        np.take(flat, indices[k], axis=axis, out=gathered, mode="clip")
+        tap_weights = weights[k][:, None] if rows else weights[k]
+        np.multiply(gathered, tap_weights, out=result if k == 0 else picked)
+        if k:
+            result += picked
+    return result
+
+
+_THREAD_SCRATCH = threading.local()
+
+
+def _scratch(role: str, shape: tuple[int, int], dtype: np.dtype[Any]) -> np.ndarray:
+    """A per-thread buffer for `role`, reused across images and grown as needed."""
+    size = shape[0] * shape[1]
+    buffers: dict[str, np.ndarray] = _THREAD_SCRATCH.__dict__
+    buffer = buffers.get(role)
+    if buffer is None or buffer.size < size or buffer.dtype != dtype:
+        buffer = buffers[role] = np.empty(size, dtype)
+    return buffer[:size].reshape(shape)
+
+
+def _scale(in_size: int, out_size: int) -> np.float32:
+    return _F32(in_size) / _F32(out_size)
+
+
+def _half_pixel(in_size: int, out_size: int) -> np.ndarray:
+    """Source coordinate of each output centre: (x + 0.5) * scale - 0.5, in float32."""
+    out = np.arange(out_size, dtype=_F32)
+    result: np.ndarray = (out + _F32(0.5)) * _scale(in_size, out_size) - _F32(0.5)
+    return result
+
+
+def _nearest_indices(in_size: int, out_size: int) -> np.ndarray:
+    """resize_nearest_neighbor with half-pixel centres: floor((x + 0.5) * scale), clamped."""
+    out = np.arange(out_size, dtype=_F32)
+    position = np.floor((out + _F32(0.5)) * _scale(in_size, out_size)).astype(np.intp)
+    result: np.ndarray = np.clip(position, 0, in_size - 1)
+    return result
+
+
+def _taps(method: str, in_size: int, out_size: int) -> Taps:
+    if method == "bilinear":
+        return _bilinear_taps(in_size, out_size)
+    if method == "bicubic":
+        return _bicubic_taps(in_size, out_size)
+    if method == "area":
+        return _area_taps(in_size, out_size)
+    if method in _KERNELS:
+        radius, kernel = _KERNELS[method]
+        return _scale_and_translate_taps(in_size, out_size, radius, kernel)
+    raise ValueError(f"resize method must be one of {METHODS}, got {method!r}")
+
+
+def _bilinear_taps(in_size: int, out_size: int) -> Taps:
+    position = _half_pixel(in_size, out_size)
+    floor = np.floor(position)
+    lerp = position - floor
+    lower = np.clip(floor.astype(np.intp), 0, in_size - 1)
+    upper = np.clip(np.ceil(position).astype(np.intp), 0, in_size - 1)
+    indices = np.stack([lower, upper], axis=1)
+    weights = np.stack([_F32(1) - lerp, lerp], axis=1).astype(_F32)
+    return indices, weights
+
+
+def _cubic_table() -> np.ndarray:
+    """TensorFlow's table of Keys-cubic weights: row i is (w(i/N), w(1 + i/N)), N the size."""
+    x = np.arange(_CUBIC_TABLE_SIZE + 1, dtype=np.float64) / _CUBIC_TABLE_SIZE
+    a = _KEYS_A
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far_x = x + 1.0
+    far = ((a * far_x - 5 * a) * far_x + 8 * a) * far_x - 4 * a
+    return np.stack([near, far], axis=1).astype(_F32)
+
+
+_CUBIC_TABLE = _cubic_table()
+
+
+def _bicubic_taps(in_size: int, out_size: int) -> Taps:
+    """resize_bicubic (half-pixel centres): 4 taps; taps outside the image get weight 0 and
+    the rest are renormalised to sum to 1."""
+    position = _half_pixel(in_size, out_size)
+    floor = np.floor(position)
+    offset = np.rint((position - floor) * _F32(_CUBIC_TABLE_SIZE)).astype(np.intp)
+    table = _CUBIC_TABLE
+    weights = np.stack(
+        [
+            table[offset, 1],
+            table[offset, 0],
+            table[_CUBIC_TABLE_SIZE - offset, 0],
+            table[_CUBIC_TABLE_SIZE - offset, 1],
+        ],
+        axis=1,
+    )
+    wanted = floor.astype(np.intp)[:, None] + np.arange(-1, 3)[None, :]
+    indices = np.clip(wanted, 0, in_size - 1)
+    weights = np.where(indices == wanted, weights, _F32(0))
+    return indices, _normalised(weights)
+
+
+def _area_taps(in_size: int, out_size: int) -> Taps:
+    """resize_area: each output averages the source span [x * scale, (x + 1) * scale)."""
+    scale = _scale(in_size, out_size)
+    out = np.arange(out_size, dtype=_F32)
+    start = out * scale
+    stop = (out + _F32(1)) * scale
+    first = np.floor(start).astype(np.intp)
+    count = int((np.ceil(stop).astype(np.intp) - first).max())
+    source = first[:, None] + np.arange(count)[None, :]
+    lo = np.maximum(source.astype(_F32), start[:, None])
+    hi = np.minimum(source.astype(_F32) + _F32(1), stop[:, None])
+    weights = np.clip(hi - lo, 0, None).astype(_F32) / scale
+    return np.clip(source, 0, in_size - 1), weights.astype(_F32)
+
+
+def _lanczos(radius: float) -> Callable[[np.ndarray], np.ndarray]:
+    def kernel(x: np.ndarray) -> np.ndarray:
+        x = np.abs(x).astype(np.float64)
+        safe = np.where(x <= 1e-3, 1.0, x)
+        value = radius * np.sin(np.pi * safe) * np.sin(np.pi * safe / radius)
+        value = value / (np.pi * np.pi * safe * safe)
+        value = np.where(x <= 1e-3, 1.0, value)
+        return np.where(x > radius, 0.0, value)
+
+    return kernel
+
+
+def _gaussian(x: np.ndarray) -> np.ndarray:
+    radius = 1.5
+    sigma = radius / 3.0
+    x = np.abs(x).astype(np.float64)
+    return np.where(x >= radius, 0.0, np.exp(-x * x / (2.0 * sigma * sigma)))
+
+
+def _mitchell_cubic(x: np.ndarray) -> np.ndarray:
+    x = np.abs(x).astype(np.float64)
+    far = (((-7.0 / 18.0) * x + 2.0) * x - 10.0 / 3.0) * x + 16.0 / 9.0
+    near = ((7.0 / 6.0) * x - 2.0) * x * x + 8.0 / 9.0
+    return np.where(x >= 2.0, 0.0, np.where(x >= 1.0, far, near))
+
+
+# scale_and_translate kernels by tf.image.resize method name: (radius, kernel).
+_KERNELS: dict[str, tuple[float, Callable[[np.ndarray], np.ndarray]]] = {
+    "lanczos3": (3.0, _lanczos(3.0)),
+    "lanczos5": (5.0, _lanczos(5.0)),
+    "gaussian": (1.5, _gaussian),
+    "mitchellcubic": (2.0, _mitchell_cubic),
+}
+
+
+def _scale_and_translate_taps(
+    in_size: int, out_size: int, radius: float, kernel: Callable[[np.ndarray], np.ndarray]
+) -> Taps:
+    """scale_and_translate without antialiasing: the kernel at its own width, sampled around
+    each output centre, clipped to the image and renormalised."""
+    scale = _F32(out_size) / _F32(in_size)
+    inv_scale = _F32(1) / scale
+    sample = (np.arange(out_size, dtype=_F32) + _F32(0.5)) * inv_scale
+    start = np.ceil(sample - _F32(radius) - _F32(0.5)).astype(np.intp)
+    stop = np.floor(sample + _F32(radius) - _F32(0.5)).astype(np.intp)
+    start = np.clip(start, 0, in_size - 1)
+    stop = np.clip(stop, 0, in_size - 1) + 1
+    count = int((stop - start).max())
+    source = start[:, None] + np.arange(count)[None, :]
+    inside = source < stop[:, None]
+    position = source.astype(_F32) + _F32(0.5) - sample[:, None]
+    weights = np.where(inside, kernel(position).astype(_F32), _F32(0))
+    return np.clip(source, 0, in_size - 1), _normalised(weights)
+
+
+def _normalised(weights: np.ndarray) -> np.ndarray:
+    total = weights.sum(axis=1, dtype=_F32, keepdims=True)
+    usable = np.abs(total) >= 1000 * np.finfo(_F32).tiny
+    result: np.ndarray = np.where(usable, weights / np.where(usable, total, 1), weights)
+    return result.astype(_F32)
