@@ -1,4 +1,4 @@
-"""prefetch.tf.dataset: batches into tf.data and Keras fit, errors, and slot lifetime."""
+"""prefetch.tf.dataset: batches into tf.data and Keras fit, devices, errors, slot lifetime."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from prefetch.testing import FailingDecoder, small_cnn, write_image_folder
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
+
+pytestmark = pytest.mark.timeout(90)
 
 
 class InjectedDecodeError(Exception):
@@ -78,28 +80,110 @@ def test_the_output_signature_is_static_and_matches_the_label_mode(
     assert prefetch.tf.dataset(fixed).cardinality().numpy() == len(fixed)
 
 
+@pytest.mark.parametrize(
+    "backend, device",
+    [("thread", None), ("process", None), ("thread", "/cpu:0"), ("process", "/cpu:0")],
+)
 def test_tensors_kept_from_the_dataset_are_never_overwritten_by_later_batches(
-    shapes: tuple[Path, Path],
+    shapes: tuple[Path, Path], backend: str, device: str | None
 ) -> None:
     train, _ = shapes
     options = dict(batch_size=10, image_size=(24, 24), workers=2, depth=1, seed=5)
     expected = list(prefetch.Loader(train, copy=True, **options))  # type: ignore[arg-type]
-    with prefetch.Loader(train, **options) as loader:  # type: ignore[arg-type]
-        kept = list(prefetch.tf.dataset(loader))  # every tensor stays alive to the end
+    with prefetch.Loader(train, backend=backend, **options) as loader:  # type: ignore[arg-type]
+        kept = list(prefetch.tf.dataset(loader, device=device))  # every tensor stays alive
     assert len(kept) == len(expected) == 18
     for (x, y), (ex, ey) in zip(kept, expected, strict=True):
         np.testing.assert_array_equal(x.numpy(), ex)
         np.testing.assert_array_equal(y.numpy(), ey)
 
 
-def test_a_worker_error_in_fit_is_re_raised_as_the_original_when_the_loader_block_exits(
+@pytest.mark.gpu
+def test_batches_prefetched_to_a_gpu_are_on_the_gpu_and_never_overwritten(
     shapes: tuple[Path, Path],
 ) -> None:
     train, _ = shapes
-    decoder = FailingDecoder("square_0007", error=InjectedDecodeError)
-    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), decoder=decoder, seed=0)
+    options = dict(batch_size=10, image_size=(24, 24), workers=2, depth=1, seed=5)
+    expected = list(prefetch.Loader(train, copy=True, **options))  # type: ignore[arg-type]
+    with prefetch.Loader(train, **options) as loader:  # type: ignore[arg-type]
+        kept = list(prefetch.tf.dataset(loader, device="/gpu:0"))
+    assert len(kept) == len(expected) == 18
+    for (x, y), (ex, ey) in zip(kept, expected, strict=True):
+        assert x.device.endswith("GPU:0") and y.device.endswith("GPU:0"), (x.device, y.device)
+        np.testing.assert_array_equal(x.numpy(), ex)
+        np.testing.assert_array_equal(y.numpy(), ey)
+
+
+@pytest.mark.gpu
+def test_keras_fit_runs_epochs_from_a_dataset_prefetched_to_the_gpu(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
     model = small_cnn(32, 3)
-    with pytest.raises(InjectedDecodeError, match="injected failure") as raised, loader:
+    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), workers=2, seed=0)
+    with loader:
+        history = model.fit(prefetch.tf.dataset(loader, device="/gpu:0"), epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert loader.stats().epochs == 2
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_a_cpu_device_is_accepted_and_keras_fit_runs_every_epoch(
+    shapes: tuple[Path, Path],
+) -> None:
+    train, _ = shapes
+    model = small_cnn(16, 3)
+    loader = prefetch.Loader(train, batch_size=30, image_size=(16, 16), workers=2, seed=0)
+    ds = prefetch.tf.dataset(loader, device="/cpu:0")
+    # The copy to the device hides the length from tf.data; Keras learns it in epoch 1.
+    assert ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
+    with loader:
+        images, _ = next(iter(ds))
+        assert images.device.endswith("CPU:0")
+        history = model.fit(ds, epochs=3, verbose=0)
+    assert len(history.history["loss"]) == 3
+    assert loader.stats().images >= 3 * 180
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("/gpu:99", "not a device TensorFlow sees in this process"),
+        ("cpu zero", "not a TensorFlow device name"),
+        ("/job:localhost", "names no device type"),
+    ],
+)
+def test_a_device_tensorflow_does_not_know_is_refused_naming_it(
+    shapes: tuple[Path, Path], device: str, message: str
+) -> None:
+    loader = prefetch.Loader(shapes[0], batch_size=8, image_size=(16, 16))
+    with pytest.raises(ValueError, match=message) as raised:
+        prefetch.tf.dataset(loader, device=device)
+    assert repr(device) in str(raised.value)
+
+
+def test_device_and_input_context_together_are_refused(shapes: tuple[Path, Path]) -> None:
+    loader = prefetch.Loader(shapes[0], batch_size=8, image_size=(16, 16), seed=0)
+    context = tf.distribute.InputContext(1, 0, 1)
+    with pytest.raises(ValueError, match=r"not both.*leave device=None"):
+        prefetch.tf.dataset(loader, device="/cpu:0", input_context=context)
+
+
+# A process worker must be able to unpickle the error type, so it is a built-in one there.
+ERROR_CASES = [("thread", InjectedDecodeError), ("process", LookupError)]
+
+
+@pytest.mark.parametrize("backend, error", ERROR_CASES)
+def test_a_worker_error_in_fit_is_re_raised_as_the_original_when_the_loader_block_exits(
+    shapes: tuple[Path, Path], backend: str, error: type[Exception]
+) -> None:
+    train, _ = shapes
+    decoder = FailingDecoder("square_0007", error=error)
+    loader = prefetch.Loader(
+        train, batch_size=30, image_size=(32, 32), decoder=decoder, seed=0, backend=backend
+    )
+    model = small_cnn(32, 3)
+    with pytest.raises(error, match="injected failure") as raised, loader:
         model.fit(prefetch.tf.dataset(loader), epochs=1, shuffle=False, verbose=0)
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert "square_0007" in notes
@@ -107,15 +191,22 @@ def test_a_worker_error_in_fit_is_re_raised_as_the_original_when_the_loader_bloc
     assert isinstance(raised.value.__context__, tf.errors.OpError)
 
 
+@pytest.mark.parametrize(
+    "backend, error, device",
+    [(*ERROR_CASES[0], None), (*ERROR_CASES[1], None), (*ERROR_CASES[0], "/cpu:0")],
+)
 def test_a_worker_error_in_plain_iteration_is_re_raised_as_the_original(
-    shapes: tuple[Path, Path],
+    shapes: tuple[Path, Path], backend: str, error: type[Exception], device: str | None
 ) -> None:
     train, _ = shapes
-    decoder = FailingDecoder("circle_0003", error=InjectedDecodeError)
-    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32), decoder=decoder)
-    with pytest.raises(InjectedDecodeError), loader:
-        for _ in prefetch.tf.dataset(loader):
+    decoder = FailingDecoder("circle_0003", error=error)
+    loader = prefetch.Loader(
+        train, batch_size=30, image_size=(32, 32), decoder=decoder, backend=backend
+    )
+    with pytest.raises(error, match="circle_0003") as raised, loader:
+        for _ in prefetch.tf.dataset(loader, device=device):
             pass
+    assert isinstance(raised.value.__context__, tf.errors.OpError)
 
 
 def test_importing_prefetch_does_not_import_tensorflow() -> None:

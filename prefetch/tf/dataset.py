@@ -3,9 +3,13 @@
 Each iteration of the dataset is a new epoch of the loader, so `model.fit(ds, epochs=N)` works.
 The loader already runs ahead of the consumer, so tf.data's autotuning is off and only a
 one-batch prefetch is added, which moves the numpy-to-tensor handoff off the training step.
+With `device`, the pipeline ends with `prefetch_to_device`, so the next batch is copied to that
+device while the current one trains. With `input_context` (tf.distribute), the loader is
+re-sharded so that each input pipeline reads its own disjoint part of every epoch.
 
 TensorFlow wraps Python errors raised in a generator in its own error types; the original is
 recorded on the loader and re-raised when `with loader:` exits (or by `loader.close()`).
+The dataset does not own the loader.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from prefetch.errors import add_note
 from prefetch.loader import Loader
 
 log = logging.getLogger(__name__)
@@ -65,19 +70,50 @@ def output_signature(loader: Loader) -> Any:
     return (images, labels)
 
 
-def dataset(loader: Loader, *, malloc_fix: bool = True) -> tf.data.Dataset:
+def dataset(
+    loader: Loader,
+    *,
+    device: str | None = None,
+    input_context: tf.distribute.InputContext | None = None,
+    malloc_fix: bool = True,
+) -> tf.data.Dataset:
     """A `tf.data.Dataset` of the loader's batches, with a static `output_signature`.
 
     Each iteration runs one epoch of `loader`. When the loader raises on every bad file
-    (`on_error="raise"`), the dataset knows its length, so Keras shows epoch progress.
+    (`on_error="raise"`), starts at an epoch's beginning and no `device` is given, the dataset
+    knows its length, so Keras shows epoch progress.
+
+    `device` (such as "/gpu:0"; a CPU device is accepted too) ends the pipeline with
+    `tf.data.experimental.prefetch_to_device(device, 1)`: the next batch is copied to the device
+    while the current one trains. `input_context` (from
+    `strategy.distribute_datasets_from_function`) re-shards the loader with `loader.shard` to
+    shard `input_pipeline_id` of `num_input_pipelines`; the loader's `batch_size` is the
+    per-replica batch. The two cannot be combined (the strategy places the batches itself).
     `malloc_fix` applies `restore_malloc_thresholds()` as each epoch starts (after TensorFlow
     has applied its patch).
     """
+    if device is not None and input_context is not None:
+        raise ValueError(
+            "pass device or input_context, not both: under tf.distribute the strategy copies "
+            "each replica's batches to its device itself (tf.distribute.InputOptions("
+            "experimental_fetch_to_device=True), the default); leave device=None"
+        )
+    if device is not None:
+        _check_device(device)
+    if input_context is not None:
+        _apply_input_context(loader, input_context)
+    shard = (loader.num_shards, loader.shard_index)
 
     def batches() -> Iterator[Any]:
-        if malloc_fix:
-            restore_malloc_thresholds()
         try:
+            if (loader.num_shards, loader.shard_index) != shard:
+                raise RuntimeError(
+                    f"this dataset was made for shard {shard[1]} of {shard[0]}, but the loader "
+                    f"was re-sharded to shard {loader.shard_index} of {loader.num_shards} since; "
+                    "use one Loader per input pipeline"
+                )
+            if malloc_fix:
+                restore_malloc_thresholds()
             for batch in loader:
                 yield tuple(batch) if loader.label_mode is not None else batch
         except Exception as error:
@@ -85,11 +121,82 @@ def dataset(loader: Loader, *, malloc_fix: bool = True) -> tf.data.Dataset:
             raise
 
     ds = tf.data.Dataset.from_generator(batches, output_signature=output_signature(loader))
-    if loader.on_error == "raise":
+    # Every epoch has len(loader) batches, except one resumed mid-way (load_state_dict).
+    if loader.on_error == "raise" and loader.state_dict()["position"] == 0:
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(loader)))
     ds = ds.prefetch(1)
     options = tf.data.Options()
     options.autotune.enabled = False
     options.threading.private_threadpool_size = 1
     options.experimental_optimization.inject_prefetch = False
-    return ds.with_options(options)
+    ds = ds.with_options(options)
+    if device is not None:
+        # Last, as TensorFlow requires. It copies elements with a remote call into the pipeline
+        # above, whose iterator is finalized with the options set here.
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=1))
+    return ds
+
+
+def _check_device(device: str) -> None:
+    """Refuse a device name TensorFlow cannot parse, or a local device it does not see."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a device name such as '/gpu:0', got {device!r}")
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError as error:
+        raise ValueError(
+            f"device {device!r} is not a TensorFlow device name; use one such as '/gpu:0' "
+            f"or '/cpu:0' ({error})"
+        ) from error
+    if spec.device_type is None:
+        raise ValueError(f"device {device!r} names no device type; use one such as '/gpu:0'")
+    if spec.job not in (None, "localhost") or spec.task not in (None, 0):
+        return  # a device of another task: only the cluster knows it
+    seen = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+    if not any(
+        d.device_type == spec.device_type and spec.device_index in (None, d.device_index)
+        for d in seen
+    ):
+        names = [d.to_string() for d in seen]
+        raise ValueError(
+            f"device {device!r} is not a device TensorFlow sees in this process (it sees "
+            f"{names}); name one of them, or leave device=None"
+        )
+
+
+def _apply_input_context(loader: Loader, context: tf.distribute.InputContext) -> None:
+    """Shard the loader for this input pipeline and check the per-replica batch fits."""
+    if not isinstance(context, tf.distribute.InputContext):
+        raise TypeError(
+            "input_context must be the tf.distribute.InputContext that "
+            "strategy.distribute_datasets_from_function passes to your dataset function, got "
+            f"{type(context).__name__}"
+        )
+    pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+    try:
+        loader.shard(pipelines, pipeline)
+    except (RuntimeError, ValueError) as error:
+        add_note(
+            error,
+            f"prefetch.tf.dataset: input_context asks for shard {pipeline} of {pipelines} "
+            "(input_pipeline_id of num_input_pipelines)",
+        )
+        raise
+    replicas = max(1, context.num_replicas_in_sync // pipelines)
+    if len(loader) < replicas:
+        raise ValueError(
+            f"input pipeline {pipeline} of {pipelines} has {len(loader)} batches of "
+            f"{loader.batch_size} per epoch for its {replicas} replicas, so a replica would get "
+            "no batch. The loader's batch_size is the batch of one replica: use "
+            "input_context.get_per_replica_batch_size(global_batch_size)"
+        )
+    log.info(
+        "prefetch: input pipeline %d of %d reads %d batches of %d per epoch for %d replicas "
+        "(global batch %d)",
+        pipeline,
+        pipelines,
+        len(loader),
+        loader.batch_size,
+        replicas,
+        loader.batch_size * context.num_replicas_in_sync,
+    )
