@@ -465,7 +465,7 @@ class _Keras(_TfData):
         )
 
 
-class TorchSamples:
+class _TorchSamples:
     """A map-style dataset for torch's `DataLoader`: `(decoded image, label)` per index.
 
     Picklable (spawned DataLoader workers import it from here); no torch needed to build it.
@@ -496,7 +496,7 @@ class _Torch:
         data = importlib.import_module("torch.utils.data")
         s = self.setup
         self.loader = data.DataLoader(
-            TorchSamples(s.folder, s.decoder, s.options),
+            _TorchSamples(s.folder, s.decoder, s.options),
             batch_size=s.batch_size,
             shuffle=True,
             num_workers=s.workers,
