@@ -29,6 +29,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from prefetch.autobackend import choose_backend
+from prefetch.autotune import (
+    PROCESS_WORKER_BYTES,
+    THREAD_WORKER_BYTES,
+    WorkerTuner,
+    available_memory_bytes,
+)
 from prefetch.coordinator import Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decode_image
 from prefetch.errors import TooManySkippedError
@@ -117,7 +123,7 @@ class _SlotRing:
             self._delivered.append(slot)
 
 
-def _positive(name: str, value: int) -> int:
+def _positive(name: str, value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return int(value)
@@ -145,7 +151,7 @@ class Loader:
         *,
         batch_size: int = 32,
         image_size: tuple[int, int] = (256, 256),
-        workers: int | None = None,
+        workers: int | str | None = None,
         depth: int = 2,
         shuffle: bool = True,
         seed: int | None = None,
@@ -166,6 +172,7 @@ class Loader:
         backend: str = "thread",
         max_restarts: int = 3,
         start_method: str | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         if isinstance(source, (str, os.PathLike)):
             source = ImageFolder(source)
@@ -178,7 +185,18 @@ class Loader:
             raise ValueError(f"source {source!r} is empty: there is nothing to load")
         self.source = source
         self.batch_size = _positive("batch_size", batch_size)
-        self.workers = _positive("workers", workers if workers is not None else _usable_cores())
+        if isinstance(workers, str) and workers != "auto":
+            raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
+        self.autotune = workers == "auto"
+        self.workers = _positive(
+            "workers", _usable_cores() if self.autotune or workers is None else workers
+        )
+        if memory_budget is not None and memory_budget < 1:
+            raise ValueError(
+                f"memory_budget must be a positive number of bytes, got {memory_budget}"
+            )
+        self.memory_budget = memory_budget
+        self._tuner: WorkerTuner | None = None
         self.depth = _positive("depth", depth)
         self.shuffle = bool(shuffle)
         self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**63))
@@ -361,6 +379,8 @@ class Loader:
                     self._reader, self.workers, self.batch_size, self.coordinator
                 )
             backend.start()
+            if self.autotune and self._tuner is None:
+                self._tuner = self._new_tuner()
             self._backend = backend
             self._ring = _SlotRing(backend)
 
@@ -434,7 +454,8 @@ class Loader:
             while window:
                 slot, pending = window.popleft()
                 stats.requests += 1
-                stats.ready_sum += pending.done() + sum(p.done() for _, p in window)
+                ready = pending.done() + sum(p.done() for _, p in window)
+                stats.ready_sum += ready
                 self._wait(pending)
                 try:
                     outcome = pending.result()
@@ -456,6 +477,8 @@ class Loader:
                 now = time.perf_counter()
                 stats.consumer_wait_s += now - asked
                 stats.elapsed_s += now - asked
+                if self._tuner is not None:
+                    self._tune(backend, now - asked, ready, outcome)
                 yield batch
                 del batch  # our own reference would keep the slot looking in use
                 asked = time.perf_counter()
@@ -468,6 +491,30 @@ class Loader:
                 if pending.wait(SLOT_DRAIN_S):
                     ring.release(slot)
                 # else a worker may still write rows: forget the slot rather than reuse it
+
+    def _new_tuner(self) -> WorkerTuner:
+        process = self.backend_name == "process"
+        height, width, channels = self.options.shape
+        ring_bytes = (self.depth + 2) * self.batch_size * (height * width * channels + 4)
+        budget = self.memory_budget or available_memory_bytes() // 4
+        return WorkerTuner(
+            start=self.workers,
+            # A process worker takes whole batches, so more than `depth` of them would idle.
+            maximum=self.depth if process else 2 * _usable_cores(),
+            depth=self.depth,
+            worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
+            budget_bytes=max(budget - ring_bytes, 0),
+        )
+
+    def _tune(self, backend: Backend, waited_s: float, ready: int, outcome: Any) -> None:
+        assert self._tuner is not None
+        count = self._tuner.observe(
+            waited_s, ready, outcome.busy_s, outcome.busy_s - outcome.cpu_s - outcome.runnable_s
+        )
+        if count is not None:
+            log.info("prefetch %s", self._tuner.decisions[-1])
+            backend.set_workers(count)
+            self.workers = count
 
     def _wait(self, pending: PendingBatch) -> None:
         while not pending.wait(POLL_S):
@@ -537,8 +584,9 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
+        decisions = tuple(map(str, self._tuner.decisions)) if self._tuner is not None else ()
         return self._stats.snapshot(
-            self.backend_name, self.workers, self.depth, self.backend_reason
+            self.backend_name, self.workers, self.depth, self.backend_reason, decisions
         )
 
     def reset_stats(self) -> None:

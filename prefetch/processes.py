@@ -160,6 +160,7 @@ class _Worker:
         self.conn = conn
         self.in_flight: OrderedDict[int, tuple[BatchTask, Slot, int]] = OrderedDict()
         self.answered = 0
+        self.retiring = False  # sent a stop by set_workers: it leaves after its batches
 
 
 class ProcessBackend:
@@ -206,6 +207,23 @@ class ProcessBackend:
         )
         self._workers = [self._spawn(i) for i in range(self.workers)]
 
+    def set_workers(self, count: int) -> None:
+        """Run `count` workers: spawn more, or let the newest finish their batches and leave."""
+        with self._lock:
+            live = sorted((w for w in self._workers if not w.retiring), key=lambda w: w.index)
+            used = {w.index for w in self._workers}
+            while len(live) < count:
+                index = min(i for i in range(len(used) + 1) if i not in used)
+                used.add(index)
+                worker = self._spawn(index)
+                self._workers.append(worker)
+                live.append(worker)
+            for worker in live[count:]:
+                worker.retiring = True
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Stop())
+            self.workers = count
+
     def _spawn(self, index: int) -> _Worker:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
@@ -233,7 +251,8 @@ class ProcessBackend:
                 pending.error = self._crashed or WorkerCrashedError("no worker processes left")
                 return pending
             self._pending[batch_id] = pending
-            worker = min(self._workers, key=lambda w: (len(w.in_flight), w.index))
+            live = [w for w in self._workers if not w.retiring]
+            worker = min(live, key=lambda w: (len(w.in_flight), w.index))
             self._send(worker, batch_id, task, slot, len(task.indices))
             return pending
 
@@ -273,7 +292,13 @@ class ProcessBackend:
                     pending.error = exception
                 else:
                     outcome_count = compact(slot, size, outcome.skipped)
-                    pending.outcome = BatchOutcome(outcome_count, outcome.skipped, outcome.busy_s)
+                    pending.outcome = BatchOutcome(
+                        outcome_count,
+                        outcome.skipped,
+                        outcome.busy_s,
+                        outcome.cpu_s,
+                        outcome.runnable_s,
+                    )
         except (EOFError, OSError):
             pass  # the worker died; its sentinel tells
 
@@ -286,6 +311,13 @@ class ProcessBackend:
         worker.conn.close()
         worker.process.join()
         self._workers.remove(worker)
+        live = [w for w in self._workers if not w.retiring]
+        if worker.retiring and live:
+            for batch_id, (task, slot, size) in lost:  # only if it died before finishing them
+                if batch_id in self._pending:
+                    target = min(live, key=lambda w: (len(w.in_flight), w.index))
+                    self._send(target, batch_id, task, slot, size)
+            return
         if self.restarts >= self.max_restarts:
             files = [
                 self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices

@@ -27,6 +27,7 @@ class LoaderStats:
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
       `depth` in flight); near `depth` means the producers are ahead.
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
+    - `worker_decisions`: with `workers="auto"`, each change of the worker count and why.
     """
 
     backend: str
@@ -44,6 +45,7 @@ class LoaderStats:
     skipped: int
     skipped_paths: tuple[str, ...]
     backend_reason: str = ""
+    worker_decisions: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -78,7 +80,12 @@ class StatsRecorder:
         self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
 
     def snapshot(
-        self, backend: str, workers: int, depth: int, backend_reason: str = ""
+        self,
+        backend: str,
+        workers: int,
+        depth: int,
+        backend_reason: str = "",
+        worker_decisions: tuple[str, ...] = (),
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         return LoaderStats(
@@ -97,4 +104,5 @@ class StatsRecorder:
             skipped=self.skipped,
             skipped_paths=tuple(self.skipped_paths),
             backend_reason=backend_reason,
+            worker_decisions=worker_decisions,
         )

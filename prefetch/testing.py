@@ -357,7 +357,7 @@ def worker_processes(pid: int | None = None) -> list[Any]:
     Spawned workers are its children; forkserver workers are children of its forkserver. The
     multiprocessing helpers themselves (resource tracker, forkserver) are left out.
     """
-    import psutil  # a test dependency, not a dependency of prefetch
+    import psutil  # type: ignore[import-untyped]  # a test dependency, not prefetch's
 
     parent = psutil.Process(pid)
     workers = []

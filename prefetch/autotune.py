@@ -1,0 +1,175 @@
+"""workers="auto": grow or shrink the worker count while the loader runs.
+
+`WorkerTuner` sees, per delivered batch, how long the consumer waited and how many batches were
+already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`) it
+decides:
+
+- grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
+  worker fits the memory budget, and there is CPU for it: at least `GROW_IDLE_CORES` of the
+  machine sat idle, or the workers themselves spent more than `GROW_BLOCKED` of their busy time
+  blocked (waiting for disk or network, not for a CPU), where more workers overlap more waiting;
+- shrink by one when the consumer never waited (below `SHRINK_WAIT`) and nearly all `depth`
+  batches were already waiting, for two windows in a row: the workers are ahead, and the
+  training step can have their CPU;
+- otherwise keep the count. A window after a change is skipped, so each change is measured.
+
+Decisions that change the count are kept (`decisions`) and reported in `LoaderStats`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+GROW_WAIT = 0.05
+SHRINK_WAIT = 0.01
+GROW_IDLE_CORES = 0.3
+GROW_BLOCKED = 0.3
+WINDOW_S = 1.0
+WINDOW_BATCHES = 4
+# Memory one more worker costs, for the budget: a worker process holds its own interpreter,
+# numpy and Pillow (measured at 40-60 MiB here); a thread holds one image being decoded.
+PROCESS_WORKER_BYTES = 64 * 2**20
+THREAD_WORKER_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class WorkerDecision:
+    """One change of the worker count: after `batches` batches, `before` -> `after`, and why."""
+
+    batches: int
+    before: int
+    after: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"batch {self.batches}: {self.before} -> {self.after} workers ({self.reason})"
+
+
+class CpuIdle:
+    """Idle CPU, in cores, between successive calls (from /proc/stat; None where unavailable)."""
+
+    def __init__(self) -> None:
+        self._last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float] | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = [float(v) for v in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, total
+
+    def __call__(self) -> float | None:
+        now, last = self._read(), self._last
+        self._last = now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        cores = os.cpu_count() or 1
+        return cores * (now[0] - last[0]) / (now[1] - last[1])
+
+
+class WorkerTuner:
+    """Decides the worker count from consumer wait and CPU idle; see the module docstring."""
+
+    def __init__(
+        self,
+        start: int,
+        maximum: int,
+        depth: int,
+        worker_bytes: int,
+        budget_bytes: int,
+        idle_cores: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.workers = start
+        self.maximum = max(1, min(maximum, budget_bytes // max(worker_bytes, 1)))
+        self.depth = depth
+        self.decisions: list[WorkerDecision] = []
+        self._idle = idle_cores if idle_cores is not None else CpuIdle()
+        self._clock = clock
+        self._batches = 0
+        self._settling = False
+        self._calm_windows = 0
+        self._open_window()
+
+    def _open_window(self) -> None:
+        self._window_start = self._clock()
+        self._window_batches = 0
+        self._waited = 0.0
+        self._ready = 0.0
+        self._busy = 0.0
+        self._blocked = 0.0
+        self._idle()  # the idle count restarts with the window
+
+    def observe(
+        self, waited_s: float, ready_batches: int, busy_s: float, blocked_s: float
+    ) -> int | None:
+        """Record one delivered batch; returns the new worker count when it should change.
+
+        `busy_s` is the workers' time on the batch, `blocked_s` the part of it they spent
+        neither on a CPU nor waiting for one.
+        """
+        self._batches += 1
+        self._window_batches += 1
+        self._waited += waited_s
+        self._ready += ready_batches
+        self._busy += busy_s
+        self._blocked += blocked_s
+        elapsed = self._clock() - self._window_start
+        if elapsed < WINDOW_S or self._window_batches < WINDOW_BATCHES:
+            return None
+        wait = self._waited / elapsed
+        ready = self._ready / self._window_batches
+        idle = self._idle()
+        blocked = self._blocked / self._busy if self._busy > 0 else 0.0
+        self._open_window()
+        if self._settling:
+            self._settling = False
+            return None
+        return self._decide(wait, ready, idle, blocked)
+
+    def _decide(self, wait: float, ready: float, idle: float | None, blocked: float) -> int | None:
+        if wait > GROW_WAIT:
+            self._calm_windows = 0
+            if self.workers >= self.maximum:
+                return None
+            cpu_free = idle is None or idle >= GROW_IDLE_CORES
+            if not cpu_free and blocked <= GROW_BLOCKED:
+                return None
+            idle_text = "unknown" if idle is None else f"{idle:.1f}"
+            reason = (
+                f"consumer waited {wait:.0%} of the window; {idle_text} cores idle, workers "
+                f"blocked {blocked:.0%} of their time"
+            )
+            return self._change(self.workers + 1, reason)
+        if wait < SHRINK_WAIT and ready >= self.depth - 0.5 and self.workers > 1:
+            self._calm_windows += 1
+            if self._calm_windows >= 2:
+                self._calm_windows = 0
+                reason = f"consumer never waited, {ready:.1f}/{self.depth} batches ready"
+                return self._change(self.workers - 1, reason)
+            return None
+        self._calm_windows = 0
+        return None
+
+    def _change(self, workers: int, reason: str) -> int:
+        self.decisions.append(WorkerDecision(self._batches, self.workers, workers, reason))
+        self.workers = workers
+        self._settling = True
+        return workers
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can still give (Linux: MemAvailable), or 1 GiB when unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2**30

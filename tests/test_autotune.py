@@ -1,0 +1,153 @@
+"""workers="auto": the tuner's decisions, and a loader that changes its worker count mid-epoch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prefetch
+from prefetch.autotune import WINDOW_BATCHES, WINDOW_S, WorkerTuner
+from prefetch.testing import (
+    SlowDecoder,
+    assert_same_batches,
+    worker_processes,
+    write_image_folder,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+SMALL = (16, 16)
+
+
+class Clock:
+    """A clock the test moves by hand, so that windows close exactly when intended."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_window(tuner: WorkerTuner, clock: Clock, waited: float, ready: int, blocked: float):
+    """Feed one full window of batches; returns what the tuner decided at its end."""
+    decision = None
+    for _ in range(WINDOW_BATCHES):
+        clock.now += WINDOW_S / WINDOW_BATCHES
+        decision = tuner.observe(waited * WINDOW_S / WINDOW_BATCHES, ready, 0.1, 0.1 * blocked)
+    return decision
+
+
+def make_tuner(idle: float | None, clock: Clock, maximum: int = 8, start: int = 2) -> WorkerTuner:
+    return WorkerTuner(
+        start=start,
+        maximum=maximum,
+        depth=2,
+        worker_bytes=10,
+        budget_bytes=1000,
+        idle_cores=lambda: idle,
+        clock=clock,
+    )
+
+
+def test_an_input_bound_consumer_with_idle_cores_gets_one_more_worker_per_window() -> None:
+    clock = Clock()
+    tuner = make_tuner(idle=1.0, clock=clock)
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) == 3
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) is None  # settling
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) == 4
+    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 3), (3, 4)]
+    assert "waited 50%" in tuner.decisions[0].reason
+
+
+def test_no_worker_is_added_when_the_cpu_is_saturated_by_decoding() -> None:
+    clock = Clock()
+    tuner = make_tuner(idle=0.0, clock=clock)
+    for _ in range(4):
+        assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) is None
+    assert tuner.decisions == []
+
+
+def test_workers_blocked_on_io_get_company_even_on_a_busy_cpu() -> None:
+    clock = Clock()
+    tuner = make_tuner(idle=0.0, clock=clock)
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.9) == 3
+    assert "blocked 90%" in tuner.decisions[0].reason
+
+
+def test_workers_far_ahead_of_the_consumer_shrink_after_two_calm_windows() -> None:
+    clock = Clock()
+    tuner = make_tuner(idle=1.0, clock=clock, start=3)
+    assert run_window(tuner, clock, waited=0.0, ready=2, blocked=0.0) is None
+    assert run_window(tuner, clock, waited=0.0, ready=2, blocked=0.0) == 2
+    assert "never waited" in tuner.decisions[0].reason
+
+
+def test_the_memory_budget_caps_the_worker_count() -> None:
+    clock = Clock()
+    tuner = WorkerTuner(2, 8, 2, worker_bytes=400, budget_bytes=1000, idle_cores=lambda: 2.0)
+    assert tuner.maximum == 2
+    tuner = make_tuner(idle=1.0, clock=clock, maximum=3)
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) == 3
+    run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0)
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) is None
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("autotune"), per_class=40, size=(24, 24))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_auto_workers_grow_for_a_slow_io_bound_decoder_and_lose_nothing(
+    folder: Path, backend: str
+) -> None:
+    loader = prefetch.Loader(
+        folder,
+        batch_size=4,
+        image_size=SMALL,
+        workers="auto",
+        depth=4,
+        backend=backend,
+        decoder=SlowDecoder(0.02),
+        seed=5,
+    )
+    started = loader.workers
+    with loader:
+        batches = [(b.images.copy(), b.labels.copy()) for _ in range(2) for b in loader]
+    stats = loader.stats()
+    assert stats.worker_decisions, "an input-bound loader whose workers sleep should grow"
+    assert stats.workers > started
+    expected = prefetch.Loader(folder, batch_size=4, image_size=SMALL, seed=5)
+    want = [(b.images.copy(), b.labels.copy()) for _ in range(2) for b in expected]
+    assert_same_batches(batches, want)
+
+
+def test_retired_worker_processes_finish_their_batches_and_leave(folder: Path) -> None:
+    loader = prefetch.Loader(
+        folder, batch_size=4, image_size=SMALL, workers=3, depth=3, backend="process", seed=6
+    )
+    with loader:
+        batches = []
+        for i, batch in enumerate(loader):
+            batches.append((batch.images.copy(), batch.labels.copy()))
+            if i == 2:
+                assert loader._backend is not None
+                loader._backend.set_workers(1)
+        deadline = time.monotonic() + 5
+        while len(worker_processes()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(worker_processes()) == 1
+        batches += [(b.images.copy(), b.labels.copy()) for b in loader]
+    expected = prefetch.Loader(folder, batch_size=4, image_size=SMALL, seed=6)
+    want = [(b.images.copy(), b.labels.copy()) for _ in range(2) for b in expected]
+    assert_same_batches(batches, want)
+    assert np.concatenate([b[1] for b in batches]).size == 2 * 120
+
+
+def test_workers_must_be_a_positive_int_or_auto(folder: Path) -> None:
+    with pytest.raises(ValueError, match="or 'auto'"):
+        prefetch.Loader(folder, workers="many")
