@@ -3,11 +3,29 @@
 from prefetch.tf.callbacks import InputStatsCallback
 from prefetch.tf.dataset import dataset, output_signature, restore_malloc_thresholds
 from prefetch.tf.queue_runner import QueueRunner
+from prefetch.tf.resident import (
+    DoesNotFitError,
+    FeedingRow,
+    ResidentDataset,
+    ResidentStream,
+    device_memory_budget,
+    feeding_benchmark,
+    resident,
+    resident_stream,
+)
 
 __all__ = [
+    "DoesNotFitError",
+    "FeedingRow",
     "InputStatsCallback",
     "QueueRunner",
+    "ResidentDataset",
+    "ResidentStream",
     "dataset",
+    "device_memory_budget",
+    "feeding_benchmark",
     "output_signature",
+    "resident",
+    "resident_stream",
     "restore_malloc_thresholds",
 ]
