@@ -526,7 +526,7 @@ def _make_contender(key: str, setup: _Setup) -> _Contender:
 
 
 def missing_requirement(key: str) -> str | None:
-    """Why loader `key` cannot run here ("torch is not installed: pip install torch"), or None."""
+    """Why loader `key` cannot run here ("torch not installed: pip install torch"), or None."""
     modules, install = _REQUIREMENTS.get(key, ((), ""))
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:

@@ -271,3 +271,14 @@ def test_plotting_without_matplotlib_says_how_to_install_it(
         ImportError, match=r"Timeline\.plot needs matplotlib: pip install matplotlib"
     ):
         timeline.plot(tmp_path / "timeline.png")
+
+
+def test_cli_asks_for_matplotlib_before_measuring_when_a_chart_is_wanted(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    for option in ("--plot", "--timeline"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", str(folder), option, "out.png"])
+        assert exit_info.value.code == 2
+        assert f"{option} needs matplotlib: pip install matplotlib" in capsys.readouterr().err
