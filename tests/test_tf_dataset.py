@@ -141,8 +141,9 @@ def test_a_cpu_device_is_accepted_and_keras_fit_runs_every_epoch(
         images, _ = next(iter(ds))
         assert images.device.endswith("CPU:0")
         history = model.fit(ds, epochs=3, verbose=0)
-    assert len(history.history["loss"]) == 3
-    assert loader.stats().images >= 3 * 180
+    losses = history.history["loss"]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)  # no epoch without steps
+    assert loader.stats().epochs == 3
 
 
 @pytest.mark.parametrize(
