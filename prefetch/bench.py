@@ -47,9 +47,12 @@ DECODE_SAMPLE = 200
 # Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.
 SAMPLE_SIZE = (500, 375)
 
-# The decoders whose single-core rate is measured, by name. Add one here (or from
-# `prefetch.decode.available_decoders()`, see `available_decoders`) and it appears in the table.
+# The decoders whose single-core rate is measured, by name. Add one here (or to the
+# `available_decoders()` of a module in DECODER_PROVIDERS) and it appears in the table.
 DECODERS: dict[str, Decoder] = {"pillow": decode_image}
+# Modules whose `available_decoders() -> dict[str, Decoder]`, when the module and the function
+# exist, adds to DECODERS (a decoder module added later needs no change here).
+DECODER_PROVIDERS = ("prefetch.decode", "prefetch.fast_decode")
 
 # Loader keys in the order they run in each round, with their display names.
 LOADER_NAMES: dict[str, str] = {
@@ -89,6 +92,7 @@ class BenchConfig:
     repeats: int
     seed: int
     decode_sample: int
+    loader_decoder: str
     timeline_batches: int
     timeline_backend: str
 
@@ -182,7 +186,8 @@ class BenchReport:
         lines = [
             f"prefetch bench: {c.images} images in {c.classes} classes under {c.root}",
             f"  -> {height}x{width}, batch {c.batch_size}, {c.workers} workers, depth {c.depth}, "
-            f"step {c.step_ms:g} ms, median of {c.repeats} round(s)",
+            f"step {c.step_ms:g} ms, median of {c.repeats} round(s); loaders decode with "
+            f"{c.loader_decoder}",
             f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
             f"Python {m['python']}, {m['platform']}",
             "",
@@ -265,18 +270,32 @@ class BenchReport:
 
 
 def available_decoders() -> dict[str, Decoder]:
-    """The decoders to measure: `DECODERS`, plus `prefetch.decode.available_decoders()`.
+    """The decoders to measure: `DECODERS`, plus each provider's `available_decoders()`.
 
-    The second part lets a decoder added to `prefetch.decode` (a turbo JPEG decoder, say)
-    appear in the bench without a change here: if `prefetch.decode` has a function
-    `available_decoders() -> dict[str, Decoder]`, its entries are included.
+    A provider is a module named in `DECODER_PROVIDERS` ("prefetch.decode",
+    "prefetch.fast_decode"); one that does not exist, or has no `available_decoders` function,
+    adds nothing. So a faster decoder added there appears in the bench without a change here.
     """
     decoders = dict(DECODERS)
-    module = importlib.import_module("prefetch.decode")
-    extra = getattr(module, "available_decoders", None)
-    if callable(extra):
-        decoders.update(extra())
+    for name in DECODER_PROVIDERS:
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a provider whose optional dependencies are missing
+            continue
+        provider = getattr(module, "available_decoders", None)
+        if callable(provider):
+            decoders.update(provider())
     return decoders
+
+
+def decoder_name(decoder: Decoder, decoders: Mapping[str, Decoder]) -> str:
+    """`decoder`'s name in `decoders`, else its function or class name."""
+    for name, candidate in decoders.items():
+        if candidate is decoder:
+            return name
+    return str(getattr(decoder, "__name__", type(decoder).__name__))
 
 
 def usable_cores() -> int:
@@ -568,10 +587,10 @@ def _decode_rate(
     decoder: Decoder,
     paths: Sequence[str],
     options: DecodeOptions,
-    tick: Callable[[], None],
-    every: int,
+    tick: Callable[[], None] = lambda: None,
+    every: int = 1,
 ) -> float:
-    """Images/s of `decoder` on `paths`, one after another in this thread."""
+    """Images/s of `decoder` on `paths`, one after another in this thread; `tick` every `every`."""
     began = time.perf_counter()
     for done, path in enumerate(paths, 1):
         decoder(path, options)
@@ -611,7 +630,8 @@ def run(
       `BenchReport.skipped`); an unknown key raises ValueError.
     - `decoders`: name -> decoder whose single-core rate is measured (default
       `available_decoders()`); the decode limit uses the best. `decoder` is what the loop,
-      prefetch and torch loaders decode with (default `decode_image`).
+      prefetch and torch loaders decode with; None picks the fastest of `decoders`, timed once
+      on the sample before the rounds (`report.config.loader_decoder` names the one used).
     - Each round runs one epoch per loader; the first batch of each epoch is a warm-up and is
       not timed. After each batch the consumer sleeps `step_ms` (a simulated training step).
       Medians over `repeats` rounds are reported.
@@ -647,11 +667,17 @@ def run(
     if not decoders:
         raise ValueError("decoders is empty: give at least one name -> decoder")
     options = DecodeOptions((int(image_size[0]), int(image_size[1])))
-    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
+    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
+    for path in sample:  # warm the page cache and every decoder before any timing
+        for candidate in decoders.values():
+            candidate(path, options)
+    if decoder is None:
+        rate_of = {name: _decode_rate(d, sample, options) for name, d in decoders.items()}
+        decoder = decoders[max(rate_of, key=lambda name: rate_of[name])]
+    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder)
     skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
     keys = [key for key in keys if key not in skipped]
 
-    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
     epoch_batches = math.ceil(len(folder) / batch_size)
     decode_ticks = len(sample) // batch_size
     total = repeats * (len(decoders) * decode_ticks + len(keys) * epoch_batches)
@@ -665,8 +691,6 @@ def run(
         if progress is not None:
             progress(min(done, total), total, label)
 
-    for path in sample:  # warm the page cache and the decoder before any timing
-        setup.decoder(path, options)
     decode_runs: dict[str, list[float]] = {name: [] for name in decoders}
     load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in keys}
     contenders = {key: _make_contender(key, setup) for key in keys}
@@ -724,6 +748,7 @@ def run(
         repeats=repeats,
         seed=seed,
         decode_sample=len(sample),
+        loader_decoder=decoder_name(decoder, decoders),
         timeline_batches=timeline_batches,
         timeline_backend=timeline_backend,
     )
