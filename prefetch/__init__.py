@@ -18,6 +18,7 @@ from prefetch.loader import Batch, Loader
 from prefetch.processes import WorkerCrashedError
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
+from prefetch.tuning import tune
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "WorkerCrashedError",
     "background",
     "decode_image",
+    "tune",
 ]
 
 

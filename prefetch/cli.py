@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
-from prefetch import bench
+from prefetch import bench, tuning
 from prefetch.timeline import MATPLOTLIB_HINT
 
 # Width of the progress bar, in characters.
@@ -219,6 +220,84 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `prefetch tune`."""
+    parser = subparsers.add_parser(
+        "tune",
+        help="find the smallest loader configuration that keeps up with a training step",
+        description=(
+            "Run short Loader trials on an image folder over backend x depth x workers, with a "
+            "simulated training step of --step-ms per batch, stopping early along workers; "
+            "print the table and the smallest configuration within --tolerance of the best."
+        ),
+    )
+    parser.add_argument("root", help="image folder (root/<class>/<image>)")
+    parser.add_argument(
+        "--step-ms", type=float, required=True, help="your training step per batch, in ms"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument(
+        "--image-size", type=image_size, default=(224, 224), metavar="HxW", help="default 224x224"
+    )
+    parser.add_argument(
+        "--backends", default="thread,process", help="comma-separated (default thread,process)"
+    )
+    parser.add_argument("--depths", default="1,2,4", help="comma-separated (default 1,2,4)")
+    parser.add_argument(
+        "--max-workers", type=positive_int, help="most workers tried (default 2 x cores)"
+    )
+    parser.add_argument("--trial-batches", type=positive_int, default=tuning.TRIAL_BATCHES)
+    parser.add_argument(
+        "--tolerance", type=float, default=tuning.TOLERANCE, help="share of the best (0.05)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="draw images/s against workers")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run_tune, parser=parser)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """`prefetch tune`: search, print the table and the recommendation."""
+    parser: argparse.ArgumentParser = args.parser
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(f"--plot needs matplotlib: {MATPLOTLIB_HINT}")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or any(b not in ("thread", "process") for b in backends):
+        parser.error(f"--backends: choose from thread,process; got {args.backends!r}")
+    try:
+        depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    except ValueError:
+        depths = []
+    if not depths or min(depths) < 1:
+        parser.error(f"--depths: give ints >= 1 like 1,2,4; got {args.depths!r}")
+    bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
+    try:
+        report = tuning.tune(
+            args.root,
+            step_ms=args.step_ms,
+            batch_size=args.batch_size,
+            image_size=args.image_size,
+            backends=backends,
+            depths=depths,
+            max_workers=args.max_workers,
+            trial_batches=args.trial_batches,
+            tolerance=args.tolerance,
+            progress=bar,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        bar.close()
+        parser.error(str(error))
+    finally:
+        bar.close()
+    print(report.format_table())
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report.as_dict(), out, indent=2)
+    if args.plot:
+        report.plot(args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `prefetch` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
@@ -226,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_bench_parser(subparsers)
+    add_tune_parser(subparsers)
     return parser
 
 

@@ -15,10 +15,22 @@ LEAK_GRACE_S = 3.0
 
 
 def _shm_entries() -> set[str]:
+    """Our /dev/shm entries: those of this process tree, or of processes that no longer run.
+
+    Segments of other live processes (another test run on the same machine) are not ours.
+    """
     try:
-        return {name for name in os.listdir("/dev/shm") if "prefetch" in name}
+        names = {name for name in os.listdir("/dev/shm") if "prefetch" in name}
     except FileNotFoundError:
         return set()
+    ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+    return {name for name in names if _owner(name) in ours or not psutil.pid_exists(_owner(name))}
+
+
+def _owner(name: str) -> int:
+    """The pid in a `prefetch_<pid>_<hex>` segment name (0 when there is none)."""
+    parts = name.split("_")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
 def _live_children() -> set[int]:

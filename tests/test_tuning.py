@@ -1,0 +1,126 @@
+"""prefetch.tune and `prefetch tune`: real trials on a small folder; no timing asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import prefetch
+from prefetch.testing import write_image_folder
+from prefetch.tuning import Trial, TuneReport
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("tune"), per_class=12, size=(48, 48))
+
+
+def test_tune_measures_configurations_and_recommends_one_it_measured(folder: Path) -> None:
+    report = prefetch.tune(
+        folder,
+        step_ms=5,
+        batch_size=4,
+        image_size=(16, 16),
+        backends=("thread",),
+        depths=(1, 2),
+        max_workers=3,
+        trial_batches=4,
+    )
+    assert report.trials
+    assert {t.depth for t in report.trials} == {1, 2}
+    for trial in report.trials:
+        assert trial.backend == "thread"
+        assert 1 <= trial.workers <= 3
+        assert trial.images_per_s > 0
+        assert 0 <= trial.consumer_wait_fraction <= 1
+    assert report.recommended in report.trials
+    table = report.format_table()
+    assert "recommended: Loader(..., backend='thread'" in table
+    json.dumps(report.as_dict())
+
+
+def test_the_recommendation_is_the_smallest_within_tolerance_of_the_best() -> None:
+    report = TuneReport("root", 10.0, 32, (224, 224), 0.05)
+    report.trials.extend(
+        [
+            Trial("thread", 1, 2, 500.0, 0.30),
+            Trial("thread", 2, 2, 980.0, 0.02),
+            Trial("thread", 3, 2, 1000.0, 0.00),
+            Trial("process", 2, 2, 990.0, 0.00),
+            Trial("thread", 2, 1, 960.0, 0.03),
+        ]
+    )
+    assert report.best == Trial("thread", 3, 2, 1000.0, 0.00)
+    assert report.recommended == Trial("thread", 2, 1, 960.0, 0.03)
+    assert report.step_ceiling == pytest.approx(3200.0)
+
+
+def test_bad_arguments_name_the_argument(folder: Path) -> None:
+    with pytest.raises(ValueError, match="step_ms"):
+        prefetch.tune(folder, step_ms=-1)
+    with pytest.raises(ValueError, match="fewer than 2 batches"):
+        prefetch.tune(folder, step_ms=1, batch_size=64)
+
+
+def test_the_tune_command_prints_the_table_and_writes_json(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tune.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefetch",
+            "tune",
+            str(folder),
+            "--step-ms",
+            "2",
+            "--batch-size",
+            "4",
+            "--image-size",
+            "16",
+            "--backends",
+            "thread",
+            "--depths",
+            "2",
+            "--max-workers",
+            "2",
+            "--trial-batches",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recommended: Loader(" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["recommended"]["backend"] == "thread"
+    assert data["trials"]
+
+
+def test_the_tune_command_refuses_an_unknown_backend(folder: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefetch",
+            "tune",
+            str(folder),
+            "--step-ms",
+            "1",
+            "--backends",
+            "gpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--backends" in done.stderr
