@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -237,20 +238,19 @@ def test_a_stream_delivers_every_sample_once_in_the_loaders_order(shapes: Path) 
 def test_the_next_macro_batch_uploads_while_one_is_consumed_and_no_more(shapes: Path) -> None:
     loader = prefetch.Loader(shapes, batch_size=8, image_size=(16, 16), workers=2)
     stream = prefetch.tf.resident_stream(loader, macro_batches=1, micro_batch_size=4)
-    epoch = iter(stream)
-    next(epoch)  # the consumer holds the first macro-batch
     deadline = time.monotonic() + 20
-    while stream.uploads < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert stream.uploads == 2, "the second macro-batch should upload in the background"
-    time.sleep(0.3)
-    assert stream.uploads == 2, "a third would exceed the two buffers"
-    next(epoch)
-    next(epoch)  # the first macro-batch is done: its buffer goes to the third
-    while stream.uploads < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert stream.uploads == 3
-    epoch.close()
+    with contextlib.closing(iter(stream)) as epoch:
+        next(epoch)  # the consumer holds the first macro-batch
+        while stream.uploads < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stream.uploads == 2, "the second macro-batch should upload in the background"
+        time.sleep(0.3)
+        assert stream.uploads == 2, "a third would exceed the two buffers"
+        next(epoch)
+        next(epoch)  # the first macro-batch is done: its buffer goes to the third
+        while stream.uploads < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stream.uploads == 3
 
 
 def test_leaving_a_stream_epoch_early_stops_its_upload_thread_and_the_loader(

@@ -18,6 +18,7 @@ Rationale and examples: docs/tensorflow.md, section "Device-resident data".
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import statistics
@@ -335,26 +336,36 @@ class ResidentDataset:
 
         `rows` are int64 rows of the device variables (so any view of the same upload can
         feed a model made by any of them); `labels` come from a host copy (a few bytes per
-        sample). Each iteration is the next epoch, in the order of `batch_indices`.
+        sample). Each iteration takes the next epoch (one Python call makes the epoch's whole
+        order; the batches are cut in tf.data) in the order of `batch_indices`.
         """
+        batch = self.batch_size
+
+        def epoch_rows(_: Any) -> tuple[np.ndarray, np.ndarray]:
+            batches = [self._rows[samples] for samples in self.batch_indices(self._take_epoch())]
+            padded = np.zeros((len(batches), batch), np.int64)
+            for i, rows in enumerate(batches):
+                padded[i, : len(rows)] = rows
+            return padded, np.array([len(rows) for rows in batches], np.int64)
+
+        def take_epoch(_: Any) -> Any:
+            padded, lengths = tf.numpy_function(epoch_rows, [_], (tf.int64, tf.int64))
+            padded.set_shape((None, batch))
+            lengths.set_shape((None,))
+            return tf.data.Dataset.from_tensor_slices((padded, lengths))
+
         host_labels = self._storage.host_labels
+        with tf.device("/CPU:0"):  # tf.data runs on the host; keep the labels there
+            labels = None if host_labels is None else tf.constant(host_labels)
+        fixed = batch if self.drop_remainder else None
 
-        def batches() -> Iterator[Any]:
-            epoch = self._take_epoch()
-            for samples in self.batch_indices(epoch):
-                rows = self._rows[samples]
-                yield rows if host_labels is None else (rows, host_labels[rows])
+        def cut(padded: Any, length: Any) -> Any:
+            rows = tf.ensure_shape(padded[:length], (fixed,))
+            return rows if labels is None else (rows, tf.gather(labels, rows))
 
-        fixed = self.batch_size if self.drop_remainder else None
-        rows_spec = tf.TensorSpec((fixed,), tf.int64, name="rows")
-        signature: Any = rows_spec
-        if host_labels is not None:
-            labels_spec = tf.TensorSpec(
-                (fixed, *host_labels.shape[1:]), tf.as_dtype(host_labels.dtype), name="labels"
-            )
-            signature = (rows_spec, labels_spec)
-        ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
-        return ds.apply(tf.data.experimental.assert_cardinality(len(self)))
+        ds = tf.data.Dataset.range(1).flat_map(take_epoch).map(cut)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(len(self)))
+        return ds.prefetch(1)  # the next rows are ready while the step runs
 
     def keras_model(self, model: Any) -> Any:
         """A Keras model that takes `rows` (int64), gathers those images on the device, and
@@ -616,11 +627,7 @@ class ResidentStream:
         epoch = iter(self.loader)
         try:
             while True:
-                batches = []
-                for batch in epoch:
-                    batches.append(batch if self.loader.label_mode is None else tuple(batch))
-                    if len(batches) == self.macro_batches:
-                        break
+                batches = list(itertools.islice(epoch, self.macro_batches))
                 if not batches:
                     return
                 if self.loader.label_mode is None:
@@ -685,7 +692,8 @@ class FeedingRow:
 
     `strategy` is "input", "shared all" or "shared batched"; `macro_batch_size` is in samples
     (None where it does not apply); `setup_s` the one-time upload; `epoch_s` the median epoch;
-    `bytes_per_epoch` what crossed from host to device in an epoch, besides indices.
+    `bytes_per_epoch` what crossed from host to device in an epoch, besides indices;
+    `device` where the step ran.
     """
 
     strategy: str
@@ -695,6 +703,7 @@ class FeedingRow:
     epoch_s: float
     images_per_s: float
     bytes_per_epoch: int
+    device: str
 
 
 def _train_steps(
@@ -776,7 +785,7 @@ def feeding_benchmark(
         step, step_at = _train_steps(images.shape[1:], classes, micro, name)
         every_batch = count * sample_bytes
         run = functools.partial(_input_epoch, step, x, y, micro)
-        rows.append(_measure("input", micro, None, 0.0, run, epochs, count, every_batch))
+        rows.append(_measure("input", micro, None, 0.0, run, epochs, count, every_batch, name))
 
         began = time.perf_counter()
         with tf.device(name):
@@ -784,14 +793,14 @@ def feeding_benchmark(
         all_x[:1].numpy()  # waits for the upload to finish
         setup_s = time.perf_counter() - began
         run = functools.partial(_shared_epoch, step_at, all_x, all_y, micro)
-        rows.append(_measure("shared all", micro, None, setup_s, run, epochs, count, 0))
+        rows.append(_measure("shared all", micro, None, setup_s, run, epochs, count, 0, name))
         del all_x, all_y, run
 
         for macro in (_positive("macro_batch_size", m) for m in macro_batch_sizes):
             macro = max(macro // micro, 1) * micro  # whole micro-batches per macro-batch
             run = functools.partial(_batched_epoch, step_at, x, y, micro, macro, name)
             rows.append(
-                _measure("shared batched", micro, macro, 0.0, run, epochs, count, every_batch)
+                _measure("shared batched", micro, macro, 0.0, run, epochs, count, every_batch, name)
             )
     return rows
 
@@ -832,6 +841,7 @@ def _measure(
     epochs: int,
     count: int,
     bytes_per_epoch: int,
+    device: str,
 ) -> FeedingRow:
     run_epoch().numpy()  # warm-up: traces the step; .numpy() waits for the device
     times = []
@@ -840,4 +850,6 @@ def _measure(
         run_epoch().numpy()
         times.append(time.perf_counter() - began)
     epoch_s = statistics.median(times)
-    return FeedingRow(strategy, micro, macro, setup_s, epoch_s, count / epoch_s, bytes_per_epoch)
+    return FeedingRow(
+        strategy, micro, macro, setup_s, epoch_s, count / epoch_s, bytes_per_epoch, device
+    )
