@@ -60,16 +60,6 @@ def test_run_measures_every_available_loader_with_sane_figures(folder: Path) -> 
     assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
 
 
-def test_a_simulated_step_lets_prefetch_threads_hide_the_loading(folder: Path) -> None:
-    # The loop decodes in the consumer's own thread, so it always waits; with a long step the
-    # thread loader has the next batch ready. Only the order of the two is checked.
-    report = bench.run(folder, loaders=["loop", "threads"], step_ms=30, **TINY)
-
-    assert report.loader("threads").consumer_wait_fraction < (
-        report.loader("loop").consumer_wait_fraction
-    )
-
-
 def test_every_registered_decoder_is_measured_and_the_best_sets_the_limit(folder: Path) -> None:
     decoders = {"pillow": decode_image, "slow": SlowDecoder(0.02)}
     report = bench.run(folder, loaders=["loop"], decoders=decoders, **TINY)
