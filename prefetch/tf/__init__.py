@@ -2,6 +2,7 @@
 
 from prefetch.tf.callbacks import InputStatsCallback
 from prefetch.tf.dataset import dataset, output_signature, restore_malloc_thresholds
+from prefetch.tf.keras_compat import image_dataset_from_directory
 from prefetch.tf.queue_runner import QueueRunner
 from prefetch.tf.resident import (
     DoesNotFitError,
@@ -24,6 +25,7 @@ __all__ = [
     "dataset",
     "device_memory_budget",
     "feeding_benchmark",
+    "image_dataset_from_directory",
     "output_signature",
     "resident",
     "resident_stream",
