@@ -252,14 +252,3 @@ def test_workers_exit_within_seconds_when_their_parent_is_killed(
     _, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive, "orphaned workers kept running after their parent died"
     sweep_stale()  # the killed parent could not unlink its segments; the next start does
-
-
-def test_twenty_rapid_open_close_cycles_leak_nothing(folder: Path) -> None:
-    for _ in range(20):
-        loader = prefetch.Loader(
-            folder, batch_size=6, image_size=SMALL, workers=2, backend="process"
-        )
-        with loader:
-            next(iter(loader))
-    assert not our_segments()
-    assert not _children()

@@ -1,4 +1,8 @@
-"""Resume mid-epoch from state_dict (also in a fresh process), and disjoint shards."""
+"""Resume mid-epoch from state_dict (also in a fresh process), and disjoint shards.
+
+Each runs through both worker backends and several worker counts: the state and the shards
+depend only on (seed, epoch, position), never on who decodes.
+"""
 
 from __future__ import annotations
 
@@ -29,12 +33,26 @@ def epochs_of(loader: prefetch.Loader, count: int) -> list[list[tuple[np.ndarray
         return [[(x.copy(), y.copy()) for x, y in loader] for _ in range(count)]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(folder: Path) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Two epochs of an uninterrupted run (thread backend, 2 workers)."""
+    return epochs_of(prefetch.Loader(folder, workers=2, **OPTIONS), 2)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("workers_before, workers_after", [(2, 1), (1, 3)])
+@pytest.mark.parametrize(
+    "backend_before, backend_after",
+    [("thread", "thread"), ("process", "process"), ("thread", "process"), ("process", "thread")],
+)
 def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run(
-    folder: Path, workers_before: int, workers_after: int
+    folder: Path,
+    uninterrupted: list[list[tuple[np.ndarray, np.ndarray]]],
+    backend_before: str,
+    backend_after: str,
+    workers_before: int,
+    workers_after: int,
 ) -> None:
-    uninterrupted = epochs_of(prefetch.Loader(folder, workers=2, **OPTIONS), 2)  # type: ignore[arg-type]
-    first = prefetch.Loader(folder, workers=workers_before, **OPTIONS)  # type: ignore[arg-type]
+    first = prefetch.Loader(folder, workers=workers_before, backend=backend_before, **OPTIONS)  # type: ignore[arg-type]
     with first:
         for taken, _ in enumerate(first, start=1):
             if taken == 3:
@@ -45,6 +63,7 @@ def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run(
     resumed = prefetch.Loader(
         folder,
         workers=workers_after,
+        backend=backend_after,
         batch_size=7,
         image_size=(16, 16),
         transform=random_flip_and_noise,
@@ -75,18 +94,25 @@ import numpy as np
 import prefetch
 from prefetch.testing import random_flip_and_noise
 
-folder, state_file, out = sys.argv[1:4]
-loader = prefetch.Loader(folder, batch_size=7, image_size=(16, 16), workers=2,
-                         transform=random_flip_and_noise)
-loader.load_state_dict(json.loads(open(state_file).read()))
-images = [x.copy() for x, _ in loader]
-np.save(out, np.concatenate(images))
+if __name__ == "__main__":
+    folder, state_file, out, backend, workers = sys.argv[1:6]
+    loader = prefetch.Loader(folder, batch_size=7, image_size=(16, 16), workers=int(workers),
+                             transform=random_flip_and_noise, backend=backend)
+    loader.load_state_dict(json.loads(open(state_file).read()))
+    images = [x.copy() for x, _ in loader]
+    np.save(out, np.concatenate(images))
 """
 
 
-def test_resuming_in_a_fresh_process_continues_the_same_epoch(folder: Path, tmp_path: Path) -> None:
-    uninterrupted = epochs_of(prefetch.Loader(folder, workers=2, **OPTIONS), 1)[0]  # type: ignore[arg-type]
-    loader = prefetch.Loader(folder, workers=2, **OPTIONS)  # type: ignore[arg-type]
+@pytest.mark.parametrize("backend, workers", [("thread", 2), ("process", 1), ("process", 3)])
+def test_resuming_in_a_fresh_process_continues_the_same_epoch(
+    folder: Path,
+    tmp_path: Path,
+    uninterrupted: list[list[tuple[np.ndarray, np.ndarray]]],
+    backend: str,
+    workers: int,
+) -> None:
+    loader = prefetch.Loader(folder, workers=2, backend=backend, **OPTIONS)  # type: ignore[arg-type]
     iterator = iter(loader)
     next(iterator), next(iterator)
     state_file = tmp_path / "state.json"
@@ -96,13 +122,21 @@ def test_resuming_in_a_fresh_process_continues_the_same_epoch(folder: Path, tmp_
     script.write_text(textwrap.dedent(RESUME_SCRIPT))
     out = tmp_path / "rest.npy"
     result = subprocess.run(
-        [sys.executable, str(script), str(folder), str(state_file), str(out)],
+        [
+            sys.executable,
+            str(script),
+            str(folder),
+            str(state_file),
+            str(out),
+            backend,
+            str(workers),
+        ],
         capture_output=True,
         text=True,
         timeout=50,
     )
     assert result.returncode == 0, result.stderr
-    expected = np.concatenate([x for x, _ in uninterrupted[2:]])
+    expected = np.concatenate([x for x, _ in uninterrupted[0][2:]])
     np.testing.assert_array_equal(np.load(out), expected)
 
 
@@ -122,6 +156,35 @@ def test_shards_are_disjoint_and_together_cover_each_epoch(folder: Path) -> None
             np.testing.assert_array_equal(part, order[index::3])
     counted = [sum(len(y) for _, y in shard) for shard in shards]
     assert counted == [10, 10, 10]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_the_shards_deliver_disjoint_samples_covering_each_epoch(
+    folder: Path, backend: str, workers: int
+) -> None:
+    files = prefetch.ImageFolder(folder)
+    numbered = prefetch.FileList(files.paths, np.arange(len(files)))  # label = sample index
+    shards = [
+        prefetch.Loader(
+            numbered,
+            batch_size=4,
+            image_size=(16, 16),
+            seed=3,
+            num_shards=3,
+            shard_index=i,
+            workers=workers,
+            backend=backend,
+        )
+        for i in range(3)
+    ]
+    delivered = [epochs_of(shard, 2) for shard in shards]
+    for epoch in range(2):
+        parts = [[y.tolist() for _, y in epochs[epoch]] for epochs in delivered]
+        for shard, part in zip(shards, parts, strict=True):
+            assert part == [b.tolist() for b in shard.batch_indices(epoch)]
+        combined = [index for part in parts for batch in part for index in batch]
+        assert sorted(combined) == list(range(30)), "disjoint, and all covered"
 
 
 def test_a_shard_index_outside_the_shard_count_is_refused(folder: Path) -> None:
