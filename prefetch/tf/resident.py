@@ -172,16 +172,24 @@ def _positive(name: str, value: Any) -> int:
     return int(value)
 
 
-def _upload(array: Any, device: str) -> tf.Variable:
-    """Copy `array` into a new non-trainable variable on `device` (one host-to-device copy)."""
+def _upload(array: Any, device: str, *, strict: bool = True) -> tf.Variable:
+    """Copy `array` into a new non-trainable variable on `device` (one host-to-device copy).
+
+    With `strict`, a variable that TensorFlow placed elsewhere (it has no kernel for that
+    dtype on the device) raises RuntimeError. Labels are not strict: TensorFlow has no GPU
+    kernel for int32 variables, so they stay in host memory; a batch of labels is a few bytes.
+    """
     with tf.device(device):
         variable = tf.Variable(array, trainable=False)
     placed = tf.DeviceSpec.from_string(variable.device)
     wanted = tf.DeviceSpec.from_string(device)
-    if (placed.device_type, placed.device_index) != (wanted.device_type, wanted.device_index):
+    if strict and (placed.device_type, placed.device_index) != (
+        wanted.device_type,
+        wanted.device_index,
+    ):
         raise RuntimeError(
             f"TensorFlow placed a {variable.dtype.name} variable on {variable.device}, not on "
-            f"{device}; this device cannot hold that dtype"
+            f"{device}; this device cannot hold that dtype: use uint8 or float images"
         )
     return variable
 
@@ -198,7 +206,7 @@ class _Storage:
         self.images = _upload(images, device)
         self.uploads += 1
         self.host_labels = None if labels is None else np.asarray(labels)
-        self.labels = None if labels is None else _upload(self.host_labels, device)
+        self.labels = None if labels is None else _upload(self.host_labels, device, strict=False)
         self.rows = int(self.images.shape[0])
 
 
