@@ -105,8 +105,8 @@ class QueueRunner:
         self.num_epochs = num_epochs
         self.name = name
         signature = output_signature(loader)
-        self.labelled = loader.label_mode is not None
-        batch_specs = list(signature) if self.labelled else [signature]
+        self._labelled = loader.label_mode is not None
+        batch_specs = list(signature) if self._labelled else [signature]
         self.element_spec: tuple[tf.TensorSpec, ...] = tuple(
             tf.TensorSpec(spec.shape[1:], spec.dtype, name=spec.name) for spec in batch_specs
         )
@@ -149,7 +149,7 @@ class QueueRunner:
     def _structure(self, tensors: Any) -> Any:
         """(images, labels) for a labelled loader, else the images tensor."""
         if isinstance(tensors, (list, tuple)):
-            return tuple(tensors) if self.labelled else tensors[0]
+            return tuple(tensors) if self._labelled else tensors[0]
         return tensors
 
     def dequeue(self, name: str | None = None) -> Any:
@@ -239,7 +239,7 @@ class QueueRunner:
         return threads
 
     def _enqueue(self, sess: Any, batch: Any) -> None:
-        arrays = list(batch) if self.labelled else [batch]
+        arrays = list(batch) if self._labelled else [batch]
         if self.eager:
             self.queue.enqueue_many(arrays)
         else:
