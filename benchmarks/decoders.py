@@ -1,0 +1,264 @@
+"""Benchmark: single-core decode + resize cost and pixel fidelity of each decoder, and a GIL check.
+
+On ImageNet-sized JPEGs (500x375, textured like benchmarks/tf_handoff.py's photos) decoded to
+224x224 RGB, one image at a time on one thread (OpenCV and TensorFlow limited to one thread):
+
+1. per decoder: CPU ms per image (this process's CPU time, robust to other busy processes) and
+   wall ms per image, the median of `--repeats` passes over the folder, and the mean / 99th
+   percentile absolute difference per pixel value from `decode_image` (Pillow with draft) and
+   from Keras (`tf.io.decode_jpeg` + `tf.image.resize` bilinear, rounded to uint8);
+2. the GIL check: how far a pure-Python counter thread gets while each stage runs in a loop on
+   the main thread, relative to while the main thread sleeps (about 100%: the stage releases
+   the GIL; about 0%: it holds it; `sorted()` of a large list is the holding control);
+3. the 2-thread scaling check: wall ms per image in one and two threads, and `decode_turbo` in
+   two threads with OpenCV's own thread pool on (its default) and off (`cv2.setNumThreads(1)`,
+   what prefetch.fast_decode does).
+
+    python benchmarks/decoders.py [--images 64] [--repeats 5] [--size 500x375] [--noise 30]
+
+TensorFlow rows are left out when TensorFlow does not import; the turbo rows when the `fast`
+extra (simplejpeg, OpenCV) is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from prefetch.decode import DecodeOptions, Decoder, decode_image, to_target_size
+from prefetch.fast_decode import decode_turbo, fast_available
+from prefetch.testing import draw_shape
+
+TARGET = (224, 224)
+# How long each GIL-check measurement runs, and the photo it decodes: a large one, so that each
+# call is long next to the interpreter's 5 ms switch interval.
+GIL_CHECK_S = 0.5
+GIL_CHECK_SIZE = (1600, 1200)
+
+
+def write_photos(folder: Path, count: int, size: tuple[int, int], noise: int) -> list[str]:
+    """`count` JPEGs (width, height = size, quality 90): a shape plus uniform noise +-noise."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        image = np.asarray(draw_shape("circle", size, rng)).astype(np.int16)
+        image += rng.integers(-noise, noise + 1, size=image.shape, dtype=np.int16)
+        path = folder / f"{i:05d}.jpg"
+        Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=90)
+        paths.append(str(path))
+    return paths
+
+
+def pillow_no_draft(path: str, options: DecodeOptions) -> np.ndarray:
+    """Pillow at full size, then its antialiased resize: `decode_image` without DCT scaling."""
+    with Image.open(path) as image:
+        image.load()
+        return to_target_size(image, options)
+
+
+def tensorflow_decoder() -> Decoder | None:
+    """What Keras does per image: decode_jpeg, then tf.image.resize bilinear (one TF thread)."""
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+    except ImportError:
+        return None
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    def decode(path: str, options: DecodeOptions) -> np.ndarray:
+        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=options.channels)
+        resized = tf.image.resize(image, options.image_size, options.interpolation)
+        result: np.ndarray = np.clip(np.rint(resized.numpy()), 0, 255).astype(np.uint8)
+        return result
+
+    return decode
+
+
+def ms_per_image(
+    decode: Callable[[str], object], paths: list[str], repeats: int
+) -> tuple[float, float]:
+    """(CPU ms, wall ms) per image: medians over `repeats` passes over `paths`."""
+    decode(paths[0])  # warm up: imports, lazily built tables
+    cpu, wall = [], []
+    for _ in range(repeats):
+        cpu_began, wall_began = time.process_time(), time.perf_counter()
+        for path in paths:
+            decode(path)
+        cpu.append((time.process_time() - cpu_began) / len(paths))
+        wall.append((time.perf_counter() - wall_began) / len(paths))
+    return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
+
+
+def differences(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float]:
+    """(mean, 99th percentile) absolute difference per pixel value, over all images."""
+    diff = np.concatenate(
+        [
+            np.abs(a.astype(np.int16) - b.astype(np.int16)).ravel()
+            for a, b in zip(got, want, strict=True)
+        ]
+    )
+    return float(diff.mean()), float(np.percentile(diff, 99))
+
+
+def counter_progress(work: Callable[[], object], seconds: float) -> int:
+    """Iterations a pure-Python counter thread makes while `work` runs in a loop here."""
+    stop = threading.Event()
+    count = [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    spinner = threading.Thread(target=spin, name="gil-check-counter")
+    spinner.start()
+    try:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            work()
+    finally:
+        stop.set()
+        spinner.join()
+    return count[0]
+
+
+def gil_rows(path: str, options: DecodeOptions) -> list[tuple[str, float]]:
+    """(stage, counter progress relative to sleeping) for each stage of each decoder."""
+    big = np.random.default_rng(0).integers(0, 1 << 30, 200_000).tolist()
+    stages: dict[str, Callable[[], object]] = {
+        "sleep 1 ms (reference)": lambda: time.sleep(0.001),
+        "sorted() of 200k ints (holds the GIL)": lambda: sorted(big),
+        "decode_image (Pillow)": lambda: decode_image(path, options),
+    }
+    if fast_available():
+        import cv2
+        import simplejpeg
+
+        data = Path(path).read_bytes()
+        full = simplejpeg.decode_jpeg(data)
+        stages["simplejpeg.decode_jpeg"] = lambda: simplejpeg.decode_jpeg(data)
+        stages["cv2.resize INTER_AREA"] = lambda: cv2.resize(
+            full, TARGET[::-1], interpolation=cv2.INTER_AREA
+        )
+        stages["cv2.resize INTER_LINEAR"] = lambda: cv2.resize(
+            full, TARGET[::-1], interpolation=cv2.INTER_LINEAR
+        )
+        stages["decode_turbo"] = lambda: decode_turbo(path, options)
+    reference = counter_progress(stages["sleep 1 ms (reference)"], GIL_CHECK_S)
+    return [
+        (name, counter_progress(work, GIL_CHECK_S) / reference) for name, work in stages.items()
+    ]
+
+
+def thread_rows(paths: list[str], options: DecodeOptions, repeats: int) -> list[str]:
+    """Wall ms per image in 1 and 2 threads: the 2-thread scaling check (threads run in
+    parallel only while the decoder releases the GIL), and OpenCV's own pool on and off."""
+    runs: dict[str, tuple[Callable[[str], object], int, int | None]] = {
+        "decode_image, 1 thread": (lambda p: decode_image(p, options), 1, None),
+        "decode_image, 2 threads": (lambda p: decode_image(p, options), 2, None),
+    }
+    if fast_available():
+        import cv2
+
+        decode_turbo(paths[0], options)  # imports and configures OpenCV (one thread)
+        cores = cv2.getNumberOfCPUs()
+        turbo: Callable[[str], object] = lambda p: decode_turbo(p, options)  # noqa: E731
+        runs["decode_turbo, 1 thread"] = (turbo, 1, 1)
+        runs["decode_turbo, 2 threads"] = (turbo, 2, 1)
+        runs[f"decode_turbo, 2 threads, OpenCV pool of {cores}"] = (turbo, 2, cores)
+    spent: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):  # alternate, so that changing load hits every row alike
+        for name, (decode, threads, opencv_threads) in runs.items():
+            if opencv_threads is not None:
+                cv2.setNumThreads(opencv_threads)
+            with ThreadPoolExecutor(threads, thread_name_prefix="decoder-bench") as pool:
+                began = time.perf_counter()
+                list(pool.map(decode, paths))
+                spent[name].append((time.perf_counter() - began) / len(paths))
+    if fast_available():
+        cv2.setNumThreads(1)
+    lines = []
+    single: dict[str, float] = {}
+    for name, times in spent.items():
+        ms = 1000 * statistics.median(times)
+        decoder = name.split(",")[0]
+        single.setdefault(decoder, ms)
+        lines.append(f"{name:44s} {ms:6.2f} wall ms/image  x{single[decoder] / ms:4.2f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--size", default="500x375", help="photo width x height")
+    parser.add_argument("--noise", type=int, default=30, help="uniform noise amplitude")
+    args = parser.parse_args()
+    width, height = (int(v) for v in args.size.split("x"))
+    options = DecodeOptions(TARGET)
+    keras_options = DecodeOptions(TARGET, antialias=False)
+    decoders: dict[str, Callable[[str], np.ndarray]] = {
+        "pillow, no draft (antialiased)": lambda p: pillow_no_draft(p, options),
+        "decode_image (pillow + draft)": lambda p: decode_image(p, options),
+        "decode_image antialias=False": lambda p: decode_image(p, keras_options),
+    }
+    if fast_available():
+        decoders["decode_turbo"] = lambda p: decode_turbo(p, options)
+        decoders["decode_turbo antialias=False"] = lambda p: decode_turbo(p, keras_options)
+    tf_decode = tensorflow_decoder()
+    if tf_decode is not None:
+        decoders["tf decode_jpeg + image.resize"] = lambda p: tf_decode(p, options)
+    with tempfile.TemporaryDirectory(prefix="decoders-bench-") as folder:
+        paths = write_photos(Path(folder), args.images, (width, height), args.noise)
+        outputs = {name: [decode(p) for p in paths] for name, decode in decoders.items()}
+        rows = []
+        for name, decode in decoders.items():
+            cpu_ms, wall_ms = ms_per_image(decode, paths, args.repeats)
+            rows.append((name, cpu_ms, wall_ms))
+        (large,) = write_photos(Path(folder) / "large", 1, GIL_CHECK_SIZE, args.noise)
+        gil = gil_rows(large, options)
+        threads = thread_rows(paths, options, args.repeats)
+    print(
+        f"\n{args.images} JPEGs {width}x{height} (noise +-{args.noise}, quality 90) -> "
+        f"{TARGET[0]}x{TARGET[1]} RGB, one thread, median of {args.repeats}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n"
+    )
+    reference = outputs["decode_image (pillow + draft)"]
+    keras = outputs.get("tf decode_jpeg + image.resize")
+    header = f"{'decoder':32s} {'CPU ms':>7s} {'wall ms':>8s} {'vs decode_image':>16s}"
+    print(header + (f" {'vs Keras (TF)':>14s}" if keras is not None else ""))
+    print(
+        f"{'':32s} {'':>7s} {'':>8s} {'mean':>7s} {'p99':>8s}"
+        + (f" {'mean':>6s} {'p99':>7s}" if keras else "")
+    )
+    for name, cpu_ms, wall_ms in rows:
+        mean, p99 = differences(outputs[name], reference)
+        line = f"{name:32s} {cpu_ms:7.2f} {wall_ms:8.2f} {mean:7.2f} {p99:8.0f}"
+        if keras is not None:
+            k_mean, k_p99 = differences(outputs[name], keras)
+            line += f" {k_mean:6.2f} {k_p99:7.0f}"
+        print(line)
+    print(
+        f"\nGIL check on a {GIL_CHECK_SIZE[0]}x{GIL_CHECK_SIZE[1]} JPEG: a Python counter "
+        "thread's progress while the stage runs, vs while this thread sleeps"
+    )
+    for name, share in gil:
+        print(f"  {name:40s} {share:6.0%}")
+    print("\nThreads (speed-up over 1 thread of the same decoder):")
+    for line in threads:
+        print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main()
