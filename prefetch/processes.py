@@ -132,10 +132,12 @@ class ProcessPending:
         self.batch_id = batch_id
         self.outcome: BatchOutcome | None = None
         self.error: BaseException | None = None
-        self.cancelled = False
+        self.cancelled = False  # the consumer no longer wants it
+        self.abandoned = False  # no worker will write into its slot any more
 
     def done(self) -> bool:
-        return self.outcome is not None or self.error is not None or self.cancelled
+        """Settled: its worker answered, or can no longer write into the slot."""
+        return self.outcome is not None or self.error is not None or self.abandoned
 
     def wait(self, timeout_s: float) -> bool:
         if not self.done():
@@ -149,8 +151,9 @@ class ProcessPending:
         return self.outcome
 
     def cancel(self) -> None:
-        if not self.done():
-            self.cancelled = True
+        """Stop wanting the batch. It is done only once its worker answered (or is gone), so
+        the slot is not reused while a worker may still write into it."""
+        self.cancelled = True
 
 
 class _Worker:
@@ -335,6 +338,12 @@ class ProcessBackend:
                 if pending is not None:
                     pending.error = error
             return
+        for batch_id, _ in lost:
+            pending = self._pending.get(batch_id)
+            if pending is not None and pending.cancelled:  # nobody wants it: do not re-send
+                del self._pending[batch_id]
+                pending.abandoned = True
+        lost = [(batch_id, item) for batch_id, item in lost if batch_id in self._pending]
         self.restarts += 1
         log.warning(
             "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %d "
@@ -369,7 +378,7 @@ class ProcessBackend:
                 worker.conn.close()
             self._workers = []
             for pending in self._pending.values():
-                pending.cancelled = True
+                pending.cancelled = pending.abandoned = True
             self._pending.clear()
             self._slots.close()
 

@@ -316,14 +316,7 @@ def test_a_source_without_files_is_read_by_index_and_resized(backend: str, label
     "backend",
     [
         "thread",
-        pytest.param(
-            "process",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known bug (issue 3 report): a cancelled batch's slot is reused while "
-                "its worker process is still writing into it",
-            ),
-        ),
+        "process",
     ],
 )
 def test_an_epoch_broken_off_inside_with_leaves_the_next_epoch_intact(
