@@ -13,7 +13,7 @@ ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[tf,test]"
+	$(PY) -m pip install --quiet -e ".[tf,test,fast]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -180,16 +180,30 @@ def _decode(
 
 
 def _pad(pixels: np.ndarray, full_size: tuple[int, int], options: DecodeOptions) -> np.ndarray:
-    """Fit a DCT-scaled decode inside the target and pad with zeros. The layout comes from the
-    full-size image (as in Keras and in `decode_image` without DCT scaling), not from the
-    scaled one, whose rounding could move the image by a row."""
-    top, left, inner_h, inner_w = resize.pad_layout(*full_size, options.image_size)
+    """Fit a DCT-scaled decode inside the target and pad with zeros, where `decode_image` puts
+    the image: its layout comes from the size Pillow decodes at (which its DCT scale can move
+    by a row), not from this decode's size."""
+    factor = _pillow_factor(*full_size, options)
+    pillow_size = (-(-full_size[0] // factor), -(-full_size[1] // factor))
+    top, left, inner_h, inner_w = resize.pad_layout(*pillow_size, options.image_size)
     inner_options = dataclasses.replace(
         options, image_size=(inner_h, inner_w), pad_to_aspect_ratio=False
     )
     padded = np.zeros(options.shape, np.uint8)
     padded[top : top + inner_h, left : left + inner_w] = to_target_size(pixels, inner_options)
     return padded
+
+
+def _pillow_factor(height: int, width: int, options: DecodeOptions) -> int:
+    """The DCT scale-down `decode_image` decodes at (Pillow's `draft`, with a reducing gap)."""
+    region_h, region_w = _crop_size(height, width, options)
+    target_h, target_w = options.image_size
+    wanted_h = math.ceil(target_h * height / region_h * DRAFT_REDUCING_GAP)
+    wanted_w = math.ceil(target_w * width / region_w * DRAFT_REDUCING_GAP)
+    if wanted_h >= height and wanted_w >= width:
+        return 1
+    most = min(height // wanted_h, width // wanted_w)
+    return next(factor for factor in (8, 4, 2, 1) if most >= factor or factor == 1)
 
 
 def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
@@ -203,15 +217,9 @@ def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
     difference of about 0.4-0.7 per pixel value on large photos and saves 20-40% of the time
     (docs/decoders.md); on ImageNet-sized photos both scales are 1, so pixels are equal.
     """
-    region_h, region_w = _crop_size(height, width, options)
     if options.interpolation == "nearest":
-        target_h, target_w = options.image_size
-        wanted_h = math.ceil(target_h * height / region_h * DRAFT_REDUCING_GAP)
-        wanted_w = math.ceil(target_w * width / region_w * DRAFT_REDUCING_GAP)
-        if wanted_h >= height and wanted_w >= width:
-            return 1
-        most = min(height // wanted_h, width // wanted_w)
-        return next(factor for factor in (8, 4, 2, 1) if most >= factor or factor == 1)
+        return _pillow_factor(height, width, options)
+    region_h, region_w = _crop_size(height, width, options)
     if options.pad_to_aspect_ratio:
         _, _, need_h, need_w = resize.pad_layout(height, width, options.image_size)
     else:
