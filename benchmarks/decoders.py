@@ -10,9 +10,9 @@ On ImageNet-sized JPEGs (500x375, textured like benchmarks/tf_handoff.py's photo
 2. the GIL check: how far a pure-Python counter thread gets while each stage runs in a loop on
    the main thread, relative to while the main thread sleeps (about 100%: the stage releases
    the GIL; about 0%: it holds it; `sorted()` of a large list is the holding control);
-3. the 2-thread scaling check: wall ms per image in one and two threads, and `decode_turbo` in
-   two threads with OpenCV's own thread pool on (its default) and off (`cv2.setNumThreads(1)`,
-   what prefetch.fast_decode does).
+3. the 2-thread scaling check: wall ms per image in one and two threads, and `decode_turbo`
+   with antialias=False (the path that resizes with OpenCV) in two threads with OpenCV's own
+   thread pool on (its default) and off (`cv2.setNumThreads(1)`, what fast_decode does).
 
     python benchmarks/decoders.py [--images 64] [--repeats 5] [--size 500x375] [--noise 30]
 
@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image
 
 from prefetch.decode import DecodeOptions, Decoder, decode_image, to_target_size
-from prefetch.fast_decode import decode_turbo, fast_available
+from prefetch.fast_decode import _dct_factor, decode_turbo, fast_available
 from prefetch.testing import draw_shape
 
 TARGET = (224, 224)
@@ -65,6 +65,28 @@ def pillow_no_draft(path: str, options: DecodeOptions) -> np.ndarray:
     with Image.open(path) as image:
         image.load()
         return to_target_size(image, options)
+
+
+def turbo_then_opencv(method_name: str) -> Decoder:
+    """The alternative measured for antialias=True and not kept: libjpeg-turbo at
+    decode_turbo's DCT scale, then `cv2.resize` with `method_name` (INTER_LINEAR, INTER_AREA)
+    instead of Pillow's filter. Stretch layout and RGB only."""
+    import cv2
+    import simplejpeg
+
+    method = getattr(cv2, method_name)
+
+    def decode(path: str, options: DecodeOptions) -> np.ndarray:
+        data = Path(path).read_bytes()
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        factor = _dct_factor(height, width, options)
+        pixels = simplejpeg.decode_jpeg(
+            data, min_height=-(-height // factor), min_width=-(-width // factor)
+        )
+        resized: np.ndarray = cv2.resize(pixels, options.image_size[::-1], interpolation=method)
+        return resized
+
+    return decode
 
 
 def tensorflow_decoder() -> Decoder | None:
@@ -155,15 +177,20 @@ def gil_rows(path: str, options: DecodeOptions) -> list[tuple[str, float]]:
             full, TARGET[::-1], interpolation=cv2.INTER_LINEAR
         )
         stages["decode_turbo"] = lambda: decode_turbo(path, options)
+        keras = DecodeOptions(options.image_size, antialias=False)
+        stages["decode_turbo antialias=False"] = lambda: decode_turbo(path, keras)
     reference = counter_progress(stages["sleep 1 ms (reference)"], GIL_CHECK_S)
     return [
         (name, counter_progress(work, GIL_CHECK_S) / reference) for name, work in stages.items()
     ]
 
 
-def thread_rows(paths: list[str], options: DecodeOptions, repeats: int) -> list[str]:
+def thread_rows(
+    paths: list[str], options: DecodeOptions, keras_options: DecodeOptions, repeats: int
+) -> list[str]:
     """Wall ms per image in 1 and 2 threads: the 2-thread scaling check (threads run in
-    parallel only while the decoder releases the GIL), and OpenCV's own pool on and off."""
+    parallel only while the decoder releases the GIL), and OpenCV's own pool on and off for
+    the path that resizes with OpenCV (antialias=False)."""
     runs: dict[str, tuple[Callable[[str], object], int, int | None]] = {
         "decode_image, 1 thread": (lambda p: decode_image(p, options), 1, None),
         "decode_image, 2 threads": (lambda p: decode_image(p, options), 2, None),
@@ -171,12 +198,15 @@ def thread_rows(paths: list[str], options: DecodeOptions, repeats: int) -> list[
     if fast_available():
         import cv2
 
-        decode_turbo(paths[0], options)  # imports and configures OpenCV (one thread)
+        decode_turbo(paths[0], keras_options)  # imports and configures OpenCV (one thread)
         cores = cv2.getNumberOfCPUs()
         turbo: Callable[[str], object] = lambda p: decode_turbo(p, options)  # noqa: E731
+        keras: Callable[[str], object] = lambda p: decode_turbo(p, keras_options)  # noqa: E731
         runs["decode_turbo, 1 thread"] = (turbo, 1, 1)
         runs["decode_turbo, 2 threads"] = (turbo, 2, 1)
-        runs[f"decode_turbo, 2 threads, OpenCV pool of {cores}"] = (turbo, 2, cores)
+        runs["decode_turbo antialias=False, 1 thread"] = (keras, 1, 1)
+        runs["decode_turbo antialias=False, 2 threads"] = (keras, 2, 1)
+        runs[f"decode_turbo antialias=False, 2 threads, OpenCV pool of {cores}"] = (keras, 2, cores)
     spent: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):  # alternate, so that changing load hits every row alike
         for name, (decode, threads, opencv_threads) in runs.items():
@@ -194,7 +224,7 @@ def thread_rows(paths: list[str], options: DecodeOptions, repeats: int) -> list[
         ms = 1000 * statistics.median(times)
         decoder = name.split(",")[0]
         single.setdefault(decoder, ms)
-        lines.append(f"{name:44s} {ms:6.2f} wall ms/image  x{single[decoder] / ms:4.2f}")
+        lines.append(f"{name:62s} {ms:6.2f} wall ms/image  x{single[decoder] / ms:4.2f}")
     return lines
 
 
@@ -216,6 +246,9 @@ def main() -> None:
     if fast_available():
         decoders["decode_turbo"] = lambda p: decode_turbo(p, options)
         decoders["decode_turbo antialias=False"] = lambda p: decode_turbo(p, keras_options)
+        for method in ("INTER_AREA", "INTER_LINEAR"):
+            alternative = turbo_then_opencv(method)
+            decoders[f"(not kept) turbo + {method}"] = lambda p, a=alternative: a(p, options)
     tf_decode = tensorflow_decoder()
     if tf_decode is not None:
         decoders["tf decode_jpeg + image.resize"] = lambda p: tf_decode(p, options)
@@ -228,7 +261,7 @@ def main() -> None:
             rows.append((name, cpu_ms, wall_ms))
         (large,) = write_photos(Path(folder) / "large", 1, GIL_CHECK_SIZE, args.noise)
         gil = gil_rows(large, options)
-        threads = thread_rows(paths, options, args.repeats)
+        threads = thread_rows(paths, options, keras_options, args.repeats)
     print(
         f"\n{args.images} JPEGs {width}x{height} (noise +-{args.noise}, quality 90) -> "
         f"{TARGET[0]}x{TARGET[1]} RGB, one thread, median of {args.repeats}; "
