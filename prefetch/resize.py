@@ -100,7 +100,10 @@ def _plan(method: str, in_size: int, out_size: int, channels: int) -> Taps:
     """Taps along an axis interleaved with `channels` lanes: (taps, out * channels) each."""
     indices, weights = _taps(method, in_size, out_size)
     lanes = np.ascontiguousarray(_lanes(indices, channels).T)
-    return lanes, np.ascontiguousarray(np.repeat(weights, channels, axis=0).T)
+    weights = np.ascontiguousarray(np.repeat(weights, channels, axis=0).T)
+    lanes.setflags(write=False)  # cached and shared by all threads
+    weights.setflags(write=False)
+    return lanes, weights
 
 
 def _lanes(indices: np.ndarray, channels: int) -> np.ndarray:

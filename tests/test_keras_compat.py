@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from keras.src.utils import dataset_utils  # noqa: E402 - Keras's own listing, as the oracle
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(30)
 
 # Per-image mean absolute difference allowed against Keras's pixels, in 0..255 units.
 PIXEL_TOLERANCE = 3.0
@@ -114,6 +114,7 @@ def _keras_labels(directory: Path, labels: Any = "inferred", **options: Any) -> 
         {"seed": 7, "labels": None},
         {"seed": 7, "label_mode": None},
         {"seed": 7, "class_names": ["triangle", "circle"]},
+        {"seed": 7, "class_names": ("square", "circle")},
         {"seed": 7, "follow_links": True},
     ],
     ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),

@@ -255,7 +255,7 @@ def _index(
     class_names: Sequence[str] | None,
     follow_links: bool,
     verbose: bool,
-) -> tuple[list[str], np.ndarray | list[int] | None, list[str] | None]:
+) -> tuple[list[str], np.ndarray | list[int] | None, Sequence[str] | None]:
     """Keras's file list, labels (int32 array, or a list for given labels) and class names,
     not yet shuffled."""
     inferred = labels is not None and not isinstance(labels, (list, tuple))
@@ -263,7 +263,8 @@ def _index(
         directory, infer_labels=inferred, class_names=class_names, follow_links=follow_links
     )
     label_list: np.ndarray | list[int] | None = found_labels
-    result_names: list[str] | None = names
+    # Keras returns the class_names object it was given (in its order), else the subfolders.
+    result_names: Sequence[str] | None = names if class_names is None else class_names
     if labels is None:
         label_list, result_names = None, None
     elif not inferred:
@@ -300,7 +301,7 @@ def _make_dataset(
     paths: list[str],
     labels: np.ndarray | None,
     *,
-    class_names: list[str] | None,
+    class_names: Sequence[str] | None,
     label_mode: str | None,
     channels: int,
     batch_size: int | None,
@@ -357,8 +358,8 @@ def _make_dataset(
 
 
 def _loader_class_names(
-    labels: np.ndarray | None, class_names: list[str] | None, label_mode: str | None
-) -> list[str] | None:
+    labels: np.ndarray | None, class_names: Sequence[str] | None, label_mode: str | None
+) -> Sequence[str] | None:
     """Class names that cover every label, for the FileList behind the loader.
 
     Keras names the classes of a list of labels after the distinct labels, so labels [3, 7]
