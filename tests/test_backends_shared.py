@@ -312,13 +312,7 @@ def test_a_source_without_files_is_read_by_index_and_resized(backend: str, label
 # --- lifetime -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "thread",
-        "process",
-    ],
-)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_an_epoch_broken_off_inside_with_leaves_the_next_epoch_intact(
     paths: list[Path], tmp_path: Path, backend: str
 ) -> None:
