@@ -109,7 +109,8 @@ class _SlotRing:
                     self._delivered.remove(slot)
                     return slot
             if len(self._delivered) >= KEPT_REFERENCED_SLOTS:
-                self._delivered.popleft()
+                # The consumer keeps these batches: they are its memory now, not the ring's.
+                self._backend.forget_slot(self._delivered.popleft())
         return self._backend.new_slot()
 
     def release(self, slot: Slot) -> None:
@@ -490,7 +491,8 @@ class Loader:
             for slot, pending in window:
                 if pending.wait(SLOT_DRAIN_S):
                     ring.release(slot)
-                # else a worker may still write rows: forget the slot rather than reuse it
+                else:  # a worker may still write rows: forget the slot rather than reuse it
+                    backend.forget_slot(slot)
 
     def _new_tuner(self) -> WorkerTuner:
         process = self.backend_name == "process"

@@ -64,6 +64,13 @@ class _Stop:
     """Message to a worker: exit."""
 
 
+class _Forget:
+    """Message to a worker: drop your mapping of segment `name` (the loader no longer uses it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _parent_alive(parent: int) -> bool:
     """Whether the loader's process still runs (under forkserver it is not our parent)."""
     if os.getppid() == parent:
@@ -95,6 +102,9 @@ def _worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, par
             break  # the parent is gone
         if isinstance(message, _Stop):
             break
+        if isinstance(message, _Forget):
+            segments.pop(message.name, None)
+            continue
         batch_id, task, slot_name, size = message
         if slot_name not in segments:
             segments[slot_name] = layout.map(slot_name)
@@ -244,6 +254,18 @@ class ProcessBackend:
     def new_slot(self) -> Slot:
         with self._lock:
             return self._slots.create()
+
+    def forget_slot(self, slot: Slot) -> None:
+        """The loader no longer uses `slot`: unlink its segment and have workers unmap it.
+
+        Batches the consumer still holds stay readable: their mapping lives on in this process
+        until the last view is freed.
+        """
+        with self._lock:
+            self._slots.forget(slot)
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Forget(slot.name))
 
     def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
         with self._lock:

@@ -67,6 +67,13 @@ class SharedSlots:
         self._names.append(name)
         return self.layout.map(name, create=True)
 
+    def forget(self, slot: Slot) -> None:
+        """Unlink one slot's segment now; its mapping goes when the last view of it is freed."""
+        if slot.name in self._names:
+            self._names.remove(slot.name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, slot.name))
+
     def close(self) -> None:
         """Unlink every segment; each mapping goes when the last view of it is freed."""
         for name in self._names:

@@ -223,6 +223,8 @@ class Backend(Protocol):
 
     def set_workers(self, count: int) -> None: ...
 
+    def forget_slot(self, slot: Slot) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -311,6 +313,9 @@ class ThreadBackend:
             np.empty((self._batch_size, height, width, channels), np.uint8),
             np.empty((self._batch_size,), np.int32),
         )
+
+    def forget_slot(self, slot: Slot) -> None:
+        """Nothing to do: a thread slot is plain memory, freed with its last reference."""
 
     def submit(self, task: BatchTask, slot: Slot) -> ThreadPending:
         size = len(task.indices)

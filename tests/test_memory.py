@@ -185,11 +185,6 @@ def test_each_worker_maps_at_most_the_ring_and_keeps_a_fixed_private_memory(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (issue 3 report): a slot the ring forgets while the consumer still "
-    "holds its batch keeps its /dev/shm segment (and the workers' mappings) until close()",
-)
 def test_segments_of_batches_the_consumer_kept_are_given_back_once_it_drops_them(
     folder: Path,
 ) -> None:
