@@ -12,7 +12,8 @@ On ImageNet-sized JPEGs (500x375, textured like benchmarks/tf_handoff.py's photo
    `time.sleep` and `sorted()` of a large list are the two controls);
 3. the 2-thread scaling check: wall ms per image in one and two threads, and `decode_turbo`
    with antialias=False (the path that resizes with OpenCV) in two threads with OpenCV's own
-   thread pool on (its default) and off (`cv2.setNumThreads(1)`, what fast_decode does).
+   thread pool on (its default) and off (`cv2.setNumThreads(1)`, what fast_decode does in
+   worker processes).
 
     python benchmarks/decoders.py [--images 64] [--repeats 5] [--size 500x375] [--noise 30]
 
@@ -186,8 +187,9 @@ def gil_rows(path: str, options: DecodeOptions) -> list[tuple[str, float]]:
         data = Path(path).read_bytes()
         full = simplejpeg.decode_jpeg(data)
         stages["simplejpeg.decode_jpeg"] = lambda: simplejpeg.decode_jpeg(data)
-        stages["cv2.resize INTER_LINEAR"] = lambda: cv2.resize(
-            full, TARGET[::-1], interpolation=cv2.INTER_LINEAR
+        twice = (2 * full.shape[1], 2 * full.shape[0])  # long enough to schedule the counter
+        stages["cv2.resize INTER_LINEAR, 2x up"] = lambda: cv2.resize(
+            full, twice, interpolation=cv2.INTER_LINEAR
         )
         stages["decode_turbo"] = lambda: decode_turbo(path, options)
         keras = DecodeOptions(options.image_size, antialias=False)
@@ -210,8 +212,7 @@ def thread_rows(
     if fast_available():
         import cv2
 
-        decode_turbo(paths[0], keras_options)  # imports and configures OpenCV (one thread)
-        cores = cv2.getNumberOfCPUs()
+        cores, original = cv2.getNumberOfCPUs(), cv2.getNumThreads()
         turbo: Callable[[str], object] = lambda p: decode_turbo(p, options)  # noqa: E731
         keras: Callable[[str], object] = lambda p: decode_turbo(p, keras_options)  # noqa: E731
         runs["decode_turbo, 1 thread"] = (turbo, 1, 1)
@@ -229,7 +230,7 @@ def thread_rows(
                 list(pool.map(decode, paths))
                 spent[name].append((time.perf_counter() - began) / len(paths))
     if fast_available():
-        cv2.setNumThreads(1)
+        cv2.setNumThreads(original)
     lines = []
     single: dict[str, float] = {}
     for name, times in spent.items():

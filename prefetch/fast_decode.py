@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -76,15 +77,19 @@ class _Unsupported(Exception):
 def _modules() -> tuple[ModuleType, ModuleType] | None:
     """(simplejpeg, cv2), imported and configured once per process, or None if missing.
 
-    OpenCV's own thread pool is switched off (`cv2.setNumThreads(1)`): the loader already
-    runs one decode per worker, and a pool per resize only adds hand-off costs on top.
+    In a child process (a worker of the process backend) OpenCV's own thread pool is switched
+    off (`cv2.setNumThreads(1)`): each worker process would otherwise start a pool as large as
+    the machine, so N workers would run N x cores threads. The main process keeps its setting,
+    which is process-wide and may matter to your own OpenCV code: its worker threads share one
+    pool, and on/off measured the same there (docs/decoders.md).
     """
     try:
         import cv2
         import simplejpeg
     except ImportError:
         return None
-    cv2.setNumThreads(1)
+    if multiprocessing.parent_process() is not None:
+        cv2.setNumThreads(1)
     return simplejpeg, cv2
 
 

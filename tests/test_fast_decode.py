@@ -8,8 +8,10 @@ Makefile adds `fast`); the fallback without them is tested everywhere.
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -285,6 +287,33 @@ def test_decode_turbo_pickles_and_backend_auto_counts_it_as_releasing_the_gil(
     path = photos["imagenet"][0]
     np.testing.assert_array_equal(copy(path, options), turbo(path, options))
     assert releases_gil(turbo) and releases_gil(copy)
+
+
+def opencv_threads_after_first_use() -> int:
+    """In a fresh process: OpenCV's thread count once fast_decode has imported it."""
+    import cv2
+
+    fast_decode._modules()
+    threads: int = cv2.getNumThreads()
+    return threads
+
+
+def test_opencv_runs_single_threaded_in_worker_processes_only(
+    turbo: fast_decode.TurboDecoder,
+) -> None:
+    import cv2
+
+    original = cv2.getNumThreads()
+    cv2.setNumThreads(3)
+    fast_decode._modules.cache_clear()
+    try:
+        fast_decode._modules()  # imports and configures again
+        assert cv2.getNumThreads() == 3, "the main process keeps its own setting"
+    finally:
+        cv2.setNumThreads(original)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        assert pool.submit(opencv_threads_after_first_use).result(timeout=30) == 1
 
 
 def test_the_registry_lists_both_decoders_and_the_best_is_one_of_them(
