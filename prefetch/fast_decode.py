@@ -16,8 +16,9 @@ small, measured amount (docs/decoders.md):
   other methods; Keras's crop box and padding layout.
 
 Everything else goes to `decode_image` unchanged: files that are not JPEGs (PNG, BMP, GIF...),
-CMYK/YCCK JPEGs, images over Pillow's `MAX_IMAGE_PIXELS`, and JPEGs that libjpeg-turbo reports
-as damaged. So a bad file raises exactly what `decode_image` raises for it.
+CMYK/YCCK JPEGs, images over Pillow's `MAX_IMAGE_PIXELS`, JPEGs that libjpeg-turbo reports as
+damaged, and options that set a `DecodeOptions` field added after this module (one it does not
+implement) away from its default. So a bad file raises exactly what `decode_image` raises.
 
 `available_decoders()` lists the decoders this machine has, by name; `best_decoder()` measures
 once which of them is fastest here.
@@ -115,6 +116,8 @@ class TurboDecoder:
         modules = _modules()
         if modules is None:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
+        if _uses_unknown_fields(options):
+            return decode_image(path, options)
         with open(path, "rb") as file:
             data = file.read()
         if not data.startswith(_JPEG_MAGIC):
@@ -133,6 +136,35 @@ class TurboDecoder:
 
 decode_turbo = TurboDecoder()
 """The libjpeg-turbo decoder (a `TurboDecoder`); needs the `fast` extra."""
+
+
+# The DecodeOptions fields this module implements. A field added later is honoured by handing
+# any options that set it away from its default to `decode_image`.
+_IMPLEMENTED_FIELDS = frozenset(
+    {
+        "image_size",
+        "channels",
+        "interpolation",
+        "crop_to_aspect_ratio",
+        "pad_to_aspect_ratio",
+        "antialias",
+    }
+)
+
+
+# Fields outside _IMPLEMENTED_FIELDS, per options class (filled on first use; idempotent).
+_UNKNOWN_FIELDS: dict[type, tuple[dataclasses.Field[Any], ...]] = {}
+
+
+def _uses_unknown_fields(options: DecodeOptions) -> bool:
+    """True if `options` sets a field this module does not implement to a non-default value."""
+    unknown = _UNKNOWN_FIELDS.get(type(options))
+    if unknown is None:
+        unknown = tuple(
+            field for field in dataclasses.fields(options) if field.name not in _IMPLEMENTED_FIELDS
+        )
+        _UNKNOWN_FIELDS[type(options)] = unknown
+    return any(getattr(options, field.name) != field.default for field in unknown)
 
 
 def _decode_jpeg(data: bytes, options: DecodeOptions, simplejpeg: Any, cv2: Any) -> np.ndarray:

@@ -12,6 +12,7 @@ import multiprocessing
 import pickle
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,23 @@ def test_keras_parity_matches_tensorflow_closer_than_decode_image(
         assert ours.mean() <= 0.4
         assert np.percentile(ours, 99) <= 1
         assert ours.mean() < default.mean()
+
+
+@dataclass(frozen=True)
+class OptionsWithANewField(DecodeOptions):
+    """DecodeOptions as a later version might have it: a field decode_turbo does not know."""
+
+    sharpen: bool = False
+
+
+def test_options_it_does_not_implement_go_to_decode_image(
+    turbo: fast_decode.TurboDecoder, photos: dict[str, list[str]]
+) -> None:
+    path = photos["large"][0]  # decoded at another DCT scale than decode_image's
+    plain = OptionsWithANewField(PHOTO_TARGET)
+    assert not np.array_equal(turbo(path, plain), decode_image(path, plain))
+    sharpened = OptionsWithANewField(PHOTO_TARGET, sharpen=True)
+    np.testing.assert_array_equal(turbo(path, sharpened), decode_image(path, sharpened))
 
 
 @pytest.mark.parametrize("antialias", [True, False])
