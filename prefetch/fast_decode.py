@@ -251,7 +251,7 @@ def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
     keeps the region to resize at least as large as the target on both axes (the region is
     the crop with crop_to_aspect_ratio, the part that is not padding with pad_to_aspect_ratio);
     Pillow's antialiased filter does the rest. Against Pillow's gap of 2 this costs a mean
-    difference of about 0.4-0.7 per pixel value on large photos and saves 20-40% of the time
+    difference of about 0.4-0.7 per pixel value on large photos and saves 15-40% of the time
     (docs/decoders.md); on ImageNet-sized photos both scales are 1, so pixels are equal.
     """
     if options.interpolation == "nearest":
