@@ -95,6 +95,7 @@ class BenchConfig:
     loader_decoder: str
     timeline_batches: int
     timeline_backend: str
+    antialias: bool = True
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ class BenchReport:
             f"prefetch bench: {c.images} images in {c.classes} classes under {c.root}",
             f"  -> {height}x{width}, batch {c.batch_size}, {c.workers} workers, depth {c.depth}, "
             f"step {c.step_ms:g} ms, median of {c.repeats} round(s); loaders decode with "
-            f"{c.loader_decoder}",
+            f"{c.loader_decoder}"
+            + ("" if c.antialias else ", resizing without antialiasing like tf.data"),
             f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
             f"Python {m['python']}, {m['platform']}",
             "",
@@ -424,6 +426,7 @@ class _PrefetchLoader:
             seed=s.seed,
             decoder=s.decoder,
             backend=backend,
+            antialias=s.options.antialias,
         )
 
     def open(self, stack: contextlib.ExitStack) -> None:
@@ -622,6 +625,7 @@ def run(
     timeline_batches: int = 0,
     timeline_backend: str = "thread",
     progress: Progress | None = None,
+    antialias: bool = True,
 ) -> BenchReport:
     """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
 
@@ -639,6 +643,8 @@ def run(
     - `timeline_batches` > 0: afterwards, record a `Timeline` of the first that many batches of
       a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
     - `progress(done, total, label)` is called after every batch.
+    - `antialias=False` resizes like tf.data and Keras (bilinear, no antialiasing, at full
+      decoded size), so every loader does the same work per image.
     """
     batch_size = _positive("batch_size", batch_size)
     repeats = _positive("repeats", repeats)
@@ -666,7 +672,7 @@ def run(
     decoders = dict(decoders) if decoders is not None else available_decoders()
     if not decoders:
         raise ValueError("decoders is empty: give at least one name -> decoder")
-    options = DecodeOptions((int(image_size[0]), int(image_size[1])))
+    options = DecodeOptions((int(image_size[0]), int(image_size[1])), antialias=antialias)
     sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
     for path in sample:  # warm the page cache and every decoder before any timing
         for candidate in decoders.values():
@@ -751,6 +757,7 @@ def run(
         loader_decoder=decoder_name(decoder, decoders),
         timeline_batches=timeline_batches,
         timeline_backend=timeline_backend,
+        antialias=antialias,
     )
     return BenchReport(config, machine_info(), rates, limit, best.name, rows, skipped, timeline)
 

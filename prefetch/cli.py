@@ -139,6 +139,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="images per single-core decode measurement",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-antialias",
+        dest="antialias",
+        action="store_false",
+        help="prefetch resizes like tf.data and Keras (bilinear without antialiasing), so all "
+        "loaders do the same work per image",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="draw images/s per loader (matplotlib)")
     parser.add_argument(
@@ -198,6 +205,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 timeline_batches=timeline_batches,
                 timeline_backend=args.timeline_backend,
                 progress=bar,
+                antialias=args.antialias,
             )
         except (ValueError, FileNotFoundError) as error:
             bar.close()
