@@ -267,6 +267,10 @@ class ThreadPending:
             future.cancel()
 
 
+# A queued chunk: its future, the batch task, the slot, and the rows [start, stop) to fill.
+_Chunk = tuple[Future[ChunkOutcome], BatchTask, Slot, int, int]
+
+
 class ThreadBackend:
     """Worker threads sharing one task queue; a batch is split into chunks across them."""
 
@@ -283,7 +287,9 @@ class ThreadBackend:
         self._reader = reader
         self._batch_size = batch_size
         self._coordinator = coordinator
-        self._tasks: queue.SimpleQueue[tuple[Future[ChunkOutcome], BatchTask, Slot, int, int]]
+        self._tasks: queue.SimpleQueue[
+            tuple[Future[ChunkOutcome], BatchTask, Slot, int, int] | None
+        ]
         self._tasks = queue.SimpleQueue()
         self._threads: dict[int, threading.Thread] = {}
         self._chunk = 1
@@ -330,9 +336,12 @@ class ThreadBackend:
         name = threading.current_thread().name
         while not self._coordinator.should_stop() and index < self.workers:
             try:
-                future, task, slot, start, stop = self._tasks.get(timeout=POLL_S)
+                item = self._tasks.get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            if item is None:  # a wake-up from close(): check the stop flag now
+                continue
+            future, task, slot, start, stop = item
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -344,10 +353,13 @@ class ThreadBackend:
         """Cancel queued chunks and join the worker threads (the Coordinator is stopped)."""
         while True:
             try:
-                future, *_ = self._tasks.get_nowait()
+                item = self._tasks.get_nowait()
             except queue.Empty:
                 break
-            future.cancel()
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._tasks.put(None)  # wakes idle workers at once instead of after their poll
         deadline = time.monotonic() + JOIN_GRACE_S
         for thread in self._threads.values():
             thread.join(max(deadline - time.monotonic(), 0.0))
