@@ -235,17 +235,8 @@ class SlowDecoder:
         self.once_flag = once_flag
 
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker is None or self.marker in path:
-            if self.once_flag is None:
-                time.sleep(self.delay_s)
-            else:
-                try:
-                    with open(self.once_flag, "x"):
-                        pass
-                except FileExistsError:
-                    pass
-                else:
-                    time.sleep(self.delay_s)
+        if (self.marker is None or self.marker in path) and _first_time(self.once_flag):
+            time.sleep(self.delay_s)
         return decode_image(path, options)
 
 
@@ -322,17 +313,20 @@ class CrashingDecoder:
         self.exit_code = exit_code
 
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker in path:
-            if self.once_flag is None:
-                os._exit(self.exit_code)
-            try:
-                with open(self.once_flag, "x"):
-                    pass
-            except FileExistsError:
-                pass
-            else:
-                os._exit(self.exit_code)
+        if self.marker in path and _first_time(self.once_flag):
+            os._exit(self.exit_code)
         return decode_image(path, options)
+
+
+def _first_time(once_flag: str | None) -> bool:
+    """True without a flag file; with one, True only for the call that creates it."""
+    if once_flag is None:
+        return True
+    try:
+        with open(once_flag, "x"):
+            return True
+    except FileExistsError:
+        return False
 
 
 class GilHoldingTransform:
