@@ -164,7 +164,7 @@ class WorkerTuner:
 
 
 def available_memory_bytes() -> int:
-    """Memory the system can still give (Linux: MemAvailable), or 1 GiB when unknown."""
+    """RAM the system can still give: Linux's MemAvailable, else free pages, else 1 GiB."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -172,4 +172,7 @@ def available_memory_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 2**30
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 2**30

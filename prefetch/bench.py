@@ -39,6 +39,7 @@ from prefetch.loader import Loader
 from prefetch.sources import ImageFolder, epoch_order
 from prefetch.testing import SHAPES, write_image_folder
 from prefetch.timeline import TimedDecoder, Timeline, import_matplotlib
+from prefetch.workers import usable_cores
 
 # Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
 SCHEMA_VERSION = 1
@@ -298,14 +299,6 @@ def decoder_name(decoder: Decoder, decoders: Mapping[str, Decoder]) -> str:
         if candidate is decoder:
             return name
     return str(getattr(decoder, "__name__", type(decoder).__name__))
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def machine_info() -> dict[str, Any]:

@@ -14,6 +14,7 @@ centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,7 +116,7 @@ def _draft(image: Image.Image, options: DecodeOptions) -> None:
     """Ask the JPEG decoder for the smallest DCT scale that keeps the reducing gap."""
     if image.format != "JPEG":
         return
-    crop_w, crop_h = _crop_size(image.size, options)
+    crop_w, crop_h = crop_size(image.size, options)
     scale_x = image.size[0] / crop_w
     scale_y = image.size[1] / crop_h
     height, width = options.image_size
@@ -127,7 +128,7 @@ def _draft(image: Image.Image, options: DecodeOptions) -> None:
         image.draft(None, wanted)
 
 
-def _crop_size(size: tuple[int, int], options: DecodeOptions) -> tuple[float, float]:
+def crop_size(size: tuple[int, int], options: DecodeOptions) -> tuple[float, float]:
     """The (width, height) of the centred region that keeps the target aspect ratio."""
     width, height = size
     if not options.crop_to_aspect_ratio:
@@ -148,11 +149,12 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
         image = _array_to_pil(image)
     image = _convert_mode(image, _PIL_MODES[options.channels])
     if not options.antialias:
-        return _resize_like_keras(image, options)
+        array = np.asarray(image).reshape(image.height, image.width, options.channels)
+        return resize_like_keras(array, options)
     if options.pad_to_aspect_ratio:
         return _pad_with_pillow(image, options)
     height, width = options.image_size
-    crop_w, crop_h = _crop_size(image.size, options)
+    crop_w, crop_h = crop_size(image.size, options)
     box = (
         (image.size[0] - crop_w) / 2,
         (image.size[1] - crop_h) / 2,
@@ -165,20 +167,26 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
     return array.reshape(options.shape)
 
 
-def _resize_like_keras(image: Image.Image, options: DecodeOptions) -> np.ndarray:
-    """The Keras-parity path: crop, pad and resize exactly as Keras does, in numpy."""
-    array = np.asarray(image).reshape(image.height, image.width, options.channels)
+def resize_like_keras(
+    array: np.ndarray,
+    options: DecodeOptions,
+    resize_with: Callable[[np.ndarray, tuple[int, int], str], np.ndarray] = resize.resize,
+) -> np.ndarray:
+    """The Keras-parity path: Keras's crop box or padding around `resize_with(array, size,
+    method)` (by default `prefetch.resize.resize`, TensorFlow's arithmetic in numpy)."""
+    height, width = array.shape[:2]
     size, method = options.image_size, options.interpolation
     if options.crop_to_aspect_ratio:
-        top, left, crop_h, crop_w = resize.crop_box(image.height, image.width, size)
-        return resize.resize(array[top : top + crop_h, left : left + crop_w], size, method)
+        top, left, crop_h, crop_w = resize.crop_box(height, width, size)
+        return resize_with(array[top : top + crop_h, left : left + crop_w], size, method)
     if options.pad_to_aspect_ratio:
-        top, left, inner_h, inner_w = resize.pad_layout(image.height, image.width, size)
+        top, left, inner_h, inner_w = resize.pad_layout(height, width, size)
         padded = np.zeros(options.shape, np.uint8)
-        inner = resize.resize(array, (inner_h, inner_w), method)
-        padded[top : top + inner_h, left : left + inner_w] = inner
+        padded[top : top + inner_h, left : left + inner_w] = resize_with(
+            array, (inner_h, inner_w), method
+        )
         return padded
-    return resize.resize(array, size, method)
+    return resize_with(array, size, method)
 
 
 def _pad_with_pillow(image: Image.Image, options: DecodeOptions) -> np.ndarray:

@@ -45,7 +45,9 @@ from prefetch.decode import (
     DRAFT_REDUCING_GAP,
     DecodeOptions,
     Decoder,
+    crop_size,
     decode_image,
+    resize_like_keras,
     to_target_size,
 )
 
@@ -189,7 +191,7 @@ def _decode_jpeg(data: bytes, options: DecodeOptions, simplejpeg: Any, cv2: Any)
     # Keras parity: full size, TensorFlow's default DCT, libjpeg-turbo's own gray conversion.
     colorspace = _OUTPUT_COLORSPACE[options.channels]
     pixels = _decode(simplejpeg, data, colorspace, height, width, 1, fast_dct=True)
-    return _resize_like_keras(pixels, options, cv2)
+    return resize_like_keras(pixels, options, functools.partial(_resize_no_antialias, cv2=cv2))
 
 
 def _decode(
@@ -233,7 +235,7 @@ def _pad(pixels: np.ndarray, full_size: tuple[int, int], options: DecodeOptions)
 
 def _pillow_factor(height: int, width: int, options: DecodeOptions) -> int:
     """The DCT scale-down `decode_image` decodes at (Pillow's `draft`, with a reducing gap)."""
-    region_h, region_w = _crop_size(height, width, options)
+    region_w, region_h = crop_size((width, height), options)
     target_h, target_w = options.image_size
     wanted_h = math.ceil(target_h * height / region_h * DRAFT_REDUCING_GAP)
     wanted_w = math.ceil(target_w * width / region_w * DRAFT_REDUCING_GAP)
@@ -256,7 +258,7 @@ def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
     """
     if options.interpolation == "nearest":
         return _pillow_factor(height, width, options)
-    region_h, region_w = _crop_size(height, width, options)
+    region_w, region_h = crop_size((width, height), options)
     if options.pad_to_aspect_ratio:
         _, _, need_h, need_w = resize.pad_layout(height, width, options.image_size)
     else:
@@ -269,34 +271,6 @@ def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
             break
         factor *= 2
     return factor
-
-
-def _crop_size(height: int, width: int, options: DecodeOptions) -> tuple[float, float]:
-    """(height, width) of the centred region `decode_image` resizes (its crop rule)."""
-    if not options.crop_to_aspect_ratio:
-        return float(height), float(width)
-    target_h, target_w = options.image_size
-    return min(float(height), width * target_h / target_w), min(
-        float(width), height * target_w / target_h
-    )
-
-
-def _resize_like_keras(pixels: np.ndarray, options: DecodeOptions, cv2: Any) -> np.ndarray:
-    """Keras's crop, padding and `tf.image.resize` on a full-size decode."""
-    height, width = pixels.shape[:2]
-    size, method = options.image_size, options.interpolation
-    if options.crop_to_aspect_ratio:
-        top, left, crop_h, crop_w = resize.crop_box(height, width, size)
-        return _resize_no_antialias(
-            pixels[top : top + crop_h, left : left + crop_w], size, method, cv2
-        )
-    if options.pad_to_aspect_ratio:
-        top, left, inner_h, inner_w = resize.pad_layout(height, width, size)
-        padded = np.zeros(options.shape, np.uint8)
-        inner = _resize_no_antialias(pixels, (inner_h, inner_w), method, cv2)
-        padded[top : top + inner_h, left : left + inner_w] = inner
-        return padded
-    return _resize_no_antialias(pixels, size, method, cv2)
 
 
 def _resize_no_antialias(

@@ -49,6 +49,7 @@ from prefetch.workers import (
     Slot,
     ThreadBackend,
     Transform,
+    usable_cores,
 )
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class Loader:
             raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
         self.autotune = workers == "auto"
         self.workers = _positive(
-            "workers", _usable_cores() if self.autotune or workers is None else workers
+            "workers", usable_cores() if self.autotune or workers is None else workers
         )
         if memory_budget is not None and memory_budget < 1:
             raise ValueError(
@@ -424,6 +425,7 @@ class Loader:
                 owner_left = self._active_epochs == 0 and self._entered == 0
             if owner_left:
                 self.close()
+                _forget_dummy_thread()
 
     def batch_indices(self, epoch: int) -> list[np.ndarray]:
         """The source indices of each batch of `epoch` in this shard (derived from seed, epoch).
@@ -502,7 +504,7 @@ class Loader:
         return WorkerTuner(
             start=self.workers,
             # A process worker takes whole batches, so more than `depth` of them would idle.
-            maximum=self.depth if process else 2 * _usable_cores(),
+            maximum=self.depth if process else 2 * usable_cores(),
             depth=self.depth,
             worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
             budget_bytes=max(budget - ring_bytes, 0),
@@ -619,8 +621,20 @@ def _start_method(method: str | None) -> str:
     return method
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+def _forget_dummy_thread() -> None:
+    """Remove the current thread's `_DummyThread` entry, if it has one (a foreign thread).
+
+    An epoch without `with loader:` joins its workers on the thread that iterates it, for
+    `prefetch.tf.dataset` a thread of tf.data. Joining asks for `threading.current_thread()`,
+    which registers a `_DummyThread` for a thread Python did not start, and Python 3.11 never
+    removes it: one stale entry in `threading.enumerate()` per epoch.
+    """
+    dummy_type = getattr(threading, "_DummyThread", None)
+    active: dict[int, threading.Thread] | None = getattr(threading, "_active", None)
+    lock = getattr(threading, "_active_limbo_lock", None)
+    if dummy_type is None or active is None or lock is None:
+        return
+    ident = threading.get_ident()
+    with lock:
+        if isinstance(active.get(ident), dummy_type):
+            del active[ident]

@@ -28,6 +28,7 @@ from prefetch.decode import Decoder
 from prefetch.loader import Loader
 from prefetch.sources import ImageFolder
 from prefetch.timeline import import_matplotlib
+from prefetch.workers import usable_cores
 
 # The consumer waiting less than this share of the time means the loader keeps up.
 KEPT_UP_WAIT = 0.01
@@ -214,8 +215,7 @@ def tune(
             f"{str(root)!r} has {len(folder)} images, fewer than 2 batches of {batch_size}; "
             "lower batch_size or add images"
         )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    max_workers = max_workers or 2 * (cores or 1)
+    max_workers = max_workers or 2 * usable_cores()
     size = (int(image_size[0]), int(image_size[1]))
     report = TuneReport(str(root), step_ms, batch_size, size, tolerance)
     total = len(backends) * len(depths) * max_workers

@@ -14,6 +14,7 @@ the same slot. Worker threads loop on a short timeout and exit once the Coordina
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -170,6 +171,14 @@ def _check_image(image: Any, options: DecodeOptions, made_by: str) -> None:
             f"{made_by} returned dtype {getattr(image, 'dtype', type(image).__name__)}, "
             "expected uint8: clip and cast, e.g. np.clip(x, 0, 255).astype(np.uint8)"
         )
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def thread_clocks() -> tuple[float, float]:

@@ -20,8 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -318,7 +317,7 @@ def _make_dataset(
     backend: str,
 ) -> tf.data.Dataset:
     source = FileList(paths, labels, _loader_class_names(labels, class_names, label_mode))
-    loader = _TensorFlowThreadLoader(
+    loader = Loader(
         source,
         batch_size=UNBATCHED_LOADER_BATCH if batch_size is None else batch_size,
         image_size=image_size,
@@ -385,37 +384,3 @@ def _loader_class_names(
             f"distinct label), got a label {top - 1}; renumber the labels 0, 1, ..."
         )
     return [str(i) for i in range(top)]
-
-
-class _TensorFlowThreadLoader(Loader):
-    """A Loader whose epochs start and stop on TensorFlow's threads without a trace.
-
-    Without `with loader:`, an epoch starts and joins the workers on the thread that iterates
-    it, here a thread of tf.data. Python registers a `threading._DummyThread` for such a
-    foreign thread the first time it asks for `threading.current_thread()` (joining a thread
-    does), and on Python 3.11 never removes it: one stale "Dummy-N" entry in
-    `threading.enumerate()` per epoch. The epoch's end removes it again.
-    """
-
-    def __iter__(self) -> Iterator[Any]:
-        return _forgetting_dummy_thread(super().__iter__())
-
-
-def _forgetting_dummy_thread(batches: Iterator[Any]) -> Iterator[Any]:
-    try:
-        yield from batches
-    finally:
-        _forget_dummy_thread()
-
-
-def _forget_dummy_thread() -> None:
-    """Remove the current thread's `_DummyThread` entry, if it has one (a foreign thread)."""
-    dummy_type = getattr(threading, "_DummyThread", None)
-    active: dict[int, threading.Thread] | None = getattr(threading, "_active", None)
-    lock = getattr(threading, "_active_limbo_lock", None)
-    if dummy_type is None or active is None or lock is None:
-        return
-    ident = threading.get_ident()
-    with lock:
-        if isinstance(active.get(ident), dummy_type):
-            del active[ident]

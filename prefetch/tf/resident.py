@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 import statistics
 import threading
 import time
@@ -32,6 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from prefetch.autotune import available_memory_bytes
 from prefetch.background import Background
 from prefetch.errors import PrefetchError
 from prefetch.loader import Loader
@@ -98,22 +98,11 @@ def device_memory_budget(device: str | None = None, *, fraction: float = BUDGET_
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     name = resolve_device(device)
     if tf.DeviceSpec.from_string(name).device_type == "CPU":
-        free = _available_ram()
+        free = available_memory_bytes()
     else:
         used = int(tf.config.experimental.get_memory_info(name)["current"])
         free = max(_allocator_limit(name) - used, 0)
     return int(free * fraction)
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _allocator_limit(name: str) -> int:
