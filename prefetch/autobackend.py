@@ -10,7 +10,9 @@ times the stages of a few samples on the calling thread:
 - time spent in everything else (the transform, a source's `__getitem__`, other decoders).
 
 If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
-otherwise threads, which start faster and copy nothing. The measurement runs in the training
+otherwise threads, which start faster and copy nothing. Processes also need the decoder,
+transform and source to pickle; when one does not (a lambda, a local function), the choice is
+threads and the reason says which part kept it there. The measurement runs in the training
 process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
 thread workers would.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch.decode import decode_image, to_target_size
+from prefetch.processes import unpicklable_part
 from prefetch.workers import SampleReader
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
@@ -79,10 +82,15 @@ def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
     share = held_s / total
     name = "process" if share >= PROCESS_SHARE else "thread"
     reason = (
-        f"auto: {name} (the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
-        f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%})"
+        f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
+        f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
     )
-    return BackendChoice(name, share, total / samples, samples, reason)
+    if name == "process":
+        unpicklable = unpicklable_part(reader)
+        if unpicklable:
+            name = "thread"
+            reason += f"; but the {unpicklable} cannot be pickled for worker processes"
+    return BackendChoice(name, share, total / samples, samples, f"auto: {name} ({reason})")
 
 
 def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarray]:

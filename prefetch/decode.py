@@ -1,9 +1,13 @@
 """Image decoders: a file path (or an in-memory image) to an HxWxC uint8 array at the target size.
 
 A decoder is any picklable callable `decoder(path, options) -> ndarray` returning an array of
-shape `(height, width, channels)` and dtype uint8. The default, `decode_image`, uses Pillow and
-decodes JPEGs at a reduced scale (DCT scaling, Pillow's `draft`) when the file is much larger than
-the target, before resizing. Decoders hold no state and are safe to call from many threads.
+shape `(height, width, channels)` and dtype uint8. Decoders hold no state and are safe to call
+from many threads. `get_decoder(name_or_callable)` turns the names a Loader accepts ("auto",
+"pillow", "turbo") into decoders: "auto", the default, is the `fast` extra's libjpeg-turbo
+decoder when it is installed (faster on every option, docs/decoders.md), else `decode_image`.
+
+`decode_image` uses Pillow and decodes JPEGs at a reduced scale (DCT scaling, Pillow's `draft`)
+when the file is much larger than the target, before resizing.
 
 `DecodeOptions(antialias=False)` selects the Keras-parity path instead: full-size decode (no
 draft) and `prefetch.resize`, which reproduces `tf.image.resize` (no antialiasing, half-pixel
@@ -97,6 +101,47 @@ class Decoder(Protocol):
     """A picklable callable from a file path to an array of `options.shape`, dtype uint8."""
 
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray: ...
+
+
+# The decoder names `get_decoder` (and so `Loader(decoder=...)`) accepts.
+DECODER_NAMES = ("auto", "pillow", "turbo")
+
+
+def get_decoder(decoder: Decoder | str | None) -> Decoder:
+    """The decoder for a name in `DECODER_NAMES`, or `decoder` itself if it is a callable.
+
+    "auto" (and None) is `prefetch.fast_decode.decode_turbo` when the `fast` extra is installed,
+    else `decode_image`; "pillow" is `decode_image`; "turbo" is `decode_turbo`, and raises
+    ImportError naming the extra when it is missing. Any other name is a ValueError.
+    """
+    if callable(decoder):
+        return decoder
+    if decoder is None:
+        decoder = "auto"
+    if decoder not in DECODER_NAMES:
+        raise ValueError(
+            f"decoder must be one of {DECODER_NAMES} or a callable (path, options) -> array, "
+            f"got {decoder!r}"
+        )
+    if decoder == "pillow":
+        return decode_image
+    from prefetch import fast_decode  # imports this module: resolved at call time
+
+    if decoder == "turbo":
+        if not fast_decode.fast_available():
+            raise ImportError(f'decoder="turbo" needs the fast extra: {fast_decode.INSTALL_HINT}')
+        return fast_decode.decode_turbo
+    return fast_decode.decode_turbo if fast_decode.fast_available() else decode_image
+
+
+def decoder_name(decoder: Decoder) -> str:
+    """A short name for `decoder`, for stats and reports: "pillow", "turbo", or its own name."""
+    if decoder is decode_image:
+        return "pillow"
+    name = getattr(decoder, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(getattr(decoder, "__qualname__", None) or type(decoder).__qualname__)
 
 
 def decode_image(path: str, options: DecodeOptions) -> np.ndarray:

@@ -36,7 +36,7 @@ from prefetch.autotune import (
     available_memory_bytes,
 )
 from prefetch.coordinator import Coordinator
-from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decode_image
+from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
 from prefetch.errors import TooManySkippedError
 from prefetch.processes import ProcessBackend
 from prefetch.sources import ImageFolder, Source, epoch_order
@@ -167,11 +167,11 @@ class Loader:
         on_error: str = "raise",
         max_skipped: int | None = None,
         transform: Transform | None = None,
-        decoder: Decoder | None = None,
+        decoder: Decoder | str | None = "auto",
         copy: bool = False,
         num_shards: int = 1,
         shard_index: int = 0,
-        backend: str = "thread",
+        backend: str = "auto",
         max_restarts: int = 3,
         start_method: str | None = None,
         memory_budget: int | None = None,
@@ -236,7 +236,7 @@ class Loader:
         )
         self._reader = SampleReader(
             source=source,
-            decoder=decoder if decoder is not None else decode_image,
+            decoder=get_decoder(decoder),
             options=self.options,
             transform=transform,
             skip_errors=self.on_error == "skip",
@@ -590,7 +590,12 @@ class Loader:
         """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
         decisions = tuple(map(str, self._tuner.decisions)) if self._tuner is not None else ()
         return self._stats.snapshot(
-            self.backend_name, self.workers, self.depth, self.backend_reason, decisions
+            self.backend_name,
+            self.workers,
+            self.depth,
+            self.backend_reason,
+            decisions,
+            decoder_name(self._reader.decoder),
         )
 
     def reset_stats(self) -> None:

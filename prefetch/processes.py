@@ -405,6 +405,21 @@ class ProcessBackend:
             self._slots.close()
 
 
+def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:
+    """What a worker process receives besides tasks, by name."""
+    return (("transform", reader.transform), ("decoder", reader.decoder), ("source", reader.source))
+
+
+def unpicklable_part(reader: SampleReader) -> str:
+    """The name of the first part sent to workers that cannot be pickled ("" when all can)."""
+    for what, value in _sent_parts(reader):
+        try:
+            pickle.dumps(value)
+        except Exception:
+            return what
+    return ""
+
+
 def check_picklable(reader: SampleReader) -> bool:
     """Fail early, naming the part of the loader that cannot be sent to worker processes.
 
@@ -412,11 +427,7 @@ def check_picklable(reader: SampleReader) -> bool:
     must then run again to find them.
     """
     needs_main = False
-    for what, value in (
-        ("transform", reader.transform),
-        ("decoder", reader.decoder),
-        ("source", reader.source),
-    ):
+    for what, value in _sent_parts(reader):
         try:
             needs_main |= b"__main__" in pickle.dumps(value)
         except Exception as error:

@@ -28,6 +28,7 @@ class LoaderStats:
       `depth` in flight); near `depth` means the producers are ahead.
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
     - `worker_decisions`: with `workers="auto"`, each change of the worker count and why.
+    - `decoder`: the decoder that ran ("turbo", "pillow", or a callable's own name).
     """
 
     backend: str
@@ -46,6 +47,7 @@ class LoaderStats:
     skipped_paths: tuple[str, ...]
     backend_reason: str = ""
     worker_decisions: tuple[str, ...] = ()
+    decoder: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -55,7 +57,8 @@ class LoaderStats:
         return (
             f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s; "
             f"consumer waited {self.consumer_wait_s:.2f} s ({self.consumer_wait_fraction:.1%}); "
-            f"{self.backend} backend, {self.workers} workers busy {self.producer_busy_s:.2f} s; "
+            f"{self.backend} backend, {self.decoder or 'own'} decoder, "
+            f"{self.workers} workers busy {self.producer_busy_s:.2f} s; "
             f"{self.mean_ready_batches:.1f}/{self.depth} batches ready on request; "
             f"{self.skipped} skipped"
         )
@@ -86,6 +89,7 @@ class StatsRecorder:
         depth: int,
         backend_reason: str = "",
         worker_decisions: tuple[str, ...] = (),
+        decoder: str = "",
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         return LoaderStats(
@@ -105,4 +109,5 @@ class StatsRecorder:
             skipped_paths=tuple(self.skipped_paths),
             backend_reason=backend_reason,
             worker_decisions=worker_decisions,
+            decoder=decoder,
         )

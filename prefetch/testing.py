@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from prefetch.decode import DecodeOptions, decode_image
+from prefetch.decode import DecodeOptions, get_decoder
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "stripes")
 
@@ -225,7 +225,10 @@ class SlowDecoder:
 
     With `marker`, it sleeps only for paths containing it. With `once_flag` (a file path), it
     sleeps only the first time, in whichever process: it creates the file before sleeping.
+    Sleeping and decoding both release the GIL, so `backend="auto"` keeps threads for it.
     """
+
+    releases_gil = True
 
     def __init__(
         self, delay_s: float, marker: str | None = None, once_flag: str | None = None
@@ -237,11 +240,13 @@ class SlowDecoder:
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
         if (self.marker is None or self.marker in path) and _first_time(self.once_flag):
             time.sleep(self.delay_s)
-        return decode_image(path, options)
+        return get_decoder("auto")(path, options)
 
 
 class FailingDecoder:
     """The default decoder, raising `error(message)` for any path containing `marker`."""
+
+    releases_gil = True  # the default decoder's: `backend="auto"` keeps threads for it
 
     def __init__(self, marker: str, error: type[Exception] = ValueError) -> None:
         self.marker = marker
@@ -250,7 +255,7 @@ class FailingDecoder:
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
         if self.marker in path:
             raise self.error(f"injected failure for {path}")
-        return decode_image(path, options)
+        return get_decoder("auto")(path, options)
 
 
 def small_cnn(size: int, classes: int) -> Any:
@@ -315,7 +320,7 @@ class CrashingDecoder:
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
         if self.marker in path and _first_time(self.once_flag):
             os._exit(self.exit_code)
-        return decode_image(path, options)
+        return get_decoder("auto")(path, options)
 
 
 def _first_time(once_flag: str | None) -> bool:

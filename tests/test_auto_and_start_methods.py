@@ -84,7 +84,7 @@ def test_auto_counts_a_sources_own_getitem_as_python_work() -> None:
 
 
 def test_an_explicit_backend_is_reported_as_asked_for(folder: Path) -> None:
-    loader = prefetch.Loader(folder, batch_size=8, image_size=SMALL)
+    loader = prefetch.Loader(folder, batch_size=8, image_size=SMALL, backend="thread")
     assert loader.stats().backend_reason == "backend='thread' was asked for"
 
 

@@ -800,6 +800,7 @@ def test_a_stalled_consumer_bounds_the_decoded_samples_by_the_window(tmp_path: P
         workers=2,
         depth=depth,
         decoder=decoder,
+        backend="thread",  # backend="auto" would decode a few samples to choose
     )
     iterator = iter(loader)
     try:
