@@ -2,11 +2,14 @@
 
 `run(root, ...)` measures, in one process and one run, the single-core decode + resize rate of
 every decoder in `available_decoders()` (the decode limit is usable cores x the best rate) and
-the images/s and consumer wait of each loader: a plain Python loop, prefetch threads, prefetch
-processes, and, where installed, the tf.data AUTOTUNE pipeline, Keras
-`image_dataset_from_directory` and a PyTorch `DataLoader`. It returns a `BenchReport` (table,
-JSON, chart). Rounds are interleaved (every loader once per round, medians over rounds) so that
-a busy machine slows all rows alike.
+the images/s and consumer wait of each loader: a plain Python loop, a plain thread pool (the
+loop a user writes in 15 lines, `thread_pool_batches`), the `prefetch.Loader` as a user gets it
+with no tuning arguments, prefetch threads, prefetch processes, and, where installed, the
+tf.data AUTOTUNE pipeline, Keras `image_dataset_from_directory` and a PyTorch `DataLoader`. It
+returns a `BenchReport` (table, JSON, chart) that names the decoder and backend of each row, and,
+when the `fast` extra is missing, an estimate of what installing it would gain (`FastHint`).
+Rounds are interleaved (every loader once per round, medians over rounds) so that a busy machine
+slows all rows alike.
 
 Contract: runs in the calling thread; every loader it opens (threads, processes) is closed
 before `run` returns or raises. TensorFlow, Keras and torch are imported only to measure their
@@ -20,6 +23,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -28,13 +32,17 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from PIL import Image
 
-from prefetch.decode import DecodeOptions, Decoder, decode_image
+from prefetch.autotune import available_memory_bytes
+from prefetch.decode import DecodeOptions, Decoder, decode_image, get_decoder
+from prefetch.decode import decoder_name as short_decoder_name
 from prefetch.loader import Loader
 from prefetch.sources import ImageFolder, epoch_order
 from prefetch.testing import SHAPES, write_image_folder
@@ -42,7 +50,7 @@ from prefetch.timeline import TimedDecoder, Timeline, import_matplotlib
 from prefetch.workers import usable_cores
 
 # Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Images per single-core decode measurement (fewer when the folder is smaller).
 DECODE_SAMPLE = 200
 # Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.
@@ -58,6 +66,8 @@ DECODER_PROVIDERS = ("prefetch.decode", "prefetch.fast_decode")
 # Loader keys in the order they run in each round, with their display names.
 LOADER_NAMES: dict[str, str] = {
     "loop": "python loop (1 core)",
+    "pool": "thread pool (15 lines)",
+    "default": "prefetch default",
     "threads": "prefetch threads",
     "processes": "prefetch processes",
     "tf.data": "tf.data AUTOTUNE",
@@ -70,6 +80,15 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "keras": (("keras", "tensorflow"), "pip install tensorflow keras"),
     "torch": (("torch",), "pip install torch"),
 }
+
+# CPU ms per image decoded and resized to 224x224 by (decode_image, decode_turbo), at two photo
+# sizes (width x height pixels), with and without antialiasing: the "Speed" table of
+# docs/decoders.md (update both together). `FastHint` scales this machine's Pillow rate by them.
+TURBO_MEASURED: dict[bool, tuple[tuple[int, float, float], ...]] = {
+    True: ((500 * 375, 2.29, 2.34), (1600 * 1200, 8.87, 6.90)),
+    False: ((500 * 375, 2.08, 1.13), (1600 * 1200, 12.49, 7.64)),
+}
+FAST_INSTALL = 'pip install "prefetch[fast]"'
 
 Progress = Callable[[int, int, str], None]
 """`progress(done, total, label)`: called as work advances (units: batches of images)."""
@@ -113,7 +132,10 @@ class LoaderResult:
     """One loader's medians over the rounds, and its ratios to the decode limit and tf.data.
 
     `consumer_wait_fraction` is the share of the measured time the consumer spent waiting for
-    a batch (0 to 1). `ratio_to_tf_data` is None when tf.data was not measured.
+    a batch (0 to 1). `ratio_to_tf_data` is None when tf.data was not measured. `decoder` names
+    the decoder the row ran ("turbo", "pillow"; None for TensorFlow's own), `backend` the
+    prefetch backend ("thread", "process"; None for other loaders) and `backend_reason` why
+    it was chosen; `antialias` whether the row's resize antialiases.
     """
 
     key: str
@@ -124,6 +146,44 @@ class LoaderResult:
     ratio_to_tf_data: float | None
     images_per_s_runs: tuple[float, ...]
     wait_fraction_runs: tuple[float, ...]
+    decoder: str | None = None
+    backend: str | None = None
+    backend_reason: str = ""
+    antialias: bool = True
+
+
+@dataclass(frozen=True)
+class FastHint:
+    """What installing the `fast` extra would gain here: an estimate, not a measurement.
+
+    `pillow_images_per_s` is Pillow's single-core decode + resize rate measured in this run;
+    `speedup` the ratio of Pillow's to libjpeg-turbo's CPU time per image measured in
+    docs/decoders.md (`TURBO_MEASURED`) for photos of `photo_pixels` (this folder's median,
+    interpolated between the measured sizes) and this run's antialias setting;
+    `speedup_other_antialias` the same with the other setting.
+    """
+
+    pillow_images_per_s: float
+    speedup: float
+    speedup_other_antialias: float
+    photo_pixels: int
+    antialias: bool
+    cores: int
+
+    def text(self) -> str:
+        """The hint `prefetch bench` prints under its table (three lines)."""
+        pillow, cores = self.pillow_images_per_s, self.cores
+        turbo = pillow * self.speedup
+        setting, other = ("with", "without") if self.antialias else ("without", "with")
+        return (
+            f"hint: the fast extra (libjpeg-turbo + OpenCV) is not installed: {FAST_INSTALL}\n"
+            f"  estimated here, {setting} antialiasing as this run: decode + resize "
+            f"{self.speedup:.2f}x as fast, {turbo:.0f} instead of {pillow:.0f} images/s per "
+            f"core (decode limit {turbo * cores:.0f} instead of {pillow * cores:.0f}); "
+            f"{other} antialiasing: {self.speedup_other_antialias:.2f}x\n"
+            f"  (an estimate: Pillow's rate measured in this run x the Pillow/turbo CPU-time "
+            f"ratio measured in docs/decoders.md for photos of {self.photo_pixels / 1e6:.2f} MP)"
+        )
 
 
 @dataclass
@@ -132,7 +192,7 @@ class BenchReport:
 
     `skipped` maps the key of each loader that was asked for but not measured to the reason
     (for example "torch is not installed: pip install torch"). `timeline` is set when `run` was
-    asked to record one.
+    asked to record one; `fast_hint` when the `fast` extra is missing (and Pillow was measured).
     """
 
     config: BenchConfig
@@ -143,6 +203,7 @@ class BenchReport:
     loaders: list[LoaderResult]
     skipped: dict[str, str]
     timeline: Timeline | None = None
+    fast_hint: FastHint | None = None
 
     def loader(self, key: str) -> LoaderResult:
         """The row of the loader `key` ("threads", "tf.data", ...); KeyError if not measured."""
@@ -175,6 +236,7 @@ class BenchReport:
             "loaders": [dataclasses.asdict(row) for row in self.loaders],
             "skipped": dict(self.skipped),
             "timeline": self.timeline.as_dicts() if self.timeline is not None else None,
+            "fast_hint": dataclasses.asdict(self.fast_hint) if self.fast_hint else None,
         }
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -205,19 +267,25 @@ class BenchReport:
         lines.append("")
         lines.append(
             f"{'loader':36s} {'images/s':>9s} {'wait %':>7s} {'of limit':>9s} {'of tf.data':>11s}"
+            "  decoder, backend"
         )
         for row in self.loaders:
             of_tf = f"{row.ratio_to_tf_data:.0%}" if row.ratio_to_tf_data is not None else "-"
             lines.append(
                 f"{row.name:36s} {row.images_per_s:9.0f} {row.consumer_wait_fraction:7.1%} "
-                f"{row.ratio_to_limit:9.0%} {of_tf:>11s}"
+                f"{row.ratio_to_limit:9.0%} {of_tf:>11s}  {_how(row, c.antialias)}"
             )
+        lines += [
+            f"{row.name}: {row.backend_reason}" for row in self.loaders if row.key == "default"
+        ]
         for key, reason in self.skipped.items():
             lines.append(f"skipped {LOADER_NAMES.get(key, key)}: {reason}")
         lines.append(
             "wait %: share of the consumer's time spent waiting for a batch; timings are noisy "
             "on a busy machine: compare rows of one run"
         )
+        if self.fast_hint is not None:
+            lines += ["", self.fast_hint.text()]
         if self.timeline is not None:
             backend = "threads" if c.timeline_backend == "thread" else "processes"
             lines += ["", f"timeline: prefetch {backend}, the first {c.timeline_batches} batches"]
@@ -269,6 +337,16 @@ class BenchReport:
         figure.savefig(os.fspath(path), dpi=110)
 
 
+def _how(row: LoaderResult, antialias: bool) -> str:
+    """The table's "decoder, backend" cell: "turbo, thread"; TensorFlow's rows say "tf"."""
+    parts = [row.decoder or "tf"]
+    if row.backend is not None:
+        parts.append(row.backend)
+    if row.antialias != antialias and row.decoder is not None:
+        parts.append("antialias" if row.antialias else "no antialias")
+    return ", ".join(parts)
+
+
 # ---- decoders and the machine ------------------------------------------------------------
 
 
@@ -294,11 +372,44 @@ def available_decoders() -> dict[str, Decoder]:
 
 
 def decoder_name(decoder: Decoder, decoders: Mapping[str, Decoder]) -> str:
-    """`decoder`'s name in `decoders`, else its function or class name."""
+    """`decoder`'s name in `decoders`, else its short name as `LoaderStats.decoder` gives it
+    ("pillow", "turbo", or its own name)."""
     for name, candidate in decoders.items():
         if candidate is decoder:
             return name
-    return str(getattr(decoder, "__name__", type(decoder).__name__))
+    return short_decoder_name(decoder)
+
+
+def default_decoder() -> Decoder:
+    """The decoder a `Loader` runs by default (`decoder="auto"`, `get_decoder("auto")`)."""
+    return get_decoder("auto")
+
+
+def fast_hint(
+    rates: Sequence[DecoderRate], sample: Sequence[str], antialias: bool
+) -> FastHint | None:
+    """What installing the `fast` extra would gain (see `FastHint`), or None when it is
+    installed or Pillow ("pillow" in `rates`) was not measured."""
+    from prefetch.fast_decode import fast_available
+
+    pillow = [rate.images_per_s for rate in rates if rate.name == "pillow"]
+    if fast_available() or not pillow or not sample:
+        return None
+    sizes = []
+    for path in sample:
+        with contextlib.suppress(OSError), Image.open(path) as image:  # reads the header only
+            sizes.append(image.width * image.height)
+    pixels = int(statistics.median(sizes)) if sizes else TURBO_MEASURED[True][0][0]
+
+    def speedup(flag: bool) -> float:
+        (small, *small_ms), (large, *large_ms) = TURBO_MEASURED[flag]
+        where = min(max(math.log(pixels / small) / math.log(large / small), 0.0), 1.0)
+        small_ratio, large_ratio = (ms[0] / ms[1] for ms in (small_ms, large_ms))
+        return small_ratio + where * (large_ratio - small_ratio)
+
+    return FastHint(
+        pillow[0], speedup(antialias), speedup(not antialias), pixels, antialias, usable_cores()
+    )
 
 
 def machine_info() -> dict[str, Any]:
@@ -369,11 +480,15 @@ def write_sample_folder(
 
 
 class _Contender(Protocol):
-    """A loader under test: opened once, then one epoch per round, yielding batch sizes."""
+    """A loader under test: opened once, then one epoch per round, yielding batch sizes;
+    `describe()` gives its row's decoder, backend, backend_reason and antialias (after the
+    rounds: an automatic choice is made when a loader starts)."""
 
     def open(self, stack: contextlib.ExitStack) -> None: ...
 
     def epoch(self, number: int) -> Generator[int, None, None]: ...
+
+    def describe(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -385,13 +500,42 @@ class _Setup:
     depth: int
     seed: int
     decoder: Decoder
+    decoder_name: str = ""
 
 
-class _PythonLoop:
+def python_loop_batches(
+    paths: Sequence[str], decode: Callable[[str], np.ndarray], batch_size: int
+) -> Generator[np.ndarray, None, None]:
     """Decode one image after another in the consumer's thread; no overlap at all."""
+    for first in range(0, len(paths), batch_size):
+        yield np.stack([decode(path) for path in paths[first : first + batch_size]])
 
-    def __init__(self, setup: _Setup) -> None:
+
+def thread_pool_batches(
+    paths: Sequence[str], decode: Callable[[str], np.ndarray], batch_size: int, workers: int
+) -> Generator[np.ndarray, None, None]:
+    """The loader a user writes in 15 lines: a thread pool maps `decode` over the files, and
+    each `batch_size` results in a row are stacked into one array.
+
+    `Executor.map` submits every file at once, so decoded images pile up in memory when the
+    consumer is slower than the decoding (prefetch's window bounds that).
+    """
+    pool = ThreadPoolExecutor(workers)
+    try:
+        images = pool.map(decode, paths)  # in order, decoded ahead by every worker
+        for first in range(0, len(paths), batch_size):
+            yield np.stack([next(images) for _ in paths[first : first + batch_size]])
+    finally:
+        pool.shutdown(cancel_futures=True)  # a consumer that stops early drops the rest
+
+
+class _ByHand:
+    """A loader written by hand (`python_loop_batches`, `thread_pool_batches`) over the same
+    shuffled files as prefetch's, decoding with the rows' decoder."""
+
+    def __init__(self, setup: _Setup, workers: int | None = None) -> None:
         self.setup = setup
+        self.workers = workers
 
     def open(self, stack: contextlib.ExitStack) -> None:
         pass
@@ -399,34 +543,57 @@ class _PythonLoop:
     def epoch(self, number: int) -> Generator[int, None, None]:
         s = self.setup
         order = epoch_order(len(s.folder), shuffle=True, seed=s.seed, epoch=number)
-        for first in range(0, len(order), s.batch_size):
-            chunk = order[first : first + s.batch_size]
-            images = np.stack([s.decoder(str(s.folder.paths[i]), s.options) for i in chunk])
-            yield len(images)
+        paths = [str(s.folder.paths[index]) for index in order]
+
+        def decode(path: str) -> np.ndarray:
+            return s.decoder(path, s.options)
+
+        if self.workers is None:
+            batches = python_loop_batches(paths, decode, s.batch_size)
+        else:
+            batches = thread_pool_batches(paths, decode, s.batch_size, self.workers)
+        with contextlib.closing(batches):
+            for images in batches:
+                yield len(images)
+
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
 
 
 class _PrefetchLoader:
-    """`prefetch.Loader` with the given backend, owned for all rounds (`with loader:`)."""
+    """`prefetch.Loader`, owned for all rounds (`with loader:`): with the bench's settings and
+    `backend`, or (`backend=None`) as a user gets it, with no tuning arguments."""
 
-    def __init__(self, setup: _Setup, backend: str) -> None:
+    def __init__(self, setup: _Setup, backend: str | None) -> None:
         s = setup
+        self.setup = setup
+        tuning: dict[str, Any] = {}
+        if backend is not None:
+            tuning = {"workers": s.workers, "depth": s.depth, "decoder": s.decoder}
+            tuning.update(backend=backend, antialias=s.options.antialias)
         self.loader = Loader(
             s.folder,
             batch_size=s.batch_size,
             image_size=s.options.image_size,
-            workers=s.workers,
-            depth=s.depth,
             seed=s.seed,
-            decoder=s.decoder,
-            backend=backend,
-            antialias=s.options.antialias,
+            **tuning,
         )
+        self.by_default = backend is None
 
     def open(self, stack: contextlib.ExitStack) -> None:
         stack.enter_context(self.loader)
 
     def epoch(self, number: int) -> Generator[int, None, None]:
         return _batches(self.loader)
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.loader.stats()
+        return {
+            "decoder": stats.decoder if self.by_default else self.setup.decoder_name,
+            "backend": stats.backend,
+            "backend_reason": stats.backend_reason,
+            "antialias": self.loader.options.antialias,
+        }
 
 
 class _TfData:
@@ -462,6 +629,9 @@ class _TfData:
             count = int(images.shape[0])
             del images, _labels
             yield count
+
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": None, "antialias": False}  # tf.image.resize's default, and Keras's
 
 
 class _Keras(_TfData):
@@ -525,19 +695,21 @@ class _Torch:
             del images, _labels
             yield count
 
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
+
 
 def _make_contender(key: str, setup: _Setup) -> _Contender:
-    if key == "loop":
-        return _PythonLoop(setup)
-    if key == "threads":
-        return _PrefetchLoader(setup, "thread")
-    if key == "processes":
-        return _PrefetchLoader(setup, "process")
-    if key == "tf.data":
-        return _TfData(setup)
-    if key == "keras":
-        return _Keras(setup)
-    return _Torch(setup)
+    makers: dict[str, Callable[[], _Contender]] = {
+        "loop": lambda: _ByHand(setup),
+        "pool": lambda: _ByHand(setup, setup.workers),
+        "default": lambda: _PrefetchLoader(setup, None),
+        "threads": lambda: _PrefetchLoader(setup, "thread"),
+        "processes": lambda: _PrefetchLoader(setup, "process"),
+        "tf.data": lambda: _TfData(setup),
+        "keras": lambda: _Keras(setup),
+    }
+    return makers.get(key, lambda: _Torch(setup))()
 
 
 def missing_requirement(key: str) -> str | None:
@@ -618,17 +790,21 @@ def run(
     timeline_batches: int = 0,
     timeline_backend: str = "thread",
     progress: Progress | None = None,
-    antialias: bool = True,
+    antialias: bool | None = None,
 ) -> BenchReport:
     """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
 
-    - `loaders`: keys of `LOADER_NAMES` ("loop", "threads", "processes", "tf.data", "keras",
-      "torch"); None means all. A loader whose package is missing is skipped (see
-      `BenchReport.skipped`); an unknown key raises ValueError.
+    - `loaders`: keys of `LOADER_NAMES` ("loop", "pool", "default", "threads", "processes",
+      "tf.data", "keras", "torch"); None means all. A loader whose package is missing is
+      skipped (see `BenchReport.skipped`), and so is "pool" when a step is simulated and the
+      folder's decoded images would not fit in half the available memory; an unknown key
+      raises ValueError.
     - `decoders`: name -> decoder whose single-core rate is measured (default
       `available_decoders()`); the decode limit uses the best. `decoder` is what the loop,
-      prefetch and torch loaders decode with; None picks the fastest of `decoders`, timed once
-      on the sample before the rounds (`report.config.loader_decoder` names the one used).
+      pool, prefetch threads and processes and torch loaders decode with; None means the
+      Loader's default (`default_decoder()`; `report.config.loader_decoder` names the one
+      used). The "default" row is `Loader(root, batch_size=, image_size=, seed=)` with
+      nothing else: its own decoder, backend, workers, depth and antialias.
     - Each round runs one epoch per loader; the first batch of each epoch is a warm-up and is
       not timed. After each batch the consumer sleeps `step_ms` (a simulated training step).
       Medians over `repeats` rounds are reported.
@@ -637,7 +813,8 @@ def run(
       a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
     - `progress(done, total, label)` is called after every batch.
     - `antialias=False` resizes like tf.data and Keras (bilinear, no antialiasing, at full
-      decoded size), so every loader does the same work per image.
+      decoded size), so every loader does the same work per image; None means the Loader's
+      default.
     """
     batch_size = _positive("batch_size", batch_size)
     repeats = _positive("repeats", repeats)
@@ -665,16 +842,24 @@ def run(
     decoders = dict(decoders) if decoders is not None else available_decoders()
     if not decoders:
         raise ValueError("decoders is empty: give at least one name -> decoder")
+    if antialias is None:
+        antialias = bool(inspect.signature(Loader).parameters["antialias"].default)
     options = DecodeOptions((int(image_size[0]), int(image_size[1])), antialias=antialias)
     sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
+    decoder = decoder if decoder is not None else default_decoder()
     for path in sample:  # warm the page cache and every decoder before any timing
-        for candidate in decoders.values():
+        for candidate in {*decoders.values(), decoder}:
             candidate(path, options)
-    if decoder is None:
-        rate_of = {name: _decode_rate(d, sample, options) for name, d in decoders.items()}
-        decoder = decoders[max(rate_of, key=lambda name: rate_of[name])]
-    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder)
+    rows_decoder = decoder_name(decoder, decoders)
+    setup = _Setup(folder, options, batch_size, workers, depth, seed, decoder, rows_decoder)
     skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
+    if "pool" in keys and step_ms > 0:
+        decoded, memory = len(folder) * math.prod(options.shape), available_memory_bytes()
+        if decoded > memory // 2:
+            skipped["pool"] = (
+                f"its map decodes ahead without bound: {decoded / 2**30:.1f} GiB of decoded "
+                f"images, over half of the {memory / 2**30:.1f} GiB available"
+            )
     keys = [key for key in keys if key not in skipped]
 
     epoch_batches = math.ceil(len(folder) / batch_size)
@@ -707,6 +892,7 @@ def run(
                     contender.epoch(round_index), step_ms / 1000, tick
                 )
                 load_runs[key].append((images / elapsed, waited / elapsed))
+        described = {key: contender.describe() for key, contender in contenders.items()}
     timeline = None
     if timeline_batches:
         label = "timeline"
@@ -732,6 +918,7 @@ def run(
             ratio_to_tf_data=rate / tf_rate if tf_rate else None,
             images_per_s_runs=tuple(r for r, _ in load_runs[key]),
             wait_fraction_runs=tuple(w for _, w in load_runs[key]),
+            **described[key],
         )
         for key, (rate, wait) in medians.items()
     ]
@@ -747,12 +934,22 @@ def run(
         repeats=repeats,
         seed=seed,
         decode_sample=len(sample),
-        loader_decoder=decoder_name(decoder, decoders),
+        loader_decoder=rows_decoder,
         timeline_batches=timeline_batches,
         timeline_backend=timeline_backend,
         antialias=antialias,
     )
-    return BenchReport(config, machine_info(), rates, limit, best.name, rows, skipped, timeline)
+    return BenchReport(
+        config,
+        machine_info(),
+        rates,
+        limit,
+        best.name,
+        rows,
+        skipped,
+        timeline,
+        fast_hint(rates, sample, antialias),
+    )
 
 
 # ---- the timeline ------------------------------------------------------------------------

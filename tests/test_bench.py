@@ -1,7 +1,8 @@
 """prefetch bench: the Python API, the JSON report, the CLI, the progress bar and the timeline.
 
 Measurements run on tiny generated folders with one round; timing values are only checked for
-sanity (positive rates, wait fractions within 0..1), never for speed.
+sanity (positive rates, wait fractions within 0..1), never for speed, nor for which of two
+decoders came out faster.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import io
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prefetch import bench
 from prefetch.cli import ProgressBar, main
-from prefetch.decode import decode_image
+from prefetch.decode import DecodeOptions, decode_image
+from prefetch.fast_decode import fast_available
 from prefetch.testing import SlowDecoder
 from prefetch.timeline import Timeline
 
@@ -31,21 +35,38 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bench.write_sample_folder(tmp_path_factory.mktemp("bench") / "images", 16, size=(40, 30))
 
 
+# Importing TensorFlow and Keras and spawning worker processes takes this test 5 s on a quiet
+# 2-core machine and 22-34 s with four busy loops beside it: past the module's 60 s when CI
+# runs several jobs at once.
+@pytest.mark.timeout(240)
 def test_run_measures_every_available_loader_with_sane_figures(folder: Path) -> None:
     calls: list[tuple[int, int, str]] = []
     report = bench.run(folder, progress=lambda *call: calls.append(call), **TINY)
 
     available = [key for key in bench.LOADER_NAMES if bench.missing_requirement(key) is None]
     assert [row.key for row in report.loaders] == available
-    assert {"loop", "threads", "processes"} <= set(available)
+    assert {"loop", "pool", "default", "threads", "processes"} <= set(available)
     assert set(report.skipped) == set(bench.LOADER_NAMES) - set(available)
     assert all("pip install" in reason for reason in report.skipped.values())
     assert report.config.images == 16 and report.config.classes == 2
     assert [rate.name for rate in report.decoders] == list(bench.available_decoders())
     assert all(rate.images_per_s > 0 for rate in report.decoders)
     best = max(report.decoders, key=lambda rate: rate.images_per_s)
-    assert report.limit_decoder == report.config.loader_decoder == best.name
+    assert report.limit_decoder == best.name
     assert report.decode_limit == pytest.approx(best.images_per_s * bench.usable_cores())
+    # The rows decode with the Loader's default decoder, whichever decoder timed fastest.
+    default = bench.decoder_name(bench.default_decoder(), {})
+    assert report.config.loader_decoder == default in bench.available_decoders()
+    for key in ("loop", "pool", "default", "threads", "processes"):
+        assert report.loader(key).decoder == default, key
+    assert report.loader("threads").backend == "thread"
+    assert report.loader("processes").backend == "process"
+    chosen = report.loader("default")
+    assert chosen.backend in ("thread", "process") and chosen.backend_reason
+    assert chosen.antialias == report.config.antialias
+    table = report.format_table()
+    assert f"prefetch default: {chosen.backend_reason}" in table
+    assert f"{default}, {chosen.backend}" in table
     tf_rate = report.loader("tf.data").images_per_s if "tf.data" in available else None
     for row in report.loaders:
         assert row.images_per_s > 0, row
@@ -65,12 +86,14 @@ def test_every_registered_decoder_is_measured_and_the_best_sets_the_limit(folder
     report = bench.run(folder, loaders=["loop"], decoders=decoders, **TINY)
 
     assert [rate.name for rate in report.decoders] == ["pillow", "slow"]
-    assert report.limit_decoder == report.config.loader_decoder == "pillow"
+    assert report.limit_decoder == "pillow"  # 20 ms per image against well under 1
+    assert report.config.loader_decoder == bench.decoder_name(bench.default_decoder(), {})
     assert "slow" in report.format_table()
     explicit = bench.run(
-        folder, loaders=["loop"], decoders=decoders, decoder=SlowDecoder(0), **TINY
+        folder, loaders=["loop", "pool"], decoders=decoders, decoder=SlowDecoder(0), **TINY
     )
     assert explicit.config.loader_decoder == "SlowDecoder"
+    assert [row.decoder for row in explicit.loaders] == ["SlowDecoder", "SlowDecoder"]
     assert bench.available_decoders()["pillow"] is decode_image
 
 
@@ -80,9 +103,10 @@ def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path)
     report.to_json(path)
     data = json.loads(path.read_text())
 
-    assert data["schema"] == bench.SCHEMA_VERSION == 1
+    assert data["schema"] == bench.SCHEMA_VERSION == 2
     assert set(data) == {
-        "schema", "config", "machine", "decoders", "decode_limit", "loaders", "skipped", "timeline"
+        "schema", "config", "machine", "decoders", "decode_limit", "loaders", "skipped",
+        "timeline", "fast_hint",
     }  # fmt: skip
     assert data["config"]["image_size"] == [16, 16] and data["config"]["batch_size"] == 4
     assert data["machine"]["usable_cores"] == bench.usable_cores()
@@ -94,9 +118,14 @@ def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path)
     assert keys == ["loop", "threads"]
     assert set(data["loaders"][0]) == {
         "key", "name", "images_per_s", "consumer_wait_fraction", "ratio_to_limit",
-        "ratio_to_tf_data", "images_per_s_runs", "wait_fraction_runs",
+        "ratio_to_tf_data", "images_per_s_runs", "wait_fraction_runs", "decoder", "backend",
+        "backend_reason", "antialias",
     }  # fmt: skip
+    loop, threads = data["loaders"]
+    assert loop["decoder"] == threads["decoder"] == data["config"]["loader_decoder"]
+    assert (loop["backend"], threads["backend"]) == (None, "thread")
     assert data["skipped"] == {}
+    assert data["fast_hint"] is None if fast_available() else data["fast_hint"]["speedup"] > 0
     spans = data["timeline"]
     assert {span["kind"] for span in spans} == {"decode", "produce", "wait", "step"}
     assert min(span["start_s"] for span in spans) == 0.0
@@ -141,7 +170,7 @@ def test_cli_generates_a_sample_folder_benches_it_and_prints_the_table(tmp_path:
     result = run_cli(
         str(tmp_path / "generated"),
         "--generate", "12",
-        "--loaders", "loop,threads",
+        "--loaders", "loop,pool,default,threads",
         "--batch-size", "4", "--image-size", "16x24", "--repeats", "1", "--decode-sample", "4",
         "--json", str(out), "--timeline-text", "--timeline-batches", "2",
     )  # fmt: skip
@@ -153,13 +182,111 @@ def test_cli_generates_a_sample_folder_benches_it_and_prints_the_table(tmp_path:
     )
     assert any(line.startswith("python loop (1 core)") for line in lines)
     assert any(line.startswith("prefetch threads") for line in lines)
+    assert any(line.startswith("thread pool (15 lines)") for line in lines)
+    assert any(line.startswith("prefetch default") and "images/s" not in line for line in lines)
+    assert any(line.startswith("prefetch default: auto") for line in lines)  # why that backend
     assert any(line.startswith("decode limit") for line in lines)
     assert any(line.strip().startswith("consumer |") for line in lines)  # the text timeline
     assert "writing 12 sample JPEGs of 500x375" in result.stderr
     assert len(list((tmp_path / "generated").rglob("*.jpg"))) == 12
     data = json.loads(out.read_text())
     assert data["config"]["image_size"] == [16, 24]
-    assert [row["key"] for row in data["loaders"]] == ["loop", "threads"]
+    assert [row["key"] for row in data["loaders"]] == ["loop", "pool", "default", "threads"]
+    assert all(row["decoder"] for row in data["loaders"])
+    assert data["loaders"][2]["backend"] in ("thread", "process")
+
+
+def test_thread_pool_batches_stacks_every_file_in_order_and_stops_early_cleanly(
+    folder: Path,
+) -> None:
+    paths = sorted(str(path) for path in folder.rglob("*.jpg"))[:10]
+    options = DecodeOptions((16, 16))
+
+    def decode(path: str) -> np.ndarray:
+        return decode_image(path, options)
+
+    batches = list(bench.thread_pool_batches(paths, decode, 4, workers=2))
+    loop = list(bench.python_loop_batches(paths, decode, 4))
+
+    assert [len(batch) for batch in batches] == [len(batch) for batch in loop] == [4, 4, 2]
+    for pooled, looped in zip(batches, loop, strict=True):
+        np.testing.assert_array_equal(pooled, looped)
+    before = threading.active_count()
+    early = bench.thread_pool_batches(paths, decode, 4, workers=2)
+    next(early)
+    early.close()  # cancels the files not yet decoded; the pool's threads are joined
+    assert threading.active_count() <= before
+
+
+def test_pool_row_is_skipped_when_its_unbounded_read_ahead_would_not_fit(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "available_memory_bytes", lambda: 1000)
+    report = bench.run(folder, loaders=["loop", "pool"], step_ms=1, **TINY)
+
+    assert [row.key for row in report.loaders] == ["loop"]
+    assert "decodes ahead without bound" in report.skipped["pool"]
+    assert "skipped thread pool (15 lines): its map decodes ahead" in report.format_table()
+
+
+def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rates = [bench.DecoderRate("pillow", 100.0, (100.0,))]
+    sample = [str(path) for path in folder.rglob("*.jpg")]  # 40x30: below the smallest size
+    monkeypatch.setattr("prefetch.fast_decode.fast_available", lambda: False)
+
+    hint = bench.fast_hint(rates, sample, antialias=False)
+
+    assert hint is not None and hint.photo_pixels == 40 * 30
+    (_, pillow_ms, turbo_ms), _ = bench.TURBO_MEASURED[False]
+    assert hint.speedup == pytest.approx(pillow_ms / turbo_ms)  # clamped to the measured range
+    (_, pillow_ms, turbo_ms), _ = bench.TURBO_MEASURED[True]
+    assert hint.speedup_other_antialias == pytest.approx(pillow_ms / turbo_ms)
+    assert f"{100 * hint.speedup:.0f} instead of 100 images/s per core" in hint.text()
+    assert bench.fast_hint([bench.DecoderRate("slow", 1.0, (1.0,))], sample, True) is None
+    monkeypatch.setattr("prefetch.fast_decode.fast_available", lambda: True)
+    assert bench.fast_hint(rates, sample, antialias=False) is None
+
+
+# The fault injected: simplejpeg and OpenCV fail to import in this subprocess only.
+WITHOUT_FAST_EXTRA = """
+import sys
+sys.modules["simplejpeg"] = sys.modules["cv2"] = None
+from prefetch.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_without_the_fast_extra_estimates_what_installing_it_would_gain(
+    folder: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report.json"
+    args = ["--loaders", "loop,default", "--batch-size", "4", "--image-size", "16x16"]
+    args += ["--repeats", "1", "--decode-sample", "8", "--json", str(out), "--quiet"]
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_FAST_EXTRA, "bench", str(folder), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert (
+        'fast extra (libjpeg-turbo + OpenCV) is not installed: pip install "prefetch[fast]"' in text
+    )
+    assert "images/s per core" in text and "an estimate: Pillow's rate measured" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["loader_decoder"] == "pillow"
+    assert [row["decoder"] for row in data["loaders"]] == ["pillow", "pillow"]
+    assert [rate["name"] for rate in data["decoders"]] == ["pillow"]
+    hint = data["fast_hint"]
+    assert hint["speedup"] > 0 and hint["speedup_other_antialias"] > 0
+    assert hint["pillow_images_per_s"] == pytest.approx(data["decoders"][0]["images_per_s"])
+    if fast_available():  # with the extra installed, the same command gives no hint
+        assert "fast extra" not in run_cli(str(folder), *args).stdout
 
 
 def test_cli_reports_bad_input_without_a_traceback(
