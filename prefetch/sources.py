@@ -1,15 +1,19 @@
-"""Sources of samples: ImageFolder (Keras directory rules), FileList, and the epoch order.
+"""Sources of samples: ImageFolder and FileList on one Keras-order lister, and the epoch order.
 
 A source is anything with `__len__` and `__getitem__(index) -> (image, label)`. File sources
-(`ImageFolder`, `FileList`) also expose `paths` and `labels` as numpy arrays, never Python lists,
-so that worker processes do not copy them on read; the Loader then decodes the files itself, at
-the target size. Sources are immutable after construction and safe to share between threads.
+(`ImageFolder`, `FileList`) also expose `paths` (a `PathArray`: one UTF-8 buffer plus offsets)
+and `labels` (int32), both held in numpy arrays, never Python lists, so that worker processes do
+not copy them on read; the Loader then decodes the files itself, at the target size.
+`index_directory` is the one folder lister (ImageFolder's and the Keras drop-in's): Keras's
+order, rules and path strings, with one `os.walk` per class folder and no per-file path
+arithmetic. Sources and PathArrays are immutable after construction and safe to share between
+threads.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,6 +22,11 @@ from PIL import Image
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+# Paths handled per step when packing, gathering or iterating a PathArray: keeps the temporary
+# arrays (a gather's byte index is 8 bytes per byte of path) small enough to stay in cache.
+PATHS_PER_STEP = 1 << 12
+# str <-> UTF-8 for any Python str, including the surrogates os.fsdecode makes of odd bytes.
+_ERRORS = "surrogatepass"
 
 
 @runtime_checkable
@@ -29,20 +38,165 @@ class Source(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+class PathArray:
+    """File paths held compactly: one UTF-8 buffer and an offset per path, read like an array.
+
+    `paths[i]` is the `str`; `paths[indices]` (a slice, ints or a bool mask, as numpy takes them)
+    is a new PathArray; `len`, iteration and `tolist()` behave as on a numpy array of `str`. It
+    costs the UTF-8 bytes of each path plus 9 bytes, where a numpy `str_` array costs 4 bytes per
+    character of the longest path (1.28M ImageNet paths: about 90 MB against 360 MB). Both parts
+    are numpy arrays, so worker processes read them without copying and pickling sends two
+    buffers. Any `str` round-trips, including the surrogates `os.fsdecode` makes of undecodable
+    bytes; a path may not contain NUL.
+    """
+
+    __slots__ = ("_data", "_starts", "_view")
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]] = ()) -> None:
+        if isinstance(paths, PathArray):
+            self._set(paths._data, paths._starts)
+            return
+        chunks = _chunks((os.fspath(path) for path in paths), PATHS_PER_STEP)
+        other = _pack(chunks)
+        self._set(other._data, other._starts)
+
+    def _set(self, data: np.ndarray, starts: np.ndarray) -> None:
+        # Invariant: starts[0] == 0, starts[-1] == len(data); path i is
+        # data[starts[i] : starts[i + 1] - 1], followed by one NUL.
+        data.flags.writeable = False
+        starts.flags.writeable = False
+        self._data, self._starts = data, starts
+        self._view = data.data  # a memoryview: str(view[a:b], ...) decodes without a copy
+
+    @classmethod
+    def _from_parts(cls, data: np.ndarray, starts: np.ndarray) -> PathArray:
+        paths = cls.__new__(cls)
+        paths._set(data, starts)
+        return paths
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the UTF-8 paths with their separators, plus 8 per offset."""
+        return int(self._data.nbytes + self._starts.nbytes)
+
+    def __getitem__(self, index: Any) -> Any:
+        """`str` for an integer index; a PathArray for a slice, an index array or a bool mask."""
+        if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
+            position = int(index)
+            size = len(self)
+            if not -size <= position < size:
+                raise IndexError(f"index {position} is out of bounds for {size} paths")
+            position %= size
+            start, stop = self._starts[position : position + 2].tolist()
+            return str(self._view[start : stop - 1], "utf-8", _ERRORS)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return self._gather(np.arange(start, stop, step, dtype=np.int64))
+            stop = max(start, stop)
+            first, last = int(self._starts[start]), int(self._starts[stop])
+            return PathArray._from_parts(
+                self._data[first:last], self._starts[start : stop + 1] - first
+            )
+        array = np.asarray(index)
+        if array.dtype == np.bool_:
+            if array.shape != (len(self),):
+                raise IndexError(f"a bool mask must have {len(self)} entries, got {array.shape}")
+            return self._gather(np.flatnonzero(array))
+        if array.size == 0:
+            return self._gather(np.zeros(0, dtype=np.int64))
+        if array.dtype.kind not in "iu" or array.ndim != 1:
+            raise IndexError(
+                "PathArray takes an int, a slice, a 1-d array of ints or a bool mask, "
+                f"got {type(index).__name__} of dtype {array.dtype} and shape {array.shape}"
+            )
+        return self._gather(array.astype(np.int64))
+
+    def _gather(self, indices: np.ndarray) -> PathArray:
+        size = len(self)
+        if len(indices) and (indices.min() < -size or indices.max() >= size):
+            bad = indices[(indices < -size) | (indices >= size)][0]
+            raise IndexError(f"index {int(bad)} is out of bounds for {size} paths")
+        indices = np.where(indices < 0, indices + size, indices)
+        starts = self._starts[indices]
+        lengths = self._starts[indices + 1] - starts
+        new_starts = np.zeros(len(indices) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=new_starts[1:])
+        data = np.empty(int(new_starts[-1]), dtype=np.uint8)
+        for a in range(0, len(indices), PATHS_PER_STEP):
+            b = min(a + PATHS_PER_STEP, len(indices))
+            # Output byte p of path k comes from input byte p + starts[k] - new_starts[k].
+            shift = np.repeat(starts[a:b] - new_starts[a:b], lengths[a:b])
+            shift += np.arange(new_starts[a], new_starts[b], dtype=np.int64)
+            np.take(self._data, shift, out=data[new_starts[a] : new_starts[b]])
+        return PathArray._from_parts(data, new_starts)
+
+    def __iter__(self) -> Iterator[str]:
+        for a in range(0, len(self), PATHS_PER_STEP):
+            yield from self[a : a + PATHS_PER_STEP].tolist()
+
+    def tolist(self) -> list[str]:
+        """The paths as a list of `str` (about 100 bytes of Python objects per path)."""
+        if not len(self):
+            return []
+        return str(self._view, "utf-8", _ERRORS).split("\0")[:-1]
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+        return PathArray._from_parts, (self._data, self._starts)
+
+    def __repr__(self) -> str:
+        shown = self[:3].tolist()
+        more = ", ..." if len(self) > 3 else ""
+        return f"PathArray({len(self)} paths: {str(shown)[:-1]}{more}])"
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _pack(chunks: Iterable[list[str]]) -> PathArray:
+    """One PathArray of the paths in `chunks`, grown in place (no second copy of the bytes)."""
+    data = bytearray()
+    ends: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    for chunk in chunks:
+        if not chunk:
+            continue
+        encoded = ("\0".join(chunk) + "\0").encode("utf-8", _ERRORS)
+        found = np.flatnonzero(np.frombuffer(encoded, dtype=np.uint8) == 0)
+        if len(found) != len(chunk):
+            bad = next(path for path in chunk if "\0" in path)
+            raise ValueError(f"a path may not contain NUL characters, got {bad!r}")
+        ends.append(found + (len(data) + 1))
+        data += encoded
+    return PathArray._from_parts(np.frombuffer(data, dtype=np.uint8), np.concatenate(ends))
+
+
 class FileList:
     """Image files with integer labels given by the caller.
 
-    `paths` is a sequence of file paths; `labels` a sequence of ints in [0, number of classes),
-    or None for unlabelled data. `class_names` names the classes (defaults to "0", "1", ...).
+    `paths` is a sequence of file paths (a PathArray is taken as is); `labels` a sequence of
+    ints in [0, number of classes), or None for unlabelled data. `class_names` names the classes
+    (defaults to "0", "1", ...). The attributes `paths` (PathArray) and `labels` (int32 array)
+    hold one entry per file.
     """
 
     def __init__(
         self,
-        paths: Sequence[str | os.PathLike[str]],
+        paths: Iterable[str | os.PathLike[str]],
         labels: Sequence[int] | np.ndarray | None = None,
         class_names: Sequence[str] | None = None,
     ) -> None:
-        self.paths = np.array([os.fspath(p) for p in paths], dtype=np.str_)
+        self.paths = paths if isinstance(paths, PathArray) else PathArray(paths)
         if labels is None:
             self.labels = np.zeros(len(self.paths), dtype=np.int32)
             self.has_labels = False
@@ -71,7 +225,7 @@ class FileList:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         """The full-size decoded image (uint8 HxWxC, as stored) and its label."""
-        with Image.open(str(self.paths[index])) as image:
+        with Image.open(self.paths[index]) as image:
             return np.asarray(image), int(self.labels[index])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
@@ -93,7 +247,9 @@ class ImageFolder(FileList):
     Classes are the sorted names of the subdirectories of `root` (hidden ones, starting with
     ".", are skipped), or the given `class_names` in the given order. Files are found
     recursively, directories walked in sorted path order and files sorted within each, keeping
-    the extensions .jpg .jpeg .png .bmp .gif in any case. Label i is `class_names[i]`.
+    the extensions .jpg .jpeg .png .bmp .gif in any case. Label i is `class_names[i]`. The
+    paths are `index_directory`'s: those Keras reports in `file_paths` for the same `root`
+    (unshuffled), joined from `root` as given.
     """
 
     def __init__(
@@ -108,32 +264,15 @@ class ImageFolder(FileList):
                 f"image folder {str(self.root)!r} does not exist or is not a directory; "
                 "pass the folder that holds one subfolder per class"
             )
-        found = sorted(
-            entry.name
-            for entry in os.scandir(self.root)
-            if entry.is_dir() and not entry.name.startswith(".")
+        paths, labels, class_names = index_directory(
+            root, class_names=class_names, follow_links=follow_links
         )
-        if class_names is None:
-            class_names = found
-        else:
-            missing = [name for name in class_names if name not in found]
-            if missing:
-                raise ValueError(
-                    f"class_names {missing} have no subfolder in {str(self.root)!r}; "
-                    f"the subfolders are {found}"
-                )
         if not class_names:
             raise ValueError(
                 f"no class folders in {str(self.root)!r}: put the images of each class in "
                 f"its own subfolder, as in {self.root / 'cats' / 'cat_001.jpg'}"
             )
-        paths: list[str] = []
-        labels: list[int] = []
-        for label, name in enumerate(class_names):
-            for path in _list_images(self.root / name, follow_links):
-                paths.append(path)
-                labels.append(label)
-        if not paths:
+        if not len(paths):
             raise ValueError(
                 f"no images found in {str(self.root)!r} (classes {list(class_names)}); "
                 f"allowed extensions are {', '.join(IMAGE_EXTENSIONS)}"
@@ -146,68 +285,74 @@ class ImageFolder(FileList):
         )
 
 
-def _list_images(folder: Path, follow_links: bool) -> list[str]:
-    """Image files under `folder`, in Keras's order: walk sorted by directory, files sorted."""
-    found = []
-    for dirpath, _, filenames in sorted(os.walk(folder, followlinks=follow_links)):
-        for filename in sorted(filenames):
-            if filename.lower().endswith(IMAGE_EXTENSIONS):
-                found.append(os.path.join(dirpath, filename))
-    return found
-
-
 def index_directory(
     directory: str | os.PathLike[str],
     *,
     infer_labels: bool = True,
     class_names: Sequence[str] | None = None,
     follow_links: bool = False,
-) -> tuple[list[str], np.ndarray, list[str]]:
+) -> tuple[PathArray, np.ndarray, list[str]]:
     """List image files exactly as Keras's `image_dataset_from_directory` does, unshuffled.
 
     Returns `(paths, labels, class_names)`. With `infer_labels`, the classes are the sorted
-    non-hidden subfolders of `directory` (or `class_names`, in their order, which must all be
-    subfolders) and `labels` (int32) index them; otherwise every image under `directory` is
-    listed with label 0 and `class_names` is empty. Within a class, folders are walked in
-    sorted path order and files sorted within each; paths are joined from `directory` as given
-    (not normalised), so they equal the `file_paths` Keras reports for the same argument.
+    non-hidden subfolders of `directory` (symlinks to folders count), or `class_names` in their
+    order, which must all be such subfolders (else Keras's ValueError); `labels` (int32) index
+    them. Otherwise every image under `directory` is listed with label 0 and `class_names` is
+    empty. Each class folder is walked with `os.walk` (into linked folders only with
+    `follow_links`), folders in sorted path order, files sorted within each, hidden ones
+    included, extensions compared lower-cased. A path is `os.path.join(folder, name)` of the
+    walk from `os.path.join(directory, class)` with `directory` as given (not normalised): the
+    string Keras puts in `file_paths` for the same argument. A missing `directory` raises
+    `os.listdir`'s own OSError when labels are inferred, as in Keras.
     """
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"directory {os.fspath(directory)!r} does not exist or is not a directory; pass the "
-            "folder that holds one subfolder per class"
-        )
+    top = os.fspath(directory)
     if infer_labels:
         subdirs = [
-            name.rstrip("/")
-            for name in sorted(os.listdir(directory))
-            if os.path.isdir(os.path.join(directory, name)) and not name.startswith(".")
+            name
+            for name in sorted(os.listdir(top))
+            if os.path.isdir(os.path.join(top, name)) and not name.startswith(".")
         ]
         if class_names is not None:
-            missing = [name for name in class_names if name not in subdirs]
-            if missing:
+            if not set(class_names).issubset(set(subdirs)):
+                missing = [name for name in class_names if name not in subdirs]
                 raise ValueError(
-                    f"class_names {missing} are not subfolders of {os.fspath(directory)!r}: "
-                    f"class_names must name some of its subfolders {subdirs}, or be None to "
-                    "use them all"
+                    "The `class_names` passed did not match the names of the subdirectories "
+                    f"of the target directory. Expected: {subdirs} (or a subset of it), but "
+                    f"received: class_names={class_names}. {missing} are not subfolders of "
+                    f"{top!r}; pass some of its subfolders, or class_names=None for all"
                 )
             subdirs = list(class_names)
     else:
         subdirs = [""]
-    class_indices = {name: index for index, name in enumerate(subdirs)}
-    paths: list[str] = []
-    labels: list[int] = []
-    for subdir in subdirs:
-        folder = os.path.join(directory, subdir)
-        name = os.path.basename(folder)
-        walk = sorted(os.walk(folder, followlinks=follow_links), key=lambda entry: entry[0])
-        for root, _, filenames in walk:
-            for filename in sorted(filenames):
-                if filename.lower().endswith(IMAGE_EXTENSIONS):
-                    relative = os.path.relpath(os.path.join(root, filename), folder)
-                    paths.append(os.path.join(directory, os.path.join(name, relative)))
-                    labels.append(class_indices[name])
-    return paths, np.array(labels, dtype=np.int32), subdirs if infer_labels else []
+    # As Keras: a class given twice is listed twice, with the index of its last mention.
+    class_indices = dict(zip(subdirs, range(len(subdirs)), strict=True))
+    counts: list[int] = []
+
+    def listed() -> Iterator[list[str]]:
+        for subdir in subdirs:
+            found = _walk_images(os.path.join(top, subdir), follow_links)
+            counts.append(len(found))
+            yield found
+
+    paths = _pack(listed())
+    labels = np.repeat(
+        np.array([class_indices[name] for name in subdirs], dtype=np.int32),
+        np.array(counts, dtype=np.int64),
+    )
+    return paths, labels, subdirs if infer_labels else []
+
+
+def _walk_images(folder: str, follow_links: bool) -> list[str]:
+    """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
+    found: list[str] = []
+    for root, _, filenames in sorted(
+        os.walk(folder, followlinks=follow_links), key=lambda entry: entry[0]
+    ):
+        prefix = os.path.join(root, "")  # os.path.join(root, name) == prefix + name
+        found.extend(
+            [prefix + name for name in sorted(filenames) if name.lower().endswith(IMAGE_EXTENSIONS)]
+        )
+    return found
 
 
 def epoch_order(size: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:

@@ -382,39 +382,4 @@ def test_keras_fit_with_training_and_validation_sets(mixed: Path) -> None:
     assert train.loader.stats().images == 2 * len(train.file_paths)
 
 
-# ---- argument errors -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [
-        ({"labels": "folders"}, "labels"),
-        ({"labels": [0, 1], "class_names": ["a"]}, "class_names"),
-        ({"label_mode": "sparse"}, "label_mode"),
-        ({"color_mode": "cmyk"}, "color_mode"),
-        ({"image_size": (1, 2, 3)}, "image_size"),
-        ({"interpolation": "cubic"}, "interpolation"),
-        ({"format": "numpy"}, "format"),
-        ({"validation_split": 1.5, "subset": "training", "seed": 1}, "validation_split"),
-        ({"validation_split": 0.2}, "subset"),
-        ({"validation_split": 0.2, "subset": "test", "seed": 1}, "subset"),
-        ({"validation_split": 0.2, "subset": "training"}, "seed"),
-        ({"class_names": ["circle", "hexagon"]}, "class_names"),
-        ({"labels": [0, 1, 0]}, "labels"),
-        ({"label_mode": "binary"}, "binary"),
-        ({"crop_to_aspect_ratio": True, "pad_to_aspect_ratio": True}, "pad_to_aspect_ratio"),
-        ({"labels": None, "class_names": ["circle"]}, "class_names"),
-    ],
-    ids=lambda value: value if isinstance(value, str) else None,
-)
-def test_bad_arguments_are_refused_where_keras_refuses_them(
-    mixed: Path, options: dict[str, Any], named: str
-) -> None:
-    with pytest.raises(ValueError):
-        keras.utils.image_dataset_from_directory(
-            mixed, verbose=False, **({"image_size": (8, 8)} | options)
-        )
-    with pytest.raises(ValueError, match=named):
-        prefetch.tf.image_dataset_from_directory(
-            mixed, verbose=False, **({"image_size": (8, 8)} | options)
-        )
+# Argument errors (Keras's types and messages) are in tests/test_keras_errors.py.

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch.sources import IMAGE_EXTENSIONS, epoch_order
+from prefetch.sources import IMAGE_EXTENSIONS, PathArray, epoch_order
 from prefetch.testing import write_image_folder
 
 # A bound for every test here; only the Keras parity test comes near it (TensorFlow's import).
@@ -254,12 +254,13 @@ def test_the_allowed_extensions_are_those_of_keras() -> None:
 # Arrays, not lists ----------------------------------------------------------------------------
 
 
-def test_paths_and_labels_are_numpy_arrays_with_int32_labels(tmp_path: Path) -> None:
+def test_paths_are_a_path_array_and_labels_an_int32_array(tmp_path: Path) -> None:
     root = write_image_folder(tmp_path, class_names=("a", "b", "c"), per_class=4)
 
     folder = prefetch.ImageFolder(root)
 
-    assert isinstance(folder.paths, np.ndarray)
+    assert isinstance(folder.paths, PathArray)
+    assert all(isinstance(part, np.ndarray) for part in (folder.paths._data, folder.paths._starts))
     assert isinstance(folder.labels, np.ndarray)
     assert folder.labels.dtype == np.int32
     assert len(folder) == len(folder.paths) == len(folder.labels) == 12
@@ -313,7 +314,7 @@ def test_a_file_list_keeps_paths_and_labels_as_arrays(tmp_path: Path) -> None:
 
     files = prefetch.FileList(paths, [1, 0, 1])
 
-    assert isinstance(files.paths, np.ndarray)
+    assert isinstance(files.paths, PathArray)
     assert files.paths.tolist() == [str(path) for path in paths]
     assert isinstance(files.labels, np.ndarray)
     assert files.labels.dtype == np.int32
