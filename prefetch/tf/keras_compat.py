@@ -21,7 +21,6 @@ re-raises a worker error that TensorFlow wrapped as the original.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -44,6 +43,8 @@ log = logging.getLogger(__name__)
 # Keras's interpolation names (all of tf.image.resize's methods, reproduced by prefetch.resize),
 # in Keras's order, as its error message prints them.
 INTERPOLATIONS = METHODS
+# The two datasets of subset="both", in Keras's order.
+SUBSETS = ("training", "validation")
 # With batch_size=None the loader still decodes in batches of this many; the dataset unbatches.
 UNBATCHED_LOADER_BATCH = 32
 # Keras's text for labels that are neither "inferred", None nor a list/tuple.
@@ -98,15 +99,17 @@ def image_dataset_from_directory(
         )
     if labels is None or label_mode is None:
         labels = label_mode = None
-    channels = _channels(color_mode)
+    if color_mode not in ("grayscale", "rgb", "rgba"):
+        raise ValueError(
+            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
+            f"Received: color_mode={color_mode}. Use one of those three"
+        )
     image_size = _image_size(image_size)
     interpolation = _interpolation(interpolation)
     _check_format(format)
     _check_validation_split(validation_split, subset, shuffle, seed)
-    if seed is None:
-        seed = int(
-            np.random.randint(1_000_000)
-        )  # randint(1e6) as Keras does, from numpy's global generator
+    if seed is None:  # randint(1e6) from numpy's global generator, as Keras draws it
+        seed = int(np.random.randint(1_000_000))
     paths, label_array, class_names = _index(
         directory, labels, class_names, follow_links, verbose, shuffle, seed
     )
@@ -118,54 +121,41 @@ def image_dataset_from_directory(
         )
     data_format = _data_format(data_format)
     buffer_size = batch_size * 8 if batch_size is not None else 1024  # Keras's shuffle buffer
-    check_dataset_arguments = functools.partial(
-        _check_dataset_arguments,
-        batch_size,
-        buffer_size,
-        shuffle,
-        seed,
-        crop_to_aspect_ratio,
-        pad_to_aspect_ratio,
-    )
-    make_dataset = functools.partial(
-        _make_dataset,
-        class_names=class_names,
-        label_mode=label_mode,
-        channels=channels,
-        batch_size=batch_size,
-        image_size=image_size,
-        seed=seed,
-        interpolation=interpolation,
-        crop_to_aspect_ratio=bool(crop_to_aspect_ratio),
-        pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
-        data_format=data_format,
-        workers=workers,
-        backend=backend,
-    )
     if subset == "both":
-        train_paths, train_labels = _split(paths, label_array, validation_split, "training")
-        val_paths, val_labels = _split(paths, label_array, validation_split, "validation")
-        for name, part in (("training", train_paths), ("validation", val_paths)):
-            if not len(part):
-                raise ValueError(
-                    f"No {name} images found in directory {directory}. Allowed formats: "
-                    f"{IMAGE_EXTENSIONS}. validation_split={validation_split} of {len(paths)} "
-                    f"files leaves none for {name}: add images or change validation_split"
-                )
-        check_dataset_arguments()
-        return [
-            make_dataset(train_paths, train_labels, shuffle=shuffle),
-            make_dataset(val_paths, val_labels, shuffle=False),
-        ]
-    paths, label_array = _split(paths, label_array, validation_split, subset)
-    if not len(paths):
-        raise ValueError(
-            f"No images found in directory {directory}. Allowed formats: {IMAGE_EXTENSIONS}. "
-            "Put the images of each class in a subfolder of it (or, with validation_split, "
-            "leave some for this subset)"
+        parts = [_split(paths, label_array, validation_split, name) for name in SUBSETS]
+    else:
+        parts = [_split(paths, label_array, validation_split, subset)]
+    for name, (part, _) in zip(SUBSETS if subset == "both" else [""], parts, strict=True):
+        if not len(part):
+            raise ValueError(
+                f"No {name + ' ' if name else ''}images found in directory {directory}. "
+                f"Allowed formats: {IMAGE_EXTENSIONS}. Put the images of each class in a "
+                "subfolder of it (with validation_split, enough for both subsets)"
+            )
+    _check_dataset_arguments(
+        batch_size, buffer_size, shuffle, seed, crop_to_aspect_ratio, pad_to_aspect_ratio
+    )
+    datasets = [
+        _make_dataset(
+            part_paths,
+            part_labels,
+            class_names=class_names,
+            label_mode=label_mode,
+            color_mode=color_mode,
+            batch_size=batch_size,
+            image_size=image_size,
+            shuffle=shuffle and number == 0,  # Keras does not shuffle the validation set
+            seed=seed,
+            interpolation=interpolation,
+            crop_to_aspect_ratio=bool(crop_to_aspect_ratio),
+            pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
+            data_format=data_format,
+            workers=workers,
+            backend=backend,
         )
-    check_dataset_arguments()
-    return make_dataset(paths, label_array, shuffle=shuffle)
+        for number, (part_paths, part_labels) in enumerate(parts)
+    ]
+    return datasets if subset == "both" else datasets[0]
 
 
 def _check_labels(labels: Any, class_names: Any) -> None:
@@ -189,20 +179,6 @@ def _check_labels(labels: Any, class_names: Any) -> None:
                 f"labels={labels}, and class_names={class_names}. With a list of labels the "
                 "class names are the sorted labels: remove class_names"
             )
-
-
-def _channels(color_mode: str) -> int:
-    channels = (
-        {"grayscale": 1, "rgb": 3, "rgba": 4}.get(color_mode)
-        if isinstance(color_mode, str)
-        else None
-    )
-    if channels is None:
-        raise ValueError(
-            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
-            f"Received: color_mode={color_mode}. Use one of those three"
-        )
-    return channels
 
 
 def _image_size(image_size: Any) -> tuple[int, int]:
@@ -407,7 +383,7 @@ def _make_dataset(
     *,
     class_names: Sequence[str] | None,
     label_mode: str | None,
-    channels: int,
+    color_mode: str,
     batch_size: int | None,
     image_size: tuple[int, int],
     shuffle: bool,
@@ -428,7 +404,7 @@ def _make_dataset(
         shuffle=shuffle,
         seed=seed,
         label_mode=label_mode,
-        color_mode={1: "grayscale", 3: "rgb", 4: "rgba"}[channels],
+        color_mode=color_mode,
         interpolation=interpolation,
         crop_to_aspect_ratio=crop_to_aspect_ratio,
         pad_to_aspect_ratio=pad_to_aspect_ratio,
