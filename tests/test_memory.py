@@ -23,6 +23,7 @@ import pytest
 import prefetch
 from prefetch import FileList, ImageFolder, Loader
 from prefetch.shm import PREFIX, SHM_DIR
+from prefetch.sources import PathArray
 from prefetch.testing import worker_processes, write_image_folder
 
 pytestmark = [
@@ -93,14 +94,16 @@ def ring_bytes(loader: Loader) -> int:
     return (loader.depth + 2) * batch_bytes
 
 
-def test_file_lists_keep_paths_and_labels_in_numpy_arrays(folder: Path) -> None:
+def test_file_lists_keep_paths_and_labels_in_compact_numpy_buffers(folder: Path) -> None:
     for source in (
         ImageFolder(folder),
         FileList([str(p) for p in sorted(folder.rglob("*.jpg"))], [0] * 64),
         FileList(sorted(folder.rglob("*.jpg"))),
         ImageFolder(folder).subset([3, 1, 2]),
     ):
-        assert isinstance(source.paths, np.ndarray) and source.paths.dtype.kind == "U"
+        # One UTF-8 buffer and one offsets array: no Python object per path to copy on read.
+        assert isinstance(source.paths, PathArray)
+        assert source.paths.nbytes <= sum(len(str(p)) + 9 for p in source.paths)
         assert isinstance(source.labels, np.ndarray) and source.labels.dtype == np.int32
         assert len(source.paths) == len(source.labels) == len(source)
 
