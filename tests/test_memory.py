@@ -103,7 +103,7 @@ def test_file_lists_keep_paths_and_labels_in_compact_numpy_buffers(folder: Path)
     ):
         # One UTF-8 buffer and one offsets array: no Python object per path to copy on read.
         assert isinstance(source.paths, PathArray)
-        assert source.paths.nbytes <= sum(len(str(p)) + 9 for p in source.paths)
+        assert source.paths.nbytes <= 8 + sum(len(str(p).encode()) + 8 for p in source.paths)
         assert isinstance(source.labels, np.ndarray) and source.labels.dtype == np.int32
         assert len(source.paths) == len(source.labels) == len(source)
 
