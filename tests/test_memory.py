@@ -101,9 +101,9 @@ def test_file_lists_keep_paths_and_labels_in_compact_numpy_buffers(folder: Path)
         FileList(sorted(folder.rglob("*.jpg"))),
         ImageFolder(folder).subset([3, 1, 2]),
     ):
-        # One UTF-8 buffer and one offsets array: no Python object per path to copy on read.
+        # UTF-8 bytes, a separator and an offset per path: no Python object per path to copy.
         assert isinstance(source.paths, PathArray)
-        assert source.paths.nbytes <= 8 + sum(len(str(p).encode()) + 8 for p in source.paths)
+        assert source.paths.nbytes <= 8 + sum(len(str(p).encode()) + 9 for p in source.paths)
         assert isinstance(source.labels, np.ndarray) and source.labels.dtype == np.int32
         assert len(source.paths) == len(source.labels) == len(source)
 
