@@ -6,7 +6,8 @@ Each run is a fresh interpreter: `model.fit` over a folder with one truncated JP
 when, and ends; it must exit within EXIT_S of the error and leave no process and no /dev/shm
 segment behind.
 
-Why it hung: after TensorFlow's prefetch thread delivers the generator's error it calls the
+Why it hung (prefetch/tf/dataset.py now ends tf.data's runs at exit): after TensorFlow's
+prefetch thread delivers the generator's error it calls the
 generator twice more (the next element, then the finalizer), each a py_func that takes the GIL.
 When that call is late, the interpreter has begun to finalize; CPython then ends the thread that
 asks for the GIL, the py_func never returns, and the iterator's destructor (run by the last
@@ -176,12 +177,6 @@ def _run(script: Path, root: Path, case: str, seed: int, late_s: float, log: Pat
     return ""
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 10 point 12: TensorFlow's prefetch thread still calls the generator after the "
-    "error it delivered; when that call meets interpreter finalization the thread is ended and "
-    "the iterator's destructor waits for it forever (fix: drain the tf.data runs at exit)",
-)
 @pytest.mark.timeout(420)
 def test_fit_that_meets_a_bad_file_exits_promptly(tmp_path: Path) -> None:
     root = write_image_folder(

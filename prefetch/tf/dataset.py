@@ -10,15 +10,28 @@ re-sharded so that each input pipeline reads its own disjoint part of every epoc
 TensorFlow wraps Python errors raised in a generator in its own error types; the original is
 recorded on the loader and re-raised when `with loader:` exits (or by `loader.close()`).
 The dataset does not own the loader.
+
+TensorFlow calls the generator from its own threads (a py_func, in the `prefetch(1)` thread here
+or in any asynchronous stage added after it), and after delivering an error it still calls it
+twice (the next element, then the finalizer). Once the interpreter starts to finalize, CPython
+ends any thread that waits for the GIL: a py_func caught there never returns, and the iterator's
+destructor, run by the interpreter's last garbage collection, waits for it forever. So an
+`atexit` hook, which runs while other threads may still take the GIL, ends every epoch tf.data
+runs and waits (within one deadline) until no TensorFlow thread is inside one or still owes one
+a call.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import logging
 import platform
-from collections.abc import Iterator
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -34,6 +47,90 @@ MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+# At interpreter exit, how long to wait for TensorFlow's threads to finish with the loaders.
+EXIT_QUIESCE_S = 5.0
+_EXIT_POLL_S = 0.005
+
+
+class _EpochRun:
+    """One tf.data iterator's pass over a loader epoch, called from TensorFlow's threads.
+
+    `busy` while a TensorFlow thread is inside `__next__`; `ended` once it raised (an error, or
+    StopIteration), after which TensorFlow still makes its closing calls.
+    """
+
+    def __init__(self, epoch: Generator[Any, None, None], loader: Loader) -> None:
+        self._epoch = epoch
+        self._loader = loader
+        self._lock = threading.Lock()
+        self.ended = False
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def __iter__(self) -> _EpochRun:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if _EXITING.is_set():
+                self._epoch.close()
+                self.ended = True
+                raise StopIteration
+            try:
+                return next(self._epoch)
+            except BaseException:
+                self.ended = True
+                raise
+
+    def end_at_exit(self) -> None:
+        """End the loader epoch while its workers still run; wake a TensorFlow thread inside."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._epoch.close()
+            finally:
+                self._lock.release()
+        else:
+            self._loader.coordinator.request_stop()
+
+
+def _handed_to_tensorflow(run: _EpochRun) -> Iterator[Any]:
+    """What TensorFlow holds for one iterator and drops when it has finalized it.
+
+    A generator, so that it is freed then even while a kept error's traceback holds `run`.
+    """
+    yield from run
+
+
+# The runs TensorFlow has not finalized yet, keyed by what it holds.
+_RUNS: weakref.WeakKeyDictionary[Iterator[Any], _EpochRun] = weakref.WeakKeyDictionary()
+_EXITING = threading.Event()
+
+
+def _start_run(epoch: Generator[Any, None, None], loader: Loader) -> Iterator[Any]:
+    run = _EpochRun(epoch, loader)
+    handed = _handed_to_tensorflow(run)
+    _RUNS[handed] = run
+    return handed
+
+
+def _quiesce_at_exit() -> None:
+    """End the epochs tf.data runs; wait until no TensorFlow thread is in or owes one a call."""
+    _EXITING.set()
+    for run in list(_RUNS.values()):
+        run.end_at_exit()
+    deadline = time.monotonic() + EXIT_QUIESCE_S
+    while True:
+        time.sleep(_EXIT_POLL_S)  # lets a TensorFlow thread that waits for the GIL take it
+        owing = [run for run in list(_RUNS.values()) if run.busy or run.ended]
+        if not owing or time.monotonic() > deadline:
+            break
+    if owing:
+        log.warning("prefetch: %d tf.data iterators still owed calls at exit", len(owing))
+
+
+atexit.register(_quiesce_at_exit)
 
 
 def restore_malloc_thresholds() -> bool:
@@ -104,7 +201,7 @@ def dataset(
         _apply_input_context(loader, input_context)
     shard = (loader.num_shards, loader.shard_index)
 
-    def batches() -> Iterator[Any]:
+    def batches() -> Generator[Any, None, None]:
         try:
             if (loader.num_shards, loader.shard_index) != shard:
                 raise RuntimeError(
@@ -120,7 +217,9 @@ def dataset(
             loader.record_undelivered_error(error)
             raise
 
-    ds = tf.data.Dataset.from_generator(batches, output_signature=output_signature(loader))
+    ds = tf.data.Dataset.from_generator(
+        lambda: _start_run(batches(), loader), output_signature=output_signature(loader)
+    )
     # Every epoch has len(loader) batches, except one resumed mid-way (load_state_dict).
     if loader.on_error == "raise" and loader.state_dict()["position"] == 0:
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(loader)))
