@@ -6,10 +6,10 @@ from many threads. `get_decoder(name_or_callable)` turns the names a Loader acce
 "pillow", "turbo") into decoders: "auto", the default, is the `fast` extra's libjpeg-turbo
 decoder when it is installed (faster on every option, docs/decoders.md), else `decode_image`.
 
-`decode_image` uses Pillow and decodes JPEGs at a reduced scale (DCT scaling, Pillow's `draft`)
-when the file is much larger than the target, before resizing.
+`decode_image` uses Pillow; with `antialias=True` it decodes JPEGs at a reduced scale (DCT
+scaling, Pillow's `draft`) when the file is much larger than the target, before resizing.
 
-`DecodeOptions(antialias=False)` selects the Keras-parity path instead: full-size decode (no
+`DecodeOptions(antialias=False)`, the default, is the Keras-parity path: full-size decode (no
 draft) and `prefetch.resize`, which reproduces `tf.image.resize` (no antialiasing, half-pixel
 centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
 `keras.utils.image_dataset_from_directory` produces up to rounding and decoder differences.
@@ -56,9 +56,10 @@ class DecodeOptions:
     `crop_to_aspect_ratio` crops the largest centred region with the target's aspect ratio
     before resizing; `pad_to_aspect_ratio` instead resizes the whole image to fit and pads it
     with zeros (Keras's `tf.image.resize_with_pad` layout). At most one of them may be set.
-    `antialias=True` (the default) resizes with Pillow's filters, which widen when shrinking,
-    after JPEG DCT scaling; `antialias=False` decodes at full size and resizes like
-    `tf.image.resize` (Keras parity; `interpolation` may then be any of `prefetch.resize.METHODS`).
+    `antialias=False` (the default, as in Keras and tf.data) decodes at full size and resizes
+    like `tf.image.resize` (Keras parity; `interpolation` may then be any of
+    `prefetch.resize.METHODS`); `antialias=True` resizes with filters that widen when
+    shrinking, after JPEG DCT scaling (docs/decoders.md, "Choosing antialias").
     """
 
     image_size: tuple[int, int]
@@ -66,7 +67,7 @@ class DecodeOptions:
     interpolation: str = "bilinear"
     crop_to_aspect_ratio: bool = False
     pad_to_aspect_ratio: bool = False
-    antialias: bool = True
+    antialias: bool = False
 
     def __post_init__(self) -> None:
         height, width = self.image_size

@@ -163,7 +163,7 @@ class Loader:
         interpolation: str = "bilinear",
         crop_to_aspect_ratio: bool = False,
         pad_to_aspect_ratio: bool = False,
-        antialias: bool = True,
+        antialias: bool = False,
         on_error: str = "raise",
         max_skipped: int | None = None,
         transform: Transform | None = None,

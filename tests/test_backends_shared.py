@@ -22,6 +22,7 @@ import pytest
 
 import prefetch
 from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
+from prefetch.decode import get_decoder
 from prefetch.shm import PREFIX
 from prefetch.testing import (
     FailingDecoder,
@@ -120,7 +121,7 @@ def test_batches_follow_the_epoch_order_and_hold_each_file_once(
         for batch in batches:
             for image, label in zip(batch.images, batch.labels, strict=True):
                 np.testing.assert_array_equal(
-                    image, prefetch.decode_image(str(paths[label]), options)
+                    image, get_decoder("auto")(str(paths[label]), options)
                 )
     labels = [np.concatenate([b.labels for b in batches]).tolist() for batches in epochs]
     assert sorted(labels[0]) == sorted(labels[1]) == list(range(len(paths)))
@@ -331,7 +332,7 @@ def test_an_epoch_broken_off_inside_with_leaves_the_next_epoch_intact(
         backend=backend,
     )
     options = DecodeOptions(SMALL)
-    expected = [prefetch.decode_image(str(path), options) for path in files]
+    expected = [get_decoder("auto")(str(path), options) for path in files]
     with loader:
         for _batch in loader:
             break

@@ -29,6 +29,7 @@ from PIL import Image, UnidentifiedImageError
 
 import prefetch
 from prefetch import DecodeOptions, FileList, Loader
+from prefetch.decode import get_decoder
 from prefetch.testing import OddImage, write_bad_files, write_image_folder, write_odd_images
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,7 +79,7 @@ def expected_image(path: Path, files: Files, channels: int = 3) -> tuple[np.ndar
         if odd.path == path:
             rgba = odd.rgba
             return (rgba[..., :3] if channels == 3 else rgba), odd.tolerance
-    return prefetch.decode_image(str(path), DecodeOptions(SIZE, channels)), 0
+    return get_decoder("auto")(str(path), DecodeOptions(SIZE, channels)), 0  # the Loader's
 
 
 def assert_image_of(image: np.ndarray, path: Path, files: Files) -> None:

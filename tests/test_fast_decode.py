@@ -105,37 +105,47 @@ def test_the_dct_scale_keeps_the_region_to_resize_at_least_the_target() -> None:
     assert fast_decode._dct_factor(768, 1024, nearest) == 1
 
 
+# docs/decoders.md: the antialiased bilinear path (a Gaussian as wide as Pillow's triangle
+# filter, then cv2's bilinear) against decode_image, on textured photos (the worst case).
+# With crop_to_aspect_ratio the box is Keras's, in whole pixels, where Pillow's is fractional
+# (here half a pixel apart), hence the wider bound.
+ANTIALIASED_TOLERANCE = {"stretch": (1.0, 4), "crop": (3.0, 12), "pad": (1.0, 4)}
+
+
+@pytest.mark.parametrize("size", ["imagenet", "large"])
+@pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_imagenet_sized_photos_decode_to_exactly_decode_images_pixels_with_antialias(
-    turbo: fast_decode.TurboDecoder, photos: dict[str, list[str]], layout: str
+def test_antialiased_bilinear_stays_within_the_stated_tolerance_of_decode_image(
+    turbo: fast_decode.TurboDecoder,
+    photos: dict[str, list[str]],
+    size: str,
+    channels: int,
+    layout: str,
 ) -> None:
-    # At 500x375 -> 224x224 neither decoder uses a DCT scale (pad excepted: its image is
-    # 224x168, so turbo decodes at 1/2), and both resize with Pillow's filter.
-    for path in photos["imagenet"]:
-        options = DecodeOptions(PHOTO_TARGET, **LAYOUTS[layout])
-        got, want = turbo(path, options), decode_image(path, options)
-        if layout == "pad":
-            assert differences(got, want).mean() <= 2.5
-        else:
-            np.testing.assert_array_equal(got, want)
+    options = DecodeOptions(PHOTO_TARGET, channels, antialias=True, **LAYOUTS[layout])
+    mean, p99 = ANTIALIASED_TOLERANCE[layout]
+    for path in photos[size]:
+        difference = differences(turbo(path, options), decode_image(path, options))
+        assert difference.mean() <= mean
+        assert np.percentile(difference, 99) <= p99
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_nearest_picks_the_same_pixels_as_decode_image(
     turbo: fast_decode.TurboDecoder, photos: dict[str, list[str]], layout: str
 ) -> None:
-    options = DecodeOptions((100, 60), interpolation="nearest", **LAYOUTS[layout])
+    options = DecodeOptions((100, 60), interpolation="nearest", antialias=True, **LAYOUTS[layout])
     for path in photos["imagenet"] + photos["large"]:
         np.testing.assert_array_equal(turbo(path, options), decode_image(path, options))
 
 
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_large_photos_stay_within_the_stated_tolerance_of_decode_image(
+def test_pillows_other_filters_stay_within_the_stated_tolerance_of_decode_image(
     turbo: fast_decode.TurboDecoder, photos: dict[str, list[str]], channels: int, layout: str
 ) -> None:
     # docs/decoders.md: a DCT scale of 1/2 where Pillow keeps full size; mean <= 2.5.
-    options = DecodeOptions(PHOTO_TARGET, channels, **LAYOUTS[layout])
+    options = DecodeOptions(PHOTO_TARGET, channels, "bicubic", antialias=True, **LAYOUTS[layout])
     for path in photos["large"]:
         difference = differences(turbo(path, options), decode_image(path, options))
         assert difference.mean() <= 2.5
