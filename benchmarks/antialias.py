@@ -44,7 +44,6 @@ import itertools
 import math
 import os
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from decoders import calls_with_other_thread_running  # benchmarks/decoders.py, beside this
 from PIL import Image
 
 from prefetch.decode import DecodeOptions, decode_image
@@ -68,10 +68,8 @@ Size = tuple[int, int]  # (height, width)
 Candidate = Callable[[str, Size], np.ndarray]
 
 BILINEAR = Image.Resampling.BILINEAR
-# How long the GIL counter check runs per candidate, and the interpreter's switch interval then
-# (long, so that forced switches between calls are rare: its default is 5 ms).
+# How long the GIL counter check (benchmarks/decoders.py's) runs per candidate.
 GIL_CHECK_S = 0.3
-SWITCH_INTERVAL_S = 0.05
 # The 2-thread control: this row's candidate run under a lock (what a GIL-holding decoder does).
 BASELINE = "decode_image (PIL draft>=2x + BILINEAR)"
 SERIALISED = "decode_image under a lock (serialised)"
@@ -570,35 +568,6 @@ def thread_speedups(
     }
 
 
-def gil_free_share(work: Callable[[], object], seconds: float) -> float:
-    """Share of calls of `work` during which a pure-Python counter thread made progress (it
-    can only run while this thread does not hold the GIL)."""
-    stop = threading.Event()
-    count = [0]
-
-    def spin() -> None:
-        while not stop.is_set():
-            count[0] += 1
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    spinner = threading.Thread(target=spin, name="gil-check-counter")
-    spinner.start()
-    calls = progressed = 0
-    try:
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            before = count[0]
-            work()
-            progressed += count[0] != before
-            calls += 1
-    finally:
-        stop.set()
-        spinner.join()
-        sys.setswitchinterval(interval)
-    return progressed / calls
-
-
 # ---------------------------------------------------------------------------------------------
 
 
@@ -665,15 +634,15 @@ def main() -> None:
         # On the largest photo: a long call gives the counter thread time to be scheduled
         # even on a busy machine.
         shares = {
-            name: gil_free_share(lambda c=c: c(largest, size), GIL_CHECK_S)
+            name: calls_with_other_thread_running(lambda c=c: c(largest, size), GIL_CHECK_S)
             for name, c in table.items()
         }
         big = np.random.default_rng(0).integers(0, 1 << 30, 50_000).tolist()
         controls = {
-            "time.sleep(1 ms) (releases the GIL)": gil_free_share(
+            "time.sleep(1 ms) (releases the GIL)": calls_with_other_thread_running(
                 lambda: time.sleep(0.001), GIL_CHECK_S
             ),
-            "sorted() of 50k ints (holds the GIL)": gil_free_share(
+            "sorted() of 50k ints (holds the GIL)": calls_with_other_thread_running(
                 lambda: sorted(big), GIL_CHECK_S
             ),
         }
