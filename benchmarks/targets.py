@@ -30,8 +30,8 @@ import numpy as np
 import psutil
 
 import prefetch
-from prefetch.bench import write_sample_folder
 from prefetch.testing import GilHoldingTransform
+from prefetch.tools.bench import write_sample_folder
 
 IMAGE_SIZE = (224, 224)
 BATCH = 64

@@ -8,7 +8,7 @@ previous one; a bounded window gives order and backpressure; a Coordinator stops
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
@@ -18,7 +18,9 @@ from prefetch.loader import Batch, Loader
 from prefetch.processes import WorkerCrashedError
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
-from prefetch.tuning import tune
+
+if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools stay out
+    from prefetch.tools.tune import tune
 
 __version__ = "0.1.0"
 
@@ -42,7 +44,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import `prefetch.tf` (and so TensorFlow) only when it is first used."""
+    """Import `prefetch.tf` (and so TensorFlow) and `tune` (`prefetch.tools`) on first use."""
     if name == "tf":
         return importlib.import_module("prefetch.tf")
+    if name == "tune":
+        tune = importlib.import_module("prefetch.tools.tune").tune
+        globals()["tune"] = tune  # later lookups find it without this function
+        return tune
     raise AttributeError(f"module 'prefetch' has no attribute {name!r}")

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
-from prefetch import bench, tuning
-from prefetch.timeline import MATPLOTLIB_HINT
+from prefetch.tools import bench, tune
+from prefetch.tools.timeline import MATPLOTLIB_HINT
 
 # Width of the progress bar, in characters.
 BAR_WIDTH = 30
@@ -257,9 +257,9 @@ def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     parser.add_argument(
         "--max-workers", type=positive_int, help="most workers tried (default 2 x cores)"
     )
-    parser.add_argument("--trial-batches", type=positive_int, default=tuning.TRIAL_BATCHES)
+    parser.add_argument("--trial-batches", type=positive_int, default=tune.TRIAL_BATCHES)
     parser.add_argument(
-        "--tolerance", type=float, default=tuning.TOLERANCE, help="share of the best (0.05)"
+        "--tolerance", type=float, default=tune.TOLERANCE, help="share of the best (0.05)"
     )
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="draw images/s against workers")
@@ -283,7 +283,7 @@ def run_tune(args: argparse.Namespace) -> int:
         parser.error(f"--depths: give ints >= 1 like 1,2,4; got {args.depths!r}")
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
     try:
-        report = tuning.tune(
+        report = tune.tune(
             args.root,
             step_ms=args.step_ms,
             batch_size=args.batch_size,

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import bench
 from prefetch.cli import ProgressBar, main
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import fast_available
 from prefetch.testing import SlowDecoder
-from prefetch.timeline import Timeline
+from prefetch.tools import bench
+from prefetch.tools.timeline import Timeline
 
 pytestmark = pytest.mark.timeout(60)
 

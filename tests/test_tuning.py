@@ -11,7 +11,7 @@ import pytest
 
 import prefetch
 from prefetch.testing import write_image_folder
-from prefetch.tuning import Trial, TuneReport
+from prefetch.tools.tune import Trial, TuneReport
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,0 +1,405 @@
+"""prefetch.tools.bench: measure loaders on one image folder against the machine's decode limit.
+
+`run(root, ...)` measures, in one process and one run, the single-core decode + resize rate of
+every decoder in `available_decoders()` (the decode limit is usable cores x the best rate) and
+the images/s and consumer wait of each loader (`bench_loaders`: a Python loop, a 15-line thread
+pool, `prefetch.Loader` by default, with threads and with processes, and tf.data, Keras and
+torch where installed). It returns a `BenchReport` (`bench_report`: table, JSON, chart) and,
+when the `fast` extra is missing, an estimate of what installing it would gain (`bench_hint`).
+Rounds are interleaved (every loader once per round, medians over rounds) so that a busy machine
+slows all rows alike. This module re-exports the public names of its `bench_*` siblings.
+
+Contract: runs in the calling thread; every loader it opens (threads, processes) is closed
+before `run` returns or raises. TensorFlow, Keras and torch are imported only to measure their
+loaders, matplotlib only to draw. Figures are timings: compare rows of one run, not runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+
+from prefetch.autotune import available_memory_bytes
+from prefetch.decode import DecodeOptions, Decoder, decode_image
+from prefetch.loader import Loader
+from prefetch.sources import ImageFolder
+from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fast_hint
+from prefetch.tools.bench_loaders import (
+    LOADER_NAMES,
+    Setup,
+    batch_sizes,
+    make_contender,
+    missing_requirement,
+    python_loop_batches,
+    thread_pool_batches,
+)
+from prefetch.tools.bench_machine import (
+    DECODER_PROVIDERS,
+    DECODERS,
+    SAMPLE_SIZE,
+    available_decoders,
+    decoder_name,
+    default_decoder,
+    machine_info,
+    write_sample_folder,
+)
+from prefetch.tools.bench_report import (
+    SCHEMA_VERSION,
+    BenchConfig,
+    BenchReport,
+    DecoderRate,
+    LoaderResult,
+)
+from prefetch.tools.timeline import TimedDecoder, Timeline
+from prefetch.workers import usable_cores
+
+__all__ = [
+    "DECODERS",
+    "DECODER_PROVIDERS",
+    "DECODE_SAMPLE",
+    "FAST_INSTALL",
+    "LOADER_NAMES",
+    "SAMPLE_SIZE",
+    "SCHEMA_VERSION",
+    "TURBO_MEASURED",
+    "BenchConfig",
+    "BenchReport",
+    "DecoderRate",
+    "FastHint",
+    "LoaderResult",
+    "Progress",
+    "available_decoders",
+    "decoder_name",
+    "default_decoder",
+    "fast_hint",
+    "machine_info",
+    "missing_requirement",
+    "python_loop_batches",
+    "record_timeline",
+    "run",
+    "thread_pool_batches",
+    "write_sample_folder",
+]
+
+# Images per single-core decode measurement (fewer when the folder is smaller).
+DECODE_SAMPLE = 200
+
+Progress = Callable[[int, int, str], None]
+"""`progress(done, total, label)`: called as work advances (units: batches of images)."""
+
+
+def _measure_epoch(
+    batches: Generator[int, None, None], step_s: float, tick: Callable[[], None]
+) -> tuple[int, float, float]:
+    """(images, seconds, seconds waited) of one epoch, after its first (warm-up) batch.
+
+    The consumer takes a batch, then works on it for `step_s` (a sleep, like a device step).
+    """
+    with contextlib.closing(batches):
+        next(batches)  # the warm-up batch: start-up, tracing and filling the window
+        _step(step_s)
+        tick()
+        images, waited = 0, 0.0
+        began = time.perf_counter()
+        while True:
+            asked = time.perf_counter()
+            count = next(batches, None)
+            if count is None:
+                break
+            waited += time.perf_counter() - asked
+            images += count
+            _step(step_s)
+            tick()
+        return images, time.perf_counter() - began, waited
+
+
+def _step(step_s: float) -> None:
+    if step_s > 0:
+        time.sleep(step_s)
+
+
+def _decode_rate(
+    decoder: Decoder,
+    paths: Sequence[str],
+    options: DecodeOptions,
+    tick: Callable[[], None] = lambda: None,
+    every: int = 1,
+) -> float:
+    """Images/s of `decoder` on `paths`, one after another in this thread; `tick` every `every`."""
+    began = time.perf_counter()
+    for done, path in enumerate(paths, 1):
+        decoder(path, options)
+        if done % every == 0:
+            tick()
+    return len(paths) / (time.perf_counter() - began)
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def run(
+    root: str | os.PathLike[str],
+    *,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int | None = None,
+    depth: int = 2,
+    step_ms: float = 0.0,
+    repeats: int = 3,
+    loaders: Sequence[str] | None = None,
+    decoders: Mapping[str, Decoder] | None = None,
+    decoder: Decoder | None = None,
+    decode_sample: int = DECODE_SAMPLE,
+    seed: int = 0,
+    timeline_batches: int = 0,
+    timeline_backend: str = "thread",
+    progress: Progress | None = None,
+    antialias: bool | None = None,
+) -> BenchReport:
+    """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
+
+    - `loaders`: keys of `LOADER_NAMES` ("loop", "pool", "default", "threads", "processes",
+      "tf.data", "keras", "torch"); None means all. A loader whose package is missing is
+      skipped (see `BenchReport.skipped`), and so is "pool" when a step is simulated and the
+      folder's decoded images would not fit in half the available memory; an unknown key
+      raises ValueError.
+    - `decoders`: name -> decoder whose single-core rate is measured (default
+      `available_decoders()`); the decode limit uses the best. `decoder` is what the loop,
+      pool, prefetch threads and processes and torch loaders decode with; None means the
+      Loader's default (`default_decoder()`; `report.config.loader_decoder` names the one
+      used). The "default" row is `Loader(root, batch_size=, image_size=, seed=)` with
+      nothing else: its own decoder, backend, workers, depth and antialias.
+    - Each round runs one epoch per loader; the first batch of each epoch is a warm-up and is
+      not timed. After each batch the consumer sleeps `step_ms` (a simulated training step).
+      Medians over `repeats` rounds are reported.
+    - `decode_sample`: images per single-core decode measurement (at most the folder's).
+    - `timeline_batches` > 0: afterwards, record a `Timeline` of the first that many batches of
+      a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
+    - `progress(done, total, label)` is called after every batch.
+    - `antialias=False` resizes like tf.data and Keras (bilinear, no antialiasing, at full
+      decoded size), so every loader does the same work per image; None means the Loader's
+      default.
+    """
+    batch_size = _positive("batch_size", batch_size)
+    repeats = _positive("repeats", repeats)
+    depth = _positive("depth", depth)
+    decode_sample = _positive("decode_sample", decode_sample)
+    workers = _positive("workers", workers if workers is not None else usable_cores())
+    if not step_ms >= 0:
+        raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
+    if timeline_batches < 0:
+        raise ValueError(f"timeline_batches must be >= 0, got {timeline_batches}")
+    if timeline_backend not in ("thread", "process"):
+        raise ValueError(
+            f"timeline_backend must be 'thread' or 'process', got {timeline_backend!r}"
+        )
+    keys = list(LOADER_NAMES) if loaders is None else list(dict.fromkeys(loaders))
+    unknown = [key for key in keys if key not in LOADER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown loaders {unknown}; choose from {list(LOADER_NAMES)}")
+    folder = ImageFolder(root)
+    if len(folder) < 2 * batch_size:
+        raise ValueError(
+            f"{str(folder.root)!r} has {len(folder)} images, fewer than 2 batches of {batch_size}: "
+            "every epoch needs a warm-up batch and a measured one; lower batch_size or add images"
+        )
+    decoders = dict(decoders) if decoders is not None else available_decoders()
+    if not decoders:
+        raise ValueError("decoders is empty: give at least one name -> decoder")
+    if antialias is None:
+        antialias = bool(inspect.signature(Loader).parameters["antialias"].default)
+    options = DecodeOptions((int(image_size[0]), int(image_size[1])), antialias=antialias)
+    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
+    decoder = decoder if decoder is not None else default_decoder()
+    for path in sample:  # warm the page cache and every decoder before any timing
+        for candidate in {*decoders.values(), decoder}:
+            candidate(path, options)
+    rows_decoder = decoder_name(decoder, decoders)
+    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, rows_decoder)
+    skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
+    if "pool" in keys and step_ms > 0:
+        decoded, memory = len(folder) * math.prod(options.shape), available_memory_bytes()
+        if decoded > memory // 2:
+            skipped["pool"] = (
+                f"its map decodes ahead without bound: {decoded / 2**30:.1f} GiB of decoded "
+                f"images, over half of the {memory / 2**30:.1f} GiB available"
+            )
+    keys = [key for key in keys if key not in skipped]
+
+    epoch_batches = math.ceil(len(folder) / batch_size)
+    decode_ticks = len(sample) // batch_size
+    total = repeats * (len(decoders) * decode_ticks + len(keys) * epoch_batches)
+    total += min(timeline_batches, epoch_batches)
+    done = 0
+    label = "starting"
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total, label)
+
+    decode_runs: dict[str, list[float]] = {name: [] for name in decoders}
+    load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in keys}
+    contenders = {key: make_contender(key, setup) for key in keys}
+    with contextlib.ExitStack() as stack:
+        for contender in contenders.values():
+            contender.open(stack)
+        for round_index in range(repeats):
+            for name, candidate in decoders.items():
+                label = f"round {round_index + 1}/{repeats}: decode {name}"
+                every = batch_size
+                decode_runs[name].append(_decode_rate(candidate, sample, options, tick, every))
+            for key, contender in contenders.items():
+                label = f"round {round_index + 1}/{repeats}: {LOADER_NAMES[key]}"
+                images, elapsed, waited = _measure_epoch(
+                    contender.epoch(round_index), step_ms / 1000, tick
+                )
+                load_runs[key].append((images / elapsed, waited / elapsed))
+        described = {key: contender.describe() for key, contender in contenders.items()}
+    timeline = None
+    if timeline_batches:
+        label = "timeline"
+        timeline = _record_timeline(setup, timeline_batches, step_ms / 1000, timeline_backend, tick)
+    if progress is not None:
+        progress(total, total, "done")
+
+    rates = [DecoderRate(n, statistics.median(r), tuple(r)) for n, r in decode_runs.items()]
+    best = max(rates, key=lambda rate: rate.images_per_s)
+    limit = best.images_per_s * usable_cores()
+    medians = {
+        key: (statistics.median(r for r, _ in runs), statistics.median(w for _, w in runs))
+        for key, runs in load_runs.items()
+    }
+    tf_rate = medians["tf.data"][0] if "tf.data" in medians else None
+    rows = [
+        LoaderResult(
+            key=key,
+            name=LOADER_NAMES[key],
+            images_per_s=rate,
+            consumer_wait_fraction=wait,
+            ratio_to_limit=rate / limit,
+            ratio_to_tf_data=rate / tf_rate if tf_rate else None,
+            images_per_s_runs=tuple(r for r, _ in load_runs[key]),
+            wait_fraction_runs=tuple(w for _, w in load_runs[key]),
+            **described[key],
+        )
+        for key, (rate, wait) in medians.items()
+    ]
+    config = BenchConfig(
+        root=str(folder.root),
+        images=len(folder),
+        classes=len(folder.class_names),
+        image_size=options.image_size,
+        batch_size=batch_size,
+        workers=workers,
+        depth=depth,
+        step_ms=float(step_ms),
+        repeats=repeats,
+        seed=seed,
+        decode_sample=len(sample),
+        loader_decoder=rows_decoder,
+        timeline_batches=timeline_batches,
+        timeline_backend=timeline_backend,
+        antialias=antialias,
+    )
+    return BenchReport(
+        config,
+        machine_info(),
+        rates,
+        limit,
+        best.name,
+        rows,
+        skipped,
+        timeline,
+        fast_hint(rates, sample, antialias),
+    )
+
+
+# ---- the timeline ------------------------------------------------------------------------
+
+
+def record_timeline(
+    root: str | os.PathLike[str],
+    *,
+    batches: int = 8,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (224, 224),
+    workers: int | None = None,
+    depth: int = 2,
+    step_ms: float = 0.0,
+    backend: str = "thread",
+    decoder: Decoder | None = None,
+    seed: int = 0,
+) -> Timeline:
+    """The first `batches` batches of one epoch of a fresh prefetch `Loader`, as a Timeline.
+
+    Lanes: each worker thread or process ("decode" spans, one per image, recorded by a
+    `TimedDecoder`), "in flight" ("produce" spans: a batch's first decode start to its last
+    decode end; stacked rows show how many batches were in flight at once), and "consumer"
+    ("wait" for each batch, then "step": a sleep of `step_ms`). Other arguments as in `run`.
+    """
+    folder = ImageFolder(root)
+    options = DecodeOptions((int(image_size[0]), int(image_size[1])))
+    workers = _positive("workers", workers if workers is not None else usable_cores())
+    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
+    return _record_timeline(setup, _positive("batches", batches), step_ms / 1000, backend)
+
+
+def _record_timeline(
+    setup: Setup,
+    batches: int,
+    step_s: float,
+    backend: str,
+    tick: Callable[[], None] = lambda: None,
+) -> Timeline:
+    consumer: list[tuple[str, float, float, int]] = []
+    with tempfile.TemporaryDirectory(prefix="prefetch-timeline-") as spool:
+        timed = TimedDecoder(setup.decoder, spool)
+        loader = Loader(
+            setup.folder,
+            batch_size=setup.batch_size,
+            image_size=setup.options.image_size,
+            workers=setup.workers,
+            depth=setup.depth,
+            seed=setup.seed,
+            decoder=timed,
+            backend=backend,
+        )
+        batch_of = {
+            str(setup.folder.paths[index]): number
+            for number, indices in enumerate(loader.batch_indices(0))
+            for index in indices
+        }
+        with loader, contextlib.closing(batch_sizes(loader)) as epoch:
+            for number in range(min(batches, len(loader))):
+                asked = time.perf_counter()
+                next(epoch)
+                got = time.perf_counter()
+                _step(step_s)
+                consumer.append(("wait", asked, got, number))
+                consumer.append(("step", got, time.perf_counter(), number))
+                tick()
+        spans = timed.read_spans()
+    timeline = Timeline()
+    produced: dict[int, list[float]] = {}
+    for span in spans:
+        number = batch_of[span.path]
+        timeline.record("decode", span.start_s, span.end_s, number, lane=span.worker)
+        first_last = produced.setdefault(number, [span.start_s, span.end_s])
+        first_last[0] = min(first_last[0], span.start_s)
+        first_last[1] = max(first_last[1], span.end_s)
+    for number, (first, last) in sorted(produced.items()):
+        timeline.record("produce", first, last, number, lane="in flight")
+    for kind, start, end, number in consumer:
+        timeline.record(kind, start, end, number)
+    return timeline

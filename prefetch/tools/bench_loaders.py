@@ -1,0 +1,292 @@
+"""The loaders `prefetch bench` compares, one class per row, each yielding batch sizes.
+
+A python loop and a thread pool written by hand, `prefetch.Loader` (as a user gets it, and with
+threads and processes), and, where installed, tf.data AUTOTUNE, Keras
+`image_dataset_from_directory` and torch's `DataLoader`. `make_contender(key, setup)` builds
+one; `open(stack)` enters what it owns into the caller's ExitStack, so everything it starts is
+closed with the stack. TensorFlow, Keras and torch are imported only in `open`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from prefetch.decode import DecodeOptions, Decoder
+from prefetch.loader import Loader
+from prefetch.sources import ImageFolder, epoch_order
+
+# Loader keys in the order they run in each round, with their display names.
+LOADER_NAMES: dict[str, str] = {
+    "loop": "python loop (1 core)",
+    "pool": "thread pool (15 lines)",
+    "default": "prefetch default",
+    "threads": "prefetch threads",
+    "processes": "prefetch processes",
+    "tf.data": "tf.data AUTOTUNE",
+    "keras": "keras image_dataset_from_directory",
+    "torch": "torch DataLoader",
+}
+# Modules a loader needs, and how to install them.
+_REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tf.data": (("tensorflow",), "pip install tensorflow"),
+    "keras": (("keras", "tensorflow"), "pip install tensorflow keras"),
+    "torch": (("torch",), "pip install torch"),
+}
+
+
+class Contender(Protocol):
+    """A loader under test: opened once, then one epoch per round, yielding batch sizes;
+    `describe()` gives its row's decoder, backend, backend_reason and antialias (after the
+    rounds: an automatic choice is made when a loader starts)."""
+
+    def open(self, stack: contextlib.ExitStack) -> None: ...
+
+    def epoch(self, number: int) -> Generator[int, None, None]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Setup:
+    folder: ImageFolder
+    options: DecodeOptions
+    batch_size: int
+    workers: int
+    depth: int
+    seed: int
+    decoder: Decoder
+    decoder_name: str = ""
+
+
+def python_loop_batches(
+    paths: Sequence[str], decode: Callable[[str], np.ndarray], batch_size: int
+) -> Generator[np.ndarray, None, None]:
+    """Decode one image after another in the consumer's thread; no overlap at all."""
+    for first in range(0, len(paths), batch_size):
+        yield np.stack([decode(path) for path in paths[first : first + batch_size]])
+
+
+def thread_pool_batches(
+    paths: Sequence[str], decode: Callable[[str], np.ndarray], batch_size: int, workers: int
+) -> Generator[np.ndarray, None, None]:
+    """The loader a user writes in 15 lines: a thread pool maps `decode` over the files, and
+    each `batch_size` results in a row are stacked into one array.
+
+    `Executor.map` submits every file at once, so decoded images pile up in memory when the
+    consumer is slower than the decoding (prefetch's window bounds that).
+    """
+    pool = ThreadPoolExecutor(workers)
+    try:
+        images = pool.map(decode, paths)  # in order, decoded ahead by every worker
+        for first in range(0, len(paths), batch_size):
+            yield np.stack([next(images) for _ in paths[first : first + batch_size]])
+    finally:
+        pool.shutdown(cancel_futures=True)  # a consumer that stops early drops the rest
+
+
+class _ByHand:
+    """A loader written by hand (`python_loop_batches`, `thread_pool_batches`) over the same
+    shuffled files as prefetch's, decoding with the rows' decoder."""
+
+    def __init__(self, setup: Setup, workers: int | None = None) -> None:
+        self.setup = setup
+        self.workers = workers
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        pass
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        s = self.setup
+        order = epoch_order(len(s.folder), shuffle=True, seed=s.seed, epoch=number)
+        paths = [str(s.folder.paths[index]) for index in order]
+
+        def decode(path: str) -> np.ndarray:
+            return s.decoder(path, s.options)
+
+        if self.workers is None:
+            batches = python_loop_batches(paths, decode, s.batch_size)
+        else:
+            batches = thread_pool_batches(paths, decode, s.batch_size, self.workers)
+        with contextlib.closing(batches):
+            for images in batches:
+                yield len(images)
+
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
+
+
+class _PrefetchLoader:
+    """`prefetch.Loader`, owned for all rounds (`with loader:`): with the bench's settings and
+    `backend`, or (`backend=None`) as a user gets it, with no tuning arguments."""
+
+    def __init__(self, setup: Setup, backend: str | None) -> None:
+        s = setup
+        self.setup = setup
+        tuning: dict[str, Any] = {}
+        if backend is not None:
+            tuning = {"workers": s.workers, "depth": s.depth, "decoder": s.decoder}
+            tuning.update(backend=backend, antialias=s.options.antialias)
+        self.loader = Loader(
+            s.folder,
+            batch_size=s.batch_size,
+            image_size=s.options.image_size,
+            seed=s.seed,
+            **tuning,
+        )
+        self.by_default = backend is None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(self.loader)
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        return batch_sizes(self.loader)
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.loader.stats()
+        return {
+            "decoder": stats.decoder if self.by_default else self.setup.decoder_name,
+            "backend": stats.backend,
+            "backend_reason": stats.backend_reason,
+            "antialias": self.loader.options.antialias,
+        }
+
+
+class _TfData:
+    """The tf.data pipeline as TensorFlow's guides write it, AUTOTUNE everywhere.
+
+    Files (the same listing as ImageFolder) -> shuffle -> read -> decode -> resize (bilinear,
+    float32 like Keras) -> batch -> prefetch.
+    """
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.dataset: Any = None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        tf = importlib.import_module("tensorflow")
+        s = self.setup
+        autotune = tf.data.AUTOTUNE
+        channels = s.options.channels
+
+        def load(path: Any, label: Any) -> tuple[Any, Any]:
+            data = tf.io.read_file(path)
+            image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+            return tf.image.resize(image, s.options.image_size), label
+
+        paths = [str(p) for p in s.folder.paths]
+        dataset = tf.data.Dataset.from_tensor_slices((paths, s.folder.labels))
+        dataset = dataset.shuffle(len(paths), seed=s.seed, reshuffle_each_iteration=True)
+        dataset = dataset.map(load, num_parallel_calls=autotune)
+        self.dataset = dataset.batch(s.batch_size).prefetch(autotune)
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        for images, _labels in self.dataset:
+            count = int(images.shape[0])
+            del images, _labels
+            yield count
+
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": None, "antialias": False}  # tf.image.resize's default, and Keras's
+
+
+class _Keras(_TfData):
+    """`keras.utils.image_dataset_from_directory` on the folder, with its own defaults."""
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        keras = importlib.import_module("keras")
+        s = self.setup
+        self.dataset = keras.utils.image_dataset_from_directory(
+            str(s.folder.root),
+            batch_size=s.batch_size,
+            image_size=s.options.image_size,
+            shuffle=True,
+            seed=s.seed,
+            verbose=False,
+        )
+
+
+class _TorchSamples:
+    """A map-style dataset for torch's `DataLoader`: `(decoded image, label)` per index.
+
+    Picklable (spawned DataLoader workers import it from here); no torch needed to build it.
+    """
+
+    def __init__(self, folder: ImageFolder, decoder: Decoder, options: DecodeOptions) -> None:
+        self.paths = folder.paths
+        self.labels = folder.labels
+        self.decoder = decoder
+        self.options = options
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.decoder(str(self.paths[index]), self.options), int(self.labels[index])
+
+
+class _Torch:
+    """torch's `DataLoader` with `workers` spawned worker processes and default prefetching."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.loader: Any = None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        torch = importlib.import_module("torch")
+        data = importlib.import_module("torch.utils.data")
+        s = self.setup
+        self.loader = data.DataLoader(
+            _TorchSamples(s.folder, s.decoder, s.options),
+            batch_size=s.batch_size,
+            shuffle=True,
+            num_workers=s.workers,
+            multiprocessing_context="spawn",  # never fork a process that may hold TensorFlow
+            generator=torch.Generator().manual_seed(s.seed),
+        )
+
+    def epoch(self, number: int) -> Generator[int, None, None]:
+        for images, _labels in self.loader:
+            count = int(images.shape[0])
+            del images, _labels
+            yield count
+
+    def describe(self) -> dict[str, Any]:
+        return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
+
+
+def make_contender(key: str, setup: Setup) -> Contender:
+    makers: dict[str, Callable[[], Contender]] = {
+        "loop": lambda: _ByHand(setup),
+        "pool": lambda: _ByHand(setup, setup.workers),
+        "default": lambda: _PrefetchLoader(setup, None),
+        "threads": lambda: _PrefetchLoader(setup, "thread"),
+        "processes": lambda: _PrefetchLoader(setup, "process"),
+        "tf.data": lambda: _TfData(setup),
+        "keras": lambda: _Keras(setup),
+    }
+    return makers.get(key, lambda: _Torch(setup))()
+
+
+def missing_requirement(key: str) -> str | None:
+    """Why loader `key` cannot run here ("torch not installed: pip install torch"), or None."""
+    modules, install = _REQUIREMENTS.get(key, ((), ""))
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: {install}"
+    return None
+
+
+def batch_sizes(loader: Loader) -> Generator[int, None, None]:
+    """One epoch of `loader`, as batch sizes (holding no view of a batch between yields)."""
+    for batch in loader:
+        count = len(batch.images)
+        del batch  # a held view would keep its slot from being reused
+        yield count

@@ -1,0 +1,239 @@
+"""The report of `prefetch.tools.bench.run`: settings, machine, decoder rates and loader rows.
+
+`BenchReport` prints as the table `prefetch bench` shows (`format_table`), writes JSON
+(`to_json`, schema `SCHEMA_VERSION`, described in docs/api.md) and draws a bar chart (`plot`,
+imports matplotlib when called). Plain data: no thread, no file is held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefetch.tools.bench_hint import FastHint
+from prefetch.tools.bench_loaders import LOADER_NAMES
+from prefetch.tools.timeline import Timeline, import_matplotlib
+
+# Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What was measured: the folder, the batch shape, the workers and the simulated step."""
+
+    root: str
+    images: int
+    classes: int
+    image_size: tuple[int, int]
+    batch_size: int
+    workers: int
+    depth: int
+    step_ms: float
+    repeats: int
+    seed: int
+    decode_sample: int
+    loader_decoder: str
+    timeline_batches: int
+    timeline_backend: str
+    antialias: bool = True
+
+
+@dataclass(frozen=True)
+class DecoderRate:
+    """A decoder's single-core decode + resize rate: the median and each round's value."""
+
+    name: str
+    images_per_s: float
+    runs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LoaderResult:
+    """One loader's medians over the rounds, and its ratios to the decode limit and tf.data.
+
+    `consumer_wait_fraction` is the share of the measured time the consumer spent waiting for
+    a batch (0 to 1). `ratio_to_tf_data` is None when tf.data was not measured. `decoder` names
+    the decoder the row ran ("turbo", "pillow"; None for TensorFlow's own), `backend` the
+    prefetch backend ("thread", "process"; None for other loaders) and `backend_reason` why
+    it was chosen; `antialias` whether the row's resize antialiases.
+    """
+
+    key: str
+    name: str
+    images_per_s: float
+    consumer_wait_fraction: float
+    ratio_to_limit: float
+    ratio_to_tf_data: float | None
+    images_per_s_runs: tuple[float, ...]
+    wait_fraction_runs: tuple[float, ...]
+    decoder: str | None = None
+    backend: str | None = None
+    backend_reason: str = ""
+    antialias: bool = True
+
+
+@dataclass
+class BenchReport:
+    """The result of `run`: settings, machine, decoder rates, decode limit and loader rows.
+
+    `skipped` maps the key of each loader that was asked for but not measured to the reason
+    (for example "torch is not installed: pip install torch"). `timeline` is set when `run` was
+    asked to record one; `fast_hint` when the `fast` extra is missing (and Pillow was measured).
+    """
+
+    config: BenchConfig
+    machine: dict[str, Any]
+    decoders: list[DecoderRate]
+    decode_limit: float
+    limit_decoder: str
+    loaders: list[LoaderResult]
+    skipped: dict[str, str]
+    timeline: Timeline | None = None
+    fast_hint: FastHint | None = None
+
+    def loader(self, key: str) -> LoaderResult:
+        """The row of the loader `key` ("threads", "tf.data", ...); KeyError if not measured."""
+        for row in self.loaders:
+            if row.key == key:
+                return row
+        raise KeyError(
+            f"loader {key!r} was not measured; measured: {[r.key for r in self.loaders]}"
+        )
+
+    @property
+    def step_ceiling(self) -> float:
+        """The most images/s a consumer with this step can take: batch_size / step (inf at 0)."""
+        if self.config.step_ms <= 0:
+            return math.inf
+        return self.config.batch_size / (self.config.step_ms / 1000)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (schema in docs/api.md, "prefetch.tools.bench")."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "config": dataclasses.asdict(self.config),
+            "machine": dict(self.machine),
+            "decoders": [dataclasses.asdict(rate) for rate in self.decoders],
+            "decode_limit": {
+                "images_per_s": self.decode_limit,
+                "decoder": self.limit_decoder,
+                "cores": self.machine["usable_cores"],
+            },
+            "loaders": [dataclasses.asdict(row) for row in self.loaders],
+            "skipped": dict(self.skipped),
+            "timeline": self.timeline.as_dicts() if self.timeline is not None else None,
+            "fast_hint": dataclasses.asdict(self.fast_hint) if self.fast_hint else None,
+        }
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        """Write `as_dict()` to `path` as indented JSON."""
+        Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def format_table(self) -> str:
+        """The report as a text table (what `prefetch bench` prints)."""
+        c, m = self.config, self.machine
+        height, width = c.image_size
+        lines = [
+            f"prefetch bench: {c.images} images in {c.classes} classes under {c.root}",
+            f"  -> {height}x{width}, batch {c.batch_size}, {c.workers} workers, depth {c.depth}, "
+            f"step {c.step_ms:g} ms, median of {c.repeats} round(s); loaders decode with "
+            f"{c.loader_decoder}"
+            + ("" if c.antialias else ", resizing without antialiasing like tf.data"),
+            f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
+            f"Python {m['python']}, {m['platform']}",
+            "",
+            f"{'single-core decode + resize':36s} {'images/s':>9s}",
+        ]
+        lines += [f"{rate.name:36s} {rate.images_per_s:9.0f}" for rate in self.decoders]
+        limit_name = f"decode limit ({m['usable_cores']} cores x {self.limit_decoder})"
+        lines.append(f"{limit_name:36s} {self.decode_limit:9.0f}")
+        if c.step_ms > 0:
+            ceiling = f"step ceiling (batch / {c.step_ms:g} ms step)"
+            lines.append(f"{ceiling:36s} {self.step_ceiling:9.0f}")
+        lines.append("")
+        lines.append(
+            f"{'loader':36s} {'images/s':>9s} {'wait %':>7s} {'of limit':>9s} {'of tf.data':>11s}"
+            "  decoder, backend"
+        )
+        for row in self.loaders:
+            of_tf = f"{row.ratio_to_tf_data:.0%}" if row.ratio_to_tf_data is not None else "-"
+            lines.append(
+                f"{row.name:36s} {row.images_per_s:9.0f} {row.consumer_wait_fraction:7.1%} "
+                f"{row.ratio_to_limit:9.0%} {of_tf:>11s}  {_how(row, c.antialias)}"
+            )
+        lines += [
+            f"{row.name}: {row.backend_reason}" for row in self.loaders if row.key == "default"
+        ]
+        for key, reason in self.skipped.items():
+            lines.append(f"skipped {LOADER_NAMES.get(key, key)}: {reason}")
+        lines.append(
+            "wait %: share of the consumer's time spent waiting for a batch; timings are noisy "
+            "on a busy machine: compare rows of one run"
+        )
+        if self.fast_hint is not None:
+            lines += ["", self.fast_hint.text()]
+        if self.timeline is not None:
+            backend = "threads" if c.timeline_backend == "thread" else "processes"
+            lines += ["", f"timeline: prefetch {backend}, the first {c.timeline_batches} batches"]
+            lines.append(self.timeline.render_text())
+        return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Draw images/s per loader (wait % on each bar) and the decode limit into `path` (PNG).
+
+        Needs matplotlib; raises ImportError saying how to install it when it is missing.
+        """
+        figure_class, _ = import_matplotlib("BenchReport.plot")
+        c = self.config
+        figure = figure_class(figsize=(9, 1.5 + 0.5 * len(self.loaders)))
+        axes = figure.subplots()
+        names = [row.name for row in self.loaders]
+        rates = [row.images_per_s for row in self.loaders]
+        bars = axes.barh(names, rates, color="tab:blue")
+        for bar, row in zip(bars, self.loaders, strict=True):
+            axes.annotate(
+                f" {row.images_per_s:.0f}/s, wait {row.consumer_wait_fraction:.0%}",
+                (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                va="center",
+                fontsize="small",
+            )
+        axes.axvline(
+            self.decode_limit,
+            color="tab:red",
+            linestyle="--",
+            label=f"decode limit {self.decode_limit:.0f}/s",
+        )
+        if math.isfinite(self.step_ceiling):
+            axes.axvline(
+                self.step_ceiling,
+                color="tab:orange",
+                linestyle=":",
+                label=f"step ceiling {self.step_ceiling:.0f}/s",
+            )
+        axes.legend(loc="lower right", fontsize="small")
+        axes.invert_yaxis()
+        axes.set_xlim(0, max([*rates, self.decode_limit]) * 1.35)
+        axes.set_xlabel("images/s")
+        axes.set_title(
+            f"{c.images} images -> {c.image_size[0]}x{c.image_size[1]}, batch {c.batch_size}, "
+            f"{c.workers} workers, step {c.step_ms:g} ms, "
+            f"{self.machine['usable_cores']} cores"
+        )
+        figure.tight_layout()
+        figure.savefig(os.fspath(path), dpi=110)
+
+
+def _how(row: LoaderResult, antialias: bool) -> str:
+    """The table's "decoder, backend" cell: "turbo, thread"; TensorFlow's rows say "tf"."""
+    parts = [row.decoder or "tf"]
+    if row.backend is not None:
+        parts.append(row.backend)
+    if row.antialias != antialias and row.decoder is not None:
+        parts.append("antialias" if row.antialias else "no antialias")
+    return ", ".join(parts)
