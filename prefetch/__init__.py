@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING, Any
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decode_image
-from prefetch.errors import PrefetchError, TooManySkippedError
+from prefetch.errors import (
+    ClosedError,
+    PrefetchError,
+    StopTimeoutError,
+    TooManySkippedError,
+    WorkerCrashedError,
+)
 from prefetch.loader import Batch, Loader
-from prefetch.processes import WorkerCrashedError
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
 
@@ -27,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Background",
     "Batch",
+    "ClosedError",
     "Coordinator",
     "DecodeOptions",
     "FileList",
@@ -35,6 +41,7 @@ __all__ = [
     "LoaderStats",
     "PrefetchError",
     "Source",
+    "StopTimeoutError",
     "TooManySkippedError",
     "WorkerCrashedError",
     "background",

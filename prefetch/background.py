@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
 
+from prefetch.errors import ClosedError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -88,6 +90,10 @@ class Background(Iterator[T], Generic[T]):
                 item = self._items.get(timeout=POLL_S)
                 break
             except queue.Empty:
+                if self._stop.is_set():  # close() ran in another thread while we waited
+                    raise ClosedError(
+                        "the background iterator was closed while an item was being waited for"
+                    ) from None
                 if not self._thread.is_alive() and self._items.empty():
                     self.close()
                     raise RuntimeError("the background producer thread died unexpectedly") from None

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Protocol, TypeAlias
 
-from prefetch.errors import add_note
+from prefetch.errors import StopTimeoutError, add_note
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,8 @@ class Coordinator:
 
         Returns when they have all ended, or once a stop was requested and they did not end
         within `stop_grace_period_secs`. Then it re-raises the first reported exception, or else
-        raises `RuntimeError` naming the threads still running, unless `ignore_live_threads`.
+        raises `StopTimeoutError` (a `RuntimeError`, as TensorFlow raises) naming the threads
+        still running, unless `ignore_live_threads`.
         Threads registered after the call starts are not waited for.
         """
         with self._lock:
@@ -168,7 +169,7 @@ class Coordinator:
             if ignore_live_threads:
                 log.info("Coordinator stopped with threads still running: %s", " ".join(stragglers))
             else:
-                raise RuntimeError(
+                raise StopTimeoutError(
                     "Coordinator stopped with threads still running: " + " ".join(stragglers)
                 )
 

@@ -2,14 +2,39 @@
 
 Errors raised by user code (decoders, transforms, sources) keep their original type; prefetch
 only adds a note naming the file and the worker. Errors that prefetch itself raises derive from
-`PrefetchError`.
+`PrefetchError`; the two that replace a bare `RuntimeError` also derive from `RuntimeError`, so
+code that catches `RuntimeError` keeps working:
+
+    Exception
+     +-- PrefetchError          base of them all; also stands in for a worker process's error
+     |    |                     that could not be pickled (its message and notes kept)
+     |    +-- TooManySkippedError   on_error="skip" and more files failed than max_skipped
+     |    +-- WorkerCrashedError    a worker process died more often than max_restarts allows
+     |    +-- ClosedError (+ RuntimeError)
+     |    |                     a Loader or Background was closed (or its Coordinator stopped)
+     |    |                     while its consumer waited for the next batch or item
+     |    +-- StopTimeoutError (+ RuntimeError)
+     |    |                     Coordinator.join: threads or processes still running after the
+     |    |                     stop grace period ("Coordinator stopped with threads still ...")
+     |    +-- DoesNotFitError (+ MemoryError)   [defined in prefetch.tf for now; moves here]
+     |                          prefetch.tf.resident / resident_stream: the data exceed the
+     |                          memory budget; the message says what would fit
+     +-- RemoteTraceback        not raised: the `__cause__` of an error raised in a worker
+                                process, holding that worker's formatted traceback
+
+Programming errors keep Python's types: a bad option is a `ValueError` or `TypeError`, and a
+call in the wrong state (re-sharding a loader that has begun an epoch) a `RuntimeError`.
 """
 
 from __future__ import annotations
 
 
 class PrefetchError(Exception):
-    """Base class of the errors that prefetch raises itself."""
+    """Base class of the errors that prefetch raises itself.
+
+    A worker process's error that cannot be pickled also reaches the consumer as a
+    `PrefetchError` carrying its type name, message and notes.
+    """
 
 
 class TooManySkippedError(PrefetchError):
@@ -21,6 +46,35 @@ class TooManySkippedError(PrefetchError):
     def __init__(self, message: str, paths: list[str]) -> None:
         super().__init__(message)
         self.paths = paths
+
+
+class WorkerCrashedError(PrefetchError):
+    """A worker process died more often than `max_restarts` allows."""
+
+
+class ClosedError(PrefetchError, RuntimeError):
+    """A loader or background iterator was closed while its consumer waited for the next item.
+
+    Raised by the consumer's `next()` when `Loader.close()` runs (or the loader's Coordinator
+    is stopped without an error) from another thread, and by `Background` when it is closed
+    from another thread. It is a `RuntimeError`, as these cases were before it existed.
+    """
+
+
+class StopTimeoutError(PrefetchError, RuntimeError):
+    """Threads or processes did not stop within the grace period after a stop was requested.
+
+    Raised by `Coordinator.join` (unless `ignore_live_threads`); the message begins as
+    `tf.train.Coordinator`'s, "Coordinator stopped with threads still running:", followed by
+    their names. It is a `RuntimeError`, as TensorFlow raises there.
+    """
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process (set as the error's __cause__)."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0])
 
 
 def add_note(exc: BaseException, note: str) -> None:

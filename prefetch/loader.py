@@ -37,7 +37,7 @@ from prefetch.autotune import (
 )
 from prefetch.coordinator import Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
-from prefetch.errors import TooManySkippedError
+from prefetch.errors import ClosedError, TooManySkippedError
 from prefetch.processes import ProcessBackend
 from prefetch.sources import ImageFolder, Source, epoch_order
 from prefetch.stats import LoaderStats, StatsRecorder
@@ -459,7 +459,7 @@ class Loader:
                 stats.requests += 1
                 ready = pending.done() + sum(p.done() for _, p in window)
                 stats.ready_sum += ready
-                self._wait(pending)
+                self._wait(backend, pending)
                 try:
                     outcome = pending.result()
                 except BaseException:
@@ -520,11 +520,21 @@ class Loader:
             backend.set_workers(count)
             self.workers = count
 
-    def _wait(self, pending: PendingBatch) -> None:
+    def _wait(self, backend: Backend, pending: PendingBatch) -> None:
+        """Wait for `pending`; raise ClosedError (or the reported error) if the loader stops.
+
+        A close() from another thread also settles the pending batch (its chunks cancelled, or
+        its slot abandoned), so a batch that is done is checked too: its backend must be ours.
+        """
         while not pending.wait(POLL_S):
             if self.coordinator.should_stop():
-                self.coordinator.raise_requested_exception()
-                raise RuntimeError("the loader was closed while a batch was being waited for")
+                self._raise_closed()
+        if self._backend is not backend:
+            self._raise_closed()
+
+    def _raise_closed(self) -> None:
+        self.coordinator.raise_requested_exception()
+        raise ClosedError("the loader was closed while a batch was being waited for")
 
     def _count_skipped(self, skipped: list[Any]) -> None:
         for item in skipped:

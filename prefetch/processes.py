@@ -30,7 +30,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from prefetch.coordinator import Coordinator
+
+# WorkerCrashedError and RemoteTraceback live in prefetch.errors; re-exported (`X as X`) so
+# that `from prefetch.processes import WorkerCrashedError` keeps working, for mypy too.
 from prefetch.errors import PrefetchError, add_note
+from prefetch.errors import RemoteTraceback as RemoteTraceback
+from prefetch.errors import WorkerCrashedError as WorkerCrashedError
 from prefetch.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
 from prefetch.workers import BatchOutcome, BatchTask, SampleReader, Skipped, Slot, compact
 
@@ -47,17 +52,6 @@ _NEVER_ANSWERED = (
     "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
     "its main code)"
 )
-
-
-class WorkerCrashedError(PrefetchError):
-    """A worker process died more often than `max_restarts` allows."""
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an error raised in a worker process (set as the error's __cause__)."""
-
-    def __str__(self) -> str:
-        return "\n" + str(self.args[0])
 
 
 class _Stop:
