@@ -1,10 +1,7 @@
 """TensorFlow stages for prefetch. Importing this module imports TensorFlow."""
 
-from prefetch.tf.callbacks import InputStatsCallback
-from prefetch.tf.dataset import dataset, output_signature, restore_malloc_thresholds
-from prefetch.tf.keras_compat import image_dataset_from_directory
-from prefetch.tf.queue_runner import QueueRunner
-from prefetch.tf.resident import (
+from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
+from prefetch.tf._resident import (
     DoesNotFitError,
     FeedingRow,
     ResidentDataset,
@@ -14,6 +11,9 @@ from prefetch.tf.resident import (
     resident,
     resident_stream,
 )
+from prefetch.tf.callbacks import InputStatsCallback
+from prefetch.tf.keras_compat import image_dataset_from_directory
+from prefetch.tf.queue_runner import QueueRunner
 
 __all__ = [
     "DoesNotFitError",

@@ -36,7 +36,7 @@ from prefetch.fast_decode import decode_turbo, fast_available
 from prefetch.loader import Loader
 from prefetch.resize import METHODS
 from prefetch.sources import IMAGE_EXTENSIONS, FileList, PathArray, index_directory
-from prefetch.tf.dataset import dataset
+from prefetch.tf._dataset import dataset
 
 log = logging.getLogger(__name__)
 

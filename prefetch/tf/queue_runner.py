@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from prefetch.loader import Loader
-from prefetch.tf.dataset import output_signature
+from prefetch.tf._dataset import output_signature
 
 log = logging.getLogger(__name__)
 
