@@ -7,7 +7,8 @@
   shared all      the whole dataset is uploaded once; the step slices its micro-batch by index
   shared batched  macro-batches are uploaded one after the other; micro-batches sliced by index
 
-The step is a softmax regression with SGD in a tf.function (prefetch.tf.feeding_benchmark).
+The step is a softmax regression with SGD in a tf.function (prefetch.tf.feeding_benchmark, in
+prefetch/tf/_feeding.py).
 It runs on GPU:0 when TensorFlow sees one, else on the CPU, where host and device memory are
 the same RAM and the strategies differ only in their per-step overhead.
 """

@@ -6,7 +6,7 @@ Each run is a fresh interpreter: `model.fit` over a folder with one truncated JP
 when, and ends; it must exit within EXIT_S of the error and leave no process and no /dev/shm
 segment behind.
 
-Why it hung (prefetch/tf/dataset.py now ends tf.data's runs at exit): after TensorFlow's
+Why it hung (prefetch/tf/_dataset.py now ends tf.data's runs at exit): after TensorFlow's
 prefetch thread delivers the generator's error it calls the
 generator twice more (the next element, then the finalizer), each a py_func that takes the GIL.
 When that call is late, the interpreter has begun to finalize; CPython then ends the thread that

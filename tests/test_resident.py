@@ -194,7 +194,7 @@ def test_bad_arguments_name_the_argument_and_the_fix() -> None:
     images, labels = numbered(10)
     with pytest.raises(ValueError, match="shuffle must be 'batches', 'samples' or False"):
         prefetch.tf.resident(images, labels, shuffle="random")
-    with pytest.raises(ValueError, match="'GPU:7' not found; TensorFlow sees"):
+    with pytest.raises(ValueError, match="'GPU:7' is not a device TensorFlow sees"):
         prefetch.tf.resident(images, labels, device="GPU:7")
     with pytest.raises(ValueError, match="9 labels for 10 images"):
         prefetch.tf.resident(images, labels[:9])

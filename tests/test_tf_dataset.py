@@ -222,3 +222,30 @@ def test_restoring_malloc_thresholds_applies_on_glibc() -> None:
 
     applied = prefetch.tf.restore_malloc_thresholds()
     assert applied == (platform.libc_ver()[0] == "glibc")
+
+
+def test_public_functions_do_not_shadow_the_modules_they_live_in() -> None:
+    import importlib
+    import types
+
+    import prefetch.tf
+
+    assert callable(prefetch.tf.dataset) and not isinstance(prefetch.tf.dataset, types.ModuleType)
+    assert callable(prefetch.tf.resident) and not isinstance(prefetch.tf.resident, types.ModuleType)
+    module = importlib.import_module("prefetch.tf._dataset")
+    assert module.restore_malloc_thresholds is prefetch.tf.restore_malloc_thresholds
+    assert module.dataset is prefetch.tf.dataset
+    for name in prefetch.tf.__all__:
+        assert getattr(prefetch.tf, name) is not None, name
+        assert not isinstance(getattr(prefetch.tf, name), types.ModuleType), name
+
+
+def test_patching_a_submodule_name_reaches_the_dataset(shapes: tuple[Path, Path]) -> None:
+    from unittest import mock
+
+    train, _ = shapes
+    loader = prefetch.Loader(train, batch_size=30, image_size=(32, 32))
+    with mock.patch("prefetch.tf._dataset.restore_malloc_thresholds") as patched, loader:
+        for _ in prefetch.tf.dataset(loader).take(1):
+            pass
+    assert patched.call_count == 1

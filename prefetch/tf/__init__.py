@@ -1,16 +1,24 @@
-"""TensorFlow stages for prefetch. Importing this module imports TensorFlow."""
+"""TensorFlow stages for prefetch. Importing this module imports TensorFlow.
 
+The public names are exported here; the modules behind them are private (a leading
+underscore), so no public function shadows the module it lives in:
+
+- `_dataset`: `dataset`, `output_signature`, `restore_malloc_thresholds` (a Loader as tf.data)
+- `queue_runner`: `QueueRunner`; `callbacks`: `InputStatsCallback`
+- `keras_compat`: `image_dataset_from_directory` (Keras's drop-in; its argument checks in
+  `_keras_args`)
+- `_resident`: `resident`, `ResidentDataset`; `_resident_stream`: `resident_stream`,
+  `ResidentStream`; `_budget`: `DoesNotFitError`; `_device`: `device_memory_budget` and the
+  one device-name check
+- `_feeding`: `feeding_benchmark`, `FeedingRow`, a measurement tool outside the data path
+"""
+
+from prefetch.tf._budget import DoesNotFitError
 from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
-from prefetch.tf._resident import (
-    DoesNotFitError,
-    FeedingRow,
-    ResidentDataset,
-    ResidentStream,
-    device_memory_budget,
-    feeding_benchmark,
-    resident,
-    resident_stream,
-)
+from prefetch.tf._device import device_memory_budget
+from prefetch.tf._feeding import FeedingRow, feeding_benchmark
+from prefetch.tf._resident import ResidentDataset, resident
+from prefetch.tf._resident_stream import ResidentStream, resident_stream
 from prefetch.tf.callbacks import InputStatsCallback
 from prefetch.tf.keras_compat import image_dataset_from_directory
 from prefetch.tf.queue_runner import QueueRunner

@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from prefetch.errors import add_note
 from prefetch.loader import Loader
+from prefetch.tf._device import check_device
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def dataset(
             "experimental_fetch_to_device=True), the default); leave device=None"
         )
     if device is not None:
-        _check_device(device)
+        check_device(device)
     if input_context is not None:
         _apply_input_context(loader, input_context)
     shard = (loader.num_shards, loader.shard_index)
@@ -234,33 +235,6 @@ def dataset(
         # above, whose iterator is finalized with the options set here.
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=1))
     return ds
-
-
-def _check_device(device: str) -> None:
-    """Refuse a device name TensorFlow cannot parse, or a local device it does not see."""
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a device name such as '/gpu:0', got {device!r}")
-    try:
-        spec = tf.DeviceSpec.from_string(device)
-    except ValueError as error:
-        raise ValueError(
-            f"device {device!r} is not a TensorFlow device name; use one such as '/gpu:0' "
-            f"or '/cpu:0' ({error})"
-        ) from error
-    if spec.device_type is None:
-        raise ValueError(f"device {device!r} names no device type; use one such as '/gpu:0'")
-    if spec.job not in (None, "localhost") or spec.task not in (None, 0):
-        return  # a device of another task: only the cluster knows it
-    seen = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
-    if not any(
-        d.device_type == spec.device_type and spec.device_index in (None, d.device_index)
-        for d in seen
-    ):
-        names = [d.to_string() for d in seen]
-        raise ValueError(
-            f"device {device!r} is not a device TensorFlow sees in this process (it sees "
-            f"{names}); name one of them, or leave device=None"
-        )
 
 
 def _apply_input_context(loader: Loader, context: tf.distribute.InputContext) -> None:

@@ -16,14 +16,16 @@ Lifetime: each returned dataset is `prefetch.tf.dataset(loader)` of its own Load
 the workers at its first batch and stops them at the epoch's end, or when the iterator is dropped
 (as after `ds.take(1)`). `with ds.loader:` keeps the workers across epochs, and on leaving
 re-raises a worker error that TensorFlow wrapped as the original.
+
+The argument checks, with Keras's texts, are in _keras_args.py; this module lists, splits and
+builds the datasets.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -31,29 +33,18 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch.decode import decode_image
-from prefetch.errors import add_note
 from prefetch.fast_decode import decode_turbo, fast_available
 from prefetch.loader import Loader
-from prefetch.resize import METHODS
 from prefetch.sources import IMAGE_EXTENSIONS, FileList, PathArray, index_directory
+from prefetch.tf import _keras_args as keras_args
 from prefetch.tf._dataset import dataset
 
 log = logging.getLogger(__name__)
 
-# Keras's interpolation names (all of tf.image.resize's methods, reproduced by prefetch.resize),
-# in Keras's order, as its error message prints them.
-INTERPOLATIONS = METHODS
 # The two datasets of subset="both", in Keras's order.
 SUBSETS = ("training", "validation")
 # With batch_size=None the loader still decodes in batches of this many; the dataset unbatches.
 UNBATCHED_LOADER_BATCH = 32
-# Keras's text for labels that are neither "inferred", None nor a list/tuple.
-_KERAS_LABELS = (
-    "`labels` argument should be a list/tuple of integer labels, of the same size as the number "
-    "of image files in the target directory. If you wish to infer the labels from the "
-    'subdirectory names in the target directory, pass `labels="inferred"`. If you wish to get a '
-    "dataset that only contains images (no labels), pass `labels=None`. Received: labels="
-)
 
 
 def image_dataset_from_directory(
@@ -91,35 +82,22 @@ def image_dataset_from_directory(
     docs/tensorflow.md for the lifetime of the workers and for errors.
     """
     # Keras's checks, in Keras's order (the first bad argument is the one reported).
-    _check_labels(labels, class_names)
-    if label_mode not in {"int", "categorical", "binary", None}:
-        raise ValueError(
-            '`label_mode` argument must be one of "int", "categorical", "binary", or None. '
-            f"Received: label_mode={label_mode}. Use label_mode=None for images without labels"
-        )
+    keras_args.check_labels(labels, class_names)
+    keras_args.check_label_mode(label_mode)
     if labels is None or label_mode is None:
         labels = label_mode = None
-    if color_mode not in ("grayscale", "rgb", "rgba"):
-        raise ValueError(
-            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
-            f"Received: color_mode={color_mode}. Use one of those three"
-        )
-    image_size = _image_size(image_size)
-    interpolation = _interpolation(interpolation)
-    _check_format(format)
-    _check_validation_split(validation_split, subset, shuffle, seed)
+    keras_args.check_color_mode(color_mode)
+    image_size = keras_args.image_size(image_size)
+    interpolation = keras_args.interpolation(interpolation)
+    keras_args.check_format(format)
+    keras_args.check_validation_split(validation_split, subset, shuffle, seed)
     if seed is None:  # randint(1e6) from numpy's global generator, as Keras draws it
         seed = int(np.random.randint(1_000_000))
     paths, label_array, class_names = _index(
         directory, labels, class_names, follow_links, verbose, shuffle, seed
     )
-    if label_mode == "binary" and len(class_names or []) != 2:
-        raise ValueError(
-            'When passing `label_mode="binary"`, there must be exactly 2 class_names. '
-            f'Received: class_names={class_names}. Use label_mode="int" or "categorical" for '
-            "more classes"
-        )
-    data_format = _data_format(data_format)
+    keras_args.check_binary_classes(label_mode, class_names)
+    data_format = keras_args.data_format(data_format)
     buffer_size = batch_size * 8 if batch_size is not None else 1024  # Keras's shuffle buffer
     if subset == "both":
         parts = [_split(paths, label_array, validation_split, name) for name in SUBSETS]
@@ -132,7 +110,7 @@ def image_dataset_from_directory(
                 f"Allowed formats: {IMAGE_EXTENSIONS}. Put the images of each class in a "
                 "subfolder of it (with validation_split, enough for both subsets)"
             )
-    _check_dataset_arguments(
+    keras_args.check_dataset_arguments(
         batch_size, buffer_size, shuffle, seed, crop_to_aspect_ratio, pad_to_aspect_ratio
     )
     datasets = [
@@ -156,144 +134,6 @@ def image_dataset_from_directory(
         for number, (part_paths, part_labels) in enumerate(parts)
     ]
     return datasets if subset == "both" else datasets[0]
-
-
-def _check_labels(labels: Any, class_names: Any) -> None:
-    """Keras's first checks (image_dataset_from_directory), Keras's messages with the fix."""
-    try:
-        given = labels not in ("inferred", None)
-    except ValueError as error:  # a numpy array compares element-wise, as in Keras
-        raise ValueError(
-            f"{error}. prefetch: labels must be a list or tuple (labels=array.tolist()), "
-            '"inferred" or None'
-        ) from error
-    if given:
-        if not isinstance(labels, (list, tuple)):
-            raise ValueError(
-                f"{_KERAS_LABELS}{labels}. prefetch: pass a list of ints, one per image file in "
-                'sorted path order, or "inferred", or None'
-            )
-        if class_names:
-            raise ValueError(
-                'You can only pass `class_names` if `labels="inferred"`. Received: '
-                f"labels={labels}, and class_names={class_names}. With a list of labels the "
-                "class names are the sorted labels: remove class_names"
-            )
-
-
-def _image_size(image_size: Any) -> tuple[int, int]:
-    given = image_size
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
-    if (
-        not isinstance(image_size, (list, tuple))
-        or len(image_size) != 2
-        or not all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
-            for v in image_size
-        )
-    ):
-        raise ValueError(
-            "Invalid `image_size` value. Expected a tuple of 2 integers. "
-            f"Received: image_size={given}. prefetch: pass (height, width), two ints >= 1, "
-            "or one int for a square"
-        )
-    return int(image_size[0]), int(image_size[1])
-
-
-def _interpolation(interpolation: str) -> str:
-    name = interpolation.lower()  # a non-str raises AttributeError here, as in Keras
-    if name not in INTERPOLATIONS:
-        raise ValueError(
-            f"Argument `interpolation` should be one of {INTERPOLATIONS}. "
-            f"Received: interpolation={name}. Use one of those names"
-        )
-    return str(name)
-
-
-def _check_format(format: str) -> None:
-    if format not in ("tf", "grain"):
-        raise ValueError(
-            f'`format` should be either "tf" or "grain". Received: format={format}. prefetch '
-            'returns tf.data datasets: use format="tf"'
-        )
-    if format != "tf":
-        raise ValueError(
-            f'format must be "tf" (prefetch returns tf.data datasets), got format={format!r}; '
-            'for format="grain" use keras.utils.image_dataset_from_directory'
-        )
-
-
-def _check_validation_split(
-    validation_split: float | None, subset: str | None, shuffle: bool, seed: int | None
-) -> None:
-    """Keras's dataset_utils.check_validation_split_arg: its conditions, its messages first."""
-    if validation_split and not 0 < validation_split < 1:
-        raise ValueError(
-            f"`validation_split` must be between 0 and 1, received: {validation_split}. "
-            "Pass the fraction of the files to hold out, e.g. 0.2"
-        )
-    if (validation_split or subset) and not (validation_split and subset):
-        raise ValueError(
-            "If `subset` is set, `validation_split` must be set, and inversely. Pass both "
-            f'(e.g. validation_split=0.2, subset="training") or neither; got validation_split='
-            f"{validation_split}, subset={subset!r}"
-        )
-    if subset not in ("training", "validation", "both", None):
-        raise ValueError(
-            '`subset` must be either "training", "validation" or "both", received: '
-            f"{subset}. Use one of those, or None without validation_split"
-        )
-    if validation_split and shuffle and seed is None:
-        raise ValueError(
-            "If using `validation_split` and shuffling the data, you must provide a `seed` "
-            "argument, to make sure that there is no overlap between the training and "
-            "validation subset. Pass the same seed= to the training and the validation call"
-        )
-
-
-def _data_format(data_format: str | None) -> str:
-    """Keras's standardize_data_format: None is Keras's setting; any case is accepted."""
-    if data_format is None:
-        return str(keras.config.image_data_format())
-    name = str(data_format).lower()
-    if name not in {"channels_first", "channels_last"}:
-        raise ValueError(
-            "The `data_format` argument must be one of {'channels_first', 'channels_last'}. "
-            f"Received: data_format={name}. Use None for Keras's setting "
-            f"({keras.config.image_data_format()!r})"
-        )
-    return name
-
-
-def _check_dataset_arguments(
-    batch_size: Any, buffer_size: Any, shuffle: bool, seed: int, crop: bool, pad: bool
-) -> None:
-    """What Keras's dataset construction refuses, in its order: TensorFlow's own errors for the
-    shuffle buffer and the batch size (with the fix as a note), then the crop/pad conflict."""
-    fix = f"prefetch: batch_size must be an int >= 1 or None, got batch_size={batch_size!r}"
-    probe = tf.data.Dataset.range(1)
-    if shuffle:
-        with _noted(fix):
-            probe = probe.shuffle(buffer_size=buffer_size or 1024, seed=seed)
-    if pad and crop:
-        raise ValueError(
-            "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio` can be set to `True`. "
-            "Set at most one of them"
-        )
-    if batch_size is not None:
-        with _noted(fix):
-            probe.batch(batch_size)
-
-
-@contextlib.contextmanager
-def _noted(note: str) -> Iterator[None]:
-    """Re-raise any error of the block as itself, with `note` added (shown under it)."""
-    try:
-        yield
-    except Exception as error:
-        add_note(error, note)
-        raise
 
 
 def _print(message: str) -> None:
@@ -326,7 +166,7 @@ def _index(
             "When argument `labels` is specified, argument `class_names` cannot be specified "
             "(the `class_names` will be the sorted list of labels). Remove class_names"
         )
-    with _noted(
+    with keras_args.noted(
         "prefetch: directory must be an existing folder; with labels inferred, one subfolder "
         f"per class; got {os.fspath(directory)!r}"
     ):
