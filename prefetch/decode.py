@@ -195,8 +195,7 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
         image = _array_to_pil(image)
     image = _convert_mode(image, _PIL_MODES[options.channels])
     if not options.antialias:
-        array = np.asarray(image).reshape(image.height, image.width, options.channels)
-        return resize_like_keras(array, options)
+        return _resize_image_like_keras(image, options)
     if options.pad_to_aspect_ratio:
         return _pad_with_pillow(image, options)
     height, width = options.image_size
@@ -233,6 +232,23 @@ def resize_like_keras(
         )
         return padded
     return resize_with(array, size, method)
+
+
+def _resize_image_like_keras(image: Image.Image, options: DecodeOptions) -> np.ndarray:
+    """`resize_like_keras(np.asarray(image), options)` straight from the Pillow image, through
+    `prefetch.resize.resize_image` (Pillow's nearest where it picks TensorFlow's pixels, a
+    rows-first bilinear), which resizes the crop box in place rather than a copy of it."""
+    size, method = options.image_size, options.interpolation
+    if options.pad_to_aspect_ratio:
+        top, left, inner_h, inner_w = resize.pad_layout(image.height, image.width, size)
+        padded = np.zeros(options.shape, np.uint8)
+        inner = resize.resize_image(image, (inner_h, inner_w), method)
+        padded[top : top + inner_h, left : left + inner_w] = inner
+        return padded
+    box = None
+    if options.crop_to_aspect_ratio:
+        box = resize.crop_box(image.height, image.width, size)
+    return resize.resize_image(image, size, method, box).reshape(options.shape)
 
 
 def _pad_with_pillow(image: Image.Image, options: DecodeOptions) -> np.ndarray:
