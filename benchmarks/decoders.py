@@ -249,7 +249,7 @@ def main() -> None:
     parser.add_argument("--noise", type=int, default=30, help="uniform noise amplitude")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
-    options = DecodeOptions(TARGET)
+    options = DecodeOptions(TARGET, antialias=True)
     keras_options = DecodeOptions(TARGET, antialias=False)
     decoders: dict[str, Callable[[str], np.ndarray]] = {
         "pillow, no draft (antialiased)": lambda p: pillow_no_draft(p, options),

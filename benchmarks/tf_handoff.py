@@ -64,19 +64,20 @@ def main() -> None:
         write_photos(Path(tmp), args.images)
         folder = prefetch.ImageFolder(tmp)
         options = prefetch.DecodeOptions(IMAGE_SIZE)
+        decode = prefetch.decode.get_decoder("auto")  # the Loader's default decoder
         loader = prefetch.Loader(
             folder, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE, workers=args.workers, seed=0
         )
 
         def single_core() -> int:
             for path in folder.paths[:200]:
-                prefetch.decode_image(str(path), options)
+                decode(str(path), options)
             return 200
 
         def plain_threads() -> int:
             # What users without preallocated buffers do: a fresh array per image, in threads.
             with ThreadPoolExecutor(args.workers) as pool:
-                list(pool.map(lambda p: prefetch.decode_image(str(p), options), folder.paths))
+                list(pool.map(lambda p: decode(str(p), options), folder.paths))
             return len(folder)
 
         def loader_alone() -> int:
