@@ -52,7 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from decoders import calls_with_other_thread_running  # benchmarks/decoders.py, beside this
+from decoders import (  # benchmarks/decoders.py, beside this
+    calls_with_other_thread_running,
+    single_threaded_tensorflow,
+)
 from PIL import Image
 
 from prefetch.decode import DecodeOptions, decode_image
@@ -311,18 +314,6 @@ def decode_only(decode: Callable[..., Any], **decode_kw: Any) -> Candidate:
         return np.asarray(decode(path, size, **decode_kw))
 
     return candidate
-
-
-def tensorflow() -> Any:
-    """TensorFlow limited to one thread, or None."""
-    try:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow as tf
-    except ImportError:
-        return None
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    return tf
 
 
 def tf_candidate(tf: Any, antialias: bool, dct_method: str = "") -> Candidate:
@@ -600,7 +591,7 @@ def main() -> None:
     size: Size = tuple(int(v) for v in args.size.split("x"))  # type: ignore[assignment]
     paths = photo_paths(args.folder, args.images, args.photo_size)
     cv2.setNumThreads(1)  # thread_time counts the calling thread only
-    tf = tensorflow()
+    tf = single_threaded_tensorflow()
 
     rows = candidates(tf)
     if args.only:

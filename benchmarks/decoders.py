@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -93,8 +94,8 @@ def turbo_then_opencv(method_name: str) -> Decoder:
     return decode
 
 
-def tensorflow_decoder() -> Decoder | None:
-    """What Keras does per image: decode_jpeg, then tf.image.resize bilinear (one TF thread)."""
+def single_threaded_tensorflow() -> Any:
+    """TensorFlow limited to one thread (so it times one core, like the other rows), or None."""
     try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
@@ -102,6 +103,14 @@ def tensorflow_decoder() -> Decoder | None:
         return None
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def tensorflow_decoder() -> Decoder | None:
+    """What Keras does per image: decode_jpeg, then tf.image.resize bilinear (one TF thread)."""
+    tf = single_threaded_tensorflow()
+    if tf is None:
+        return None
 
     def decode(path: str, options: DecodeOptions) -> np.ndarray:
         image = tf.io.decode_jpeg(tf.io.read_file(path), channels=options.channels)

@@ -17,21 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 
 import numpy as np
 
-
-def processor() -> str:
-    """The CPU model name (from /proc/cpuinfo on Linux), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from prefetch.tools.bench_machine import cpu_model
 
 
 def sizes(text: str) -> list[int]:
@@ -67,7 +56,7 @@ def main() -> None:
     print(
         f"\n{args.images} images {args.image_size}x{args.image_size}x3 uint8 "
         f"({images.nbytes / 2**20:.0f} MiB), 10 classes, on {rows[0].device} "
-        f"({processor()}, {os.cpu_count()} cores); "
+        f"({cpu_model()}, {os.cpu_count()} cores); "
         f"median of {args.epochs} epochs after a warm-up"
     )
     print(

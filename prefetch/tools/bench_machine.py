@@ -71,7 +71,7 @@ def machine_info() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "usable_cores": usable_cores(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
@@ -80,7 +80,8 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU model name (from /proc/cpuinfo on Linux), else what `platform` knows."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
