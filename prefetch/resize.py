@@ -215,42 +215,39 @@ def _bilinear(
     channels = pixels.shape[2]
     out_h, out_w = size
     rows = pixels.reshape(pixels.shape[0], -1)[top : top + height]  # a view: whole rows
-    uint8, float32 = np.dtype(np.uint8), np.dtype(_F32)
     if out_h <= height:
-        row_lo, row_hi, row_lerp = _lerp_plan(height, out_h, 1, 0)
-        lanes = slice(left * channels, (left + width) * channels)
-        picked = _scratch("bilinear picked rows", (out_h, rows.shape[1]), uint8)
-        lower = _scratch("bilinear lower", (out_h, width * channels), float32)
-        upper = _scratch("bilinear upper", (out_h, width * channels), float32)
-        np.take(rows, row_lo, axis=0, out=picked, mode="clip")
-        np.copyto(lower, picked[:, lanes])
-        np.take(rows, row_hi, axis=0, out=picked, mode="clip")
-        np.copyto(upper, picked[:, lanes])
-        across = _lerp(lower, upper, row_lerp[:, None])
-        col_lo, col_hi, col_lerp = _lerp_plan(width, out_w, channels, 0)
-        result = _scratch("bilinear left", (out_h, out_w * channels), float32)
-        right = _scratch("bilinear right", (out_h, out_w * channels), float32)
-        np.take(across, col_lo, axis=1, out=result, mode="clip")
-        np.take(across, col_hi, axis=1, out=right, mode="clip")
-        result = _lerp(result, right, col_lerp)
+        lanes = rows[:, left * channels : (left + width) * channels]
+        across = _lerp_along(lanes, _lerp_plan(height, out_h, 1, 0), axis=0, step=1)
+        result = _lerp_along(across, _lerp_plan(width, out_w, channels, 0), axis=1, step=2)
     else:
-        col_lo, col_hi, col_lerp = _lerp_plan(width, out_w, channels, left)
-        picked = _scratch("bilinear picked columns", (height, out_w * channels), uint8)
-        lower = _scratch("bilinear lower", (height, out_w * channels), float32)
-        upper = _scratch("bilinear upper", (height, out_w * channels), float32)
-        np.take(rows, col_lo, axis=1, out=picked, mode="clip")
-        np.copyto(lower, picked)
-        np.take(rows, col_hi, axis=1, out=picked, mode="clip")
-        np.copyto(upper, picked)
-        across = _lerp(lower, upper, col_lerp)
-        row_lo, row_hi, row_lerp = _lerp_plan(height, out_h, 1, 0)
-        result = _scratch("bilinear left", (out_h, out_w * channels), float32)
-        below = _scratch("bilinear right", (out_h, out_w * channels), float32)
-        np.take(across, row_lo, axis=0, out=result, mode="clip")
-        np.take(across, row_hi, axis=0, out=below, mode="clip")
-        result = _lerp(result, below, row_lerp[:, None])
+        across = _lerp_along(rows, _lerp_plan(width, out_w, channels, left), axis=1, step=1)
+        result = _lerp_along(across, _lerp_plan(height, out_h, 1, 0), axis=0, step=2)
     np.rint(result, out=result)  # a convex combination of uint8 values: no clipping needed
     return result.astype(np.uint8).reshape(out_h, out_w, channels)  # a copy: scratch is reused
+
+
+def _lerp_along(
+    source: np.ndarray, plan: tuple[np.ndarray, np.ndarray, np.ndarray], *, axis: int, step: int
+) -> np.ndarray:
+    """TensorFlow's lerp between the plan's lower and upper lanes of `source` along `axis` (0:
+    rows), in float32 per-thread scratch of this `step` (so step 2 never overwrites step 1's
+    result, its input). A uint8 source is gathered as uint8, then widened."""
+    lower_lanes, upper_lanes, weight = plan
+    shape = (
+        (len(lower_lanes), source.shape[1]) if axis == 0 else (source.shape[0], len(lower_lanes))
+    )
+    low = _scratch(f"bilinear low {step}", shape, np.dtype(_F32))
+    high = _scratch(f"bilinear high {step}", shape, np.dtype(_F32))
+    if source.dtype == np.uint8:
+        picked = _scratch(f"bilinear picked {step}", shape, np.dtype(np.uint8))
+        np.take(source, lower_lanes, axis=axis, out=picked, mode="clip")
+        np.copyto(low, picked)
+        np.take(source, upper_lanes, axis=axis, out=picked, mode="clip")
+        np.copyto(high, picked)
+    else:
+        np.take(source, lower_lanes, axis=axis, out=low, mode="clip")
+        np.take(source, upper_lanes, axis=axis, out=high, mode="clip")
+    return _lerp(low, high, weight[:, None] if axis == 0 else weight)
 
 
 @functools.lru_cache(maxsize=256)
