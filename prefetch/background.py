@@ -16,14 +16,13 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
 
+from prefetch.coordinator import POLL_S
 from prefetch.errors import ClosedError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# How often a blocked put/get wakes to re-check the stop flag and the producer's liveness.
-POLL_S = 0.1
 # How long close() waits for the producer to finish the item it is computing.
 CLOSE_TIMEOUT_S = 5.0
 

@@ -28,6 +28,9 @@ ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | N
 
 # tf.train.Coordinator's default: how long `join` waits after a stop for threads to end.
 DEFAULT_STOP_GRACE_PERIOD_S = 120.0
+# How often a thread that waits (for a batch, a queue slot, a task) wakes to check for a stop;
+# every bounded wait in prefetch uses it, so a stop is seen within this time.
+POLL_S = 0.1
 
 
 class Joinable(Protocol):

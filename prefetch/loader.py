@@ -28,29 +28,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from prefetch.autobackend import choose_backend
-from prefetch.autotune import (
+from prefetch.autoscale import (
     PROCESS_WORKER_BYTES,
     THREAD_WORKER_BYTES,
     WorkerTuner,
     available_memory_bytes,
-)
-from prefetch.coordinator import Coordinator
-from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
-from prefetch.errors import ClosedError, TooManySkippedError
-from prefetch.processes import ProcessBackend
-from prefetch.sources import ImageFolder, Source, epoch_order
-from prefetch.stats import LoaderStats, StatsRecorder
-from prefetch.workers import (
-    Backend,
-    BatchTask,
-    PendingBatch,
-    SampleReader,
-    Slot,
-    ThreadBackend,
-    Transform,
     usable_cores,
 )
+from prefetch.backends.base import Backend, BatchTask, PendingBatch, Slot
+from prefetch.backends.choose import choose_backend
+from prefetch.backends.processes import ProcessBackend
+from prefetch.backends.reader import SampleReader, Transform
+from prefetch.backends.threads import ThreadBackend
+from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
+from prefetch.errors import ClosedError, TooManySkippedError
+from prefetch.sources import ImageFolder, Source, epoch_order
+from prefetch.stats import LoaderStats, StatsRecorder
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +52,6 @@ LABEL_MODES = ("int", "categorical", "binary", None)
 ON_ERROR = ("raise", "skip")
 BACKENDS = ("thread", "process", "auto")
 START_METHODS = ("spawn", "forkserver")
-# How often the consumer, while waiting for a batch, wakes to check for a stop.
-POLL_S = 0.1
 # How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
 SLOT_DRAIN_S = 5.0
 # Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.autotune import WINDOW_BATCHES, WINDOW_S, WorkerTuner
+from prefetch.autoscale import WINDOW_BATCHES, WINDOW_S, WorkerTuner
 from prefetch.testing import (
     SlowDecoder,
     assert_same_batches,

@@ -22,8 +22,8 @@ import pytest
 
 import prefetch
 from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
+from prefetch.backends.slots import PREFIX
 from prefetch.decode import get_decoder
-from prefetch.shm import PREFIX
 from prefetch.testing import (
     FailingDecoder,
     SlowDecoder,

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from prefetch import DecodeOptions, FileList, Loader, decode_image, fast_decode, resize
-from prefetch.autobackend import releases_gil
+from prefetch.backends.choose import releases_gil
 from prefetch.decode import INTERPOLATIONS
 from prefetch.fast_decode import available_decoders, best_decoder, decode_turbo
 from prefetch.testing import draw_shape, write_bad_files, write_image_folder, write_odd_images

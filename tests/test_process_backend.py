@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.processes import RemoteTraceback, WorkerCrashedError
-from prefetch.shm import PREFIX, check_free_space, sweep_stale
+from prefetch.backends.slots import PREFIX, check_free_space, sweep_stale
+from prefetch.errors import RemoteTraceback, WorkerCrashedError
 from prefetch.testing import (
     CrashingDecoder,
     FailingDecoder,

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch.background import Background
+from prefetch.coordinator import POLL_S
 from prefetch.loader import Loader
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
@@ -31,9 +32,6 @@ from prefetch.tf._budget import (
     sample_bytes,
 )
 from prefetch.tf._device import resolve_device
-
-# How often the upload thread, waiting for a free buffer, wakes to check for a stop.
-POLL_S = 0.1
 
 
 class ResidentStream:

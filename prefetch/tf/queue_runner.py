@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from prefetch.coordinator import POLL_S
 from prefetch.loader import Loader
 from prefetch.tf._dataset import output_signature
 
@@ -38,8 +39,6 @@ QUEUE_KINDS: dict[str, Any] = {
     "random_shuffle": tf.queue.RandomShuffleQueue,
     "padding_fifo": tf.queue.PaddingFIFOQueue,
 }
-# How often the closer thread wakes to see whether the feeder has ended on its own.
-POLL_S = 0.1
 # The default capacity, in batches of the loader (the queue holds samples).
 DEFAULT_CAPACITY_BATCHES = 2
 

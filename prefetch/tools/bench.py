@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 
-from prefetch.autotune import available_memory_bytes
+from prefetch.autoscale import available_memory_bytes, usable_cores
 from prefetch.decode import DecodeOptions, Decoder, decode_image
 from prefetch.loader import Loader
 from prefetch.sources import ImageFolder
@@ -57,7 +57,6 @@ from prefetch.tools.bench_report import (
     LoaderResult,
 )
 from prefetch.tools.timeline import TimedDecoder, Timeline
-from prefetch.workers import usable_cores
 
 __all__ = [
     "DECODERS",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from prefetch.workers import usable_cores
+from prefetch.autoscale import usable_cores
 
 if TYPE_CHECKING:
     from prefetch.tools.bench_report import DecoderRate

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from prefetch.autoscale import usable_cores
 from prefetch.decode import Decoder, decode_image, get_decoder
 from prefetch.decode import decoder_name as short_decoder_name
 from prefetch.testing import SHAPES, write_image_folder
-from prefetch.workers import usable_cores
 
 # Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.
 SAMPLE_SIZE = (500, 375)

@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prefetch.autoscale import usable_cores
 from prefetch.decode import Decoder
 from prefetch.loader import Loader
 from prefetch.sources import ImageFolder
 from prefetch.tools.timeline import import_matplotlib
-from prefetch.workers import usable_cores
 
 # The consumer waiting less than this share of the time means the loader keeps up.
 KEPT_UP_WAIT = 0.01

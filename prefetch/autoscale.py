@@ -1,4 +1,6 @@
-"""workers="auto": grow or shrink the worker count while the loader runs.
+"""workers="auto" and the machine readers it needs: cores, memory, per-thread CPU clocks.
+
+workers="auto" grows or shrinks the worker count while the loader runs.
 
 `WorkerTuner` sees, per delivered batch, how long the consumer waited and how many batches were
 already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`) it
@@ -176,3 +178,25 @@ def available_memory_bytes() -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 2**30
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def thread_clocks() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread.
+
+    Linux reports both in /proc/thread-self/schedstat; elsewhere the second is 0. Time a worker
+    was busy but in neither was spent blocked: waiting for disk, network or a sleep.
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as schedstat:
+            on_cpu, waiting, _ = schedstat.read().split()
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch.workers import Slot
+from prefetch.backends.base import Slot
 
 PREFIX = "prefetch_"
 SHM_DIR = "/dev/shm"

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prefetch.backends.processes import unpicklable_part
+from prefetch.backends.reader import SampleReader
 from prefetch.decode import decode_image, to_target_size
-from prefetch.processes import unpicklable_part
-from prefetch.workers import SampleReader
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
 # two threads already lose about a fifth of their speed-up to the GIL (Amdahl), which the

@@ -1,0 +1,114 @@
+"""The backend protocol and the data that crosses it.
+
+A backend runs batch tasks and returns a `PendingBatch` per batch; the stream (one epoch) only
+ever talks to this small protocol, from one thread:
+
+    backend.start(); backend.new_slot() -> Slot; backend.submit(task, slot) -> PendingBatch;
+    backend.set_workers(n); backend.forget_slot(slot); backend.close()
+
+Every backend runs the same per-batch code, `SampleReader.read_into` (prefetch.backends.reader),
+which writes decoded samples straight into a `Slot`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class Slot:
+    """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32.
+
+    `name` names the shared-memory segment behind a process-backend slot ("" otherwise).
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """Decode the samples `indices` (source indices, in batch order) of `epoch`.
+
+    A transform's random generator derives from (seed, epoch, sample index) only.
+    """
+
+    indices: np.ndarray
+    epoch: int
+    seed: int
+
+
+@dataclass
+class Skipped:
+    """A sample dropped under on_error="skip"."""
+
+    position: int
+    path: str
+    error: BaseException
+
+
+@dataclass
+class ChunkOutcome:
+    """What decoding rows [start, stop) of a batch produced."""
+
+    skipped: list[Skipped] = field(default_factory=list)
+    busy_s: float = 0.0
+    cpu_s: float = 0.0
+    runnable_s: float = 0.0
+
+
+@dataclass
+class BatchOutcome:
+    """A finished batch: the first `count` rows of the slot are valid, in order."""
+
+    count: int
+    skipped: list[Skipped]
+    busy_s: float
+    cpu_s: float = 0.0
+    runnable_s: float = 0.0
+
+
+def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:
+    """Move the valid rows of the first `size` to the front of the slot; returns their count."""
+    if not skipped:
+        return size
+    bad = {s.position for s in skipped}
+    keep = [p for p in range(size) if p not in bad]
+    slot.images[: len(keep)] = slot.images[keep]
+    slot.labels[: len(keep)] = slot.labels[keep]
+    return len(keep)
+
+
+class PendingBatch(Protocol):
+    """A submitted batch. `wait` blocks at most `timeout_s`; `result` raises a worker's error."""
+
+    def wait(self, timeout_s: float) -> bool: ...
+
+    def done(self) -> bool: ...
+
+    def result(self) -> BatchOutcome: ...
+
+    def cancel(self) -> None: ...
+
+
+class Backend(Protocol):
+    """Runs batch tasks. One owner (the Loader) calls these from one thread."""
+
+    name: str
+    workers: int
+
+    def start(self) -> None: ...
+
+    def new_slot(self) -> Slot: ...
+
+    def submit(self, task: BatchTask, slot: Slot) -> PendingBatch: ...
+
+    def set_workers(self, count: int) -> None: ...
+
+    def forget_slot(self, slot: Slot) -> None: ...
+
+    def close(self) -> None: ...

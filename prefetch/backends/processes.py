@@ -1,0 +1,448 @@
+"""The process backend: worker processes decode straight into shared-memory slots.
+
+Workers start with spawn or forkserver (never fork: the loader's process may run TensorFlow's
+threads). They do not re-run the main script unless the transform, decoder or source is defined
+there, so a script's `import tensorflow` does not load TensorFlow in every worker.
+
+Each worker has its own pipe. The parent sends (batch id, task, slot name); the worker attaches
+the slot's segment, fills it with `SampleReader.read_into`, and answers (batch id, outcome) or
+(batch id, error). No pixels cross a pipe. The consumer thread drives everything from
+`pump()`, which waits on the pipes and on the processes' sentinels, so a dead worker is seen
+within `POLL_S`; it is restarted and its batches re-sent, up to `max_restarts` times, after
+which `WorkerCrashedError` names it. Workers ignore SIGINT and exit when their parent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+import types
+from collections import OrderedDict
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from prefetch.backends.base import BatchOutcome, BatchTask, Skipped, Slot, compact
+from prefetch.backends.reader import SampleReader
+from prefetch.backends.slots import SharedSlots, SlotLayout, check_free_space, sweep_stale
+from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.errors import PrefetchError, RemoteTraceback, WorkerCrashedError, add_note
+
+log = logging.getLogger(__name__)
+
+# How long close() waits for workers to exit after the stop message, before terminating them.
+STOP_GRACE_S = 2.0
+
+
+_NEVER_ANSWERED = (
+    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
+    "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
+    "its main code)"
+)
+
+
+class _Stop:
+    """Message to a worker: exit."""
+
+
+class _Forget:
+    """Message to a worker: drop your mapping of segment `name` (the loader no longer uses it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _parent_alive(parent: int) -> bool:
+    """Whether the loader's process still runs (under forkserver it is not our parent)."""
+    if os.getppid() == parent:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
+    """A worker process: take tasks from `conn` until told to stop or the parent dies.
+
+    The parent's death shows as end-of-file on the pipe (the parent held its only other end),
+    or as its pid being gone.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
+    name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
+    segments: dict[str, Slot] = {}
+    while _parent_alive(parent):
+        if not conn.poll(POLL_S):
+            continue
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break  # the parent is gone
+        if isinstance(message, _Stop):
+            break
+        if isinstance(message, _Forget):
+            segments.pop(message.name, None)
+            continue
+        batch_id, task, slot_name, size = message
+        if slot_name not in segments:
+            segments[slot_name] = layout.map(slot_name)
+        slot: Slot = segments[slot_name]
+        try:
+            outcome = reader.read_into(task, slot, 0, size, name)
+            outcome.skipped = [_picklable_skip(s) for s in outcome.skipped]
+            conn.send((batch_id, outcome, None))
+        except Exception as error:
+            conn.send((batch_id, None, _picklable_error(error)))
+
+
+def _picklable_error(error: BaseException) -> tuple[BaseException, str]:
+    text = "".join(traceback.format_exception(error))
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        copy = PrefetchError(f"{type(error).__name__}: {error}")
+        for note in getattr(error, "__notes__", []):
+            add_note(copy, note)
+        error = copy
+    return error, text
+
+
+def _picklable_skip(skipped: Skipped) -> Skipped:
+    error, _ = _picklable_error(skipped.error)
+    return Skipped(skipped.position, skipped.path, error)
+
+
+class ProcessPending:
+    """A batch sent to one worker; its result arrives through the backend's pump."""
+
+    def __init__(self, backend: ProcessBackend, batch_id: int) -> None:
+        self._backend = backend
+        self.batch_id = batch_id
+        self.outcome: BatchOutcome | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False  # the consumer no longer wants it
+        self.abandoned = False  # no worker will write into its slot any more
+
+    def done(self) -> bool:
+        """Settled: its worker answered, or can no longer write into the slot."""
+        return self.outcome is not None or self.error is not None or self.abandoned
+
+    def wait(self, timeout_s: float) -> bool:
+        if not self.done():
+            self._backend.pump(timeout_s)
+        return self.done()
+
+    def result(self) -> BatchOutcome:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None, "result() before the batch was done"
+        return self.outcome
+
+    def cancel(self) -> None:
+        """Stop wanting the batch. It is done only once its worker answered (or is gone), so
+        the slot is not reused while a worker may still write into it."""
+        self.cancelled = True
+
+
+class _Worker:
+    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+        self.index = index
+        self.process = process
+        self.conn = conn
+        self.in_flight: OrderedDict[int, tuple[BatchTask, Slot, int]] = OrderedDict()
+        self.answered = 0
+        self.retiring = False  # sent a stop by set_workers: it leaves after its batches
+
+
+class ProcessBackend:
+    """Spawned worker processes filling shared-memory slots; see the module docstring."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        reader: SampleReader,
+        workers: int,
+        batch_size: int,
+        depth: int,
+        coordinator: Coordinator,
+        max_restarts: int = 3,
+        start_method: str = "spawn",
+    ) -> None:
+        self.workers = workers
+        self._reader = reader
+        self._layout = SlotLayout(batch_size, reader.options.shape)
+        self._depth = depth
+        self._coordinator = coordinator
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        self._context = (
+            multiprocessing.get_context("forkserver")
+            if start_method == "forkserver"
+            else multiprocessing.get_context("spawn")
+        )
+        self._slots = SharedSlots(self._layout)
+        self._workers: list[_Worker] = []
+        self._pending: dict[int, ProcessPending] = {}
+        self._next_id = 0
+        self._crashed: WorkerCrashedError | None = None
+        self._lock = threading.RLock()
+        self._needs_main = check_picklable(reader)
+
+    def start(self) -> None:
+        sweep_stale()
+        check_free_space(
+            (self._depth + 2) * self._layout.nbytes, self._depth, self._layout.batch_size
+        )
+        self._workers = [self._spawn(i) for i in range(self.workers)]
+
+    def set_workers(self, count: int) -> None:
+        """Run `count` workers: spawn more, or let the newest finish their batches and leave."""
+        with self._lock:
+            live = sorted((w for w in self._workers if not w.retiring), key=lambda w: w.index)
+            used = {w.index for w in self._workers}
+            while len(live) < count:
+                index = min(i for i in range(len(used) + 1) if i not in used)
+                used.add(index)
+                worker = self._spawn(index)
+                self._workers.append(worker)
+                live.append(worker)
+            for worker in live[count:]:
+                worker.retiring = True
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Stop())
+            self.workers = count
+
+    def _spawn(self, index: int) -> _Worker:
+        parent_end, child_end = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            args=(self._reader, self._layout, child_end, os.getpid()),
+            name=f"prefetch-process-{index}",
+            daemon=True,
+        )
+        with contextlib.nullcontext() if self._needs_main else _main_script_hidden():
+            process.start()
+        child_end.close()
+        self._coordinator.register_thread(process)
+        return _Worker(index, process, parent_end)
+
+    def new_slot(self) -> Slot:
+        with self._lock:
+            return self._slots.create()
+
+    def forget_slot(self, slot: Slot) -> None:
+        """The loader no longer uses `slot`: unlink its segment and have workers unmap it.
+
+        Batches the consumer still holds stay readable: their mapping lives on in this process
+        until the last view is freed.
+        """
+        with self._lock:
+            self._slots.forget(slot)
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Forget(slot.name))
+
+    def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
+        with self._lock:
+            batch_id = self._next_id
+            self._next_id += 1
+            pending = ProcessPending(self, batch_id)
+            if self._crashed is not None or not self._workers:
+                pending.error = self._crashed or WorkerCrashedError("no worker processes left")
+                return pending
+            self._pending[batch_id] = pending
+            live = [w for w in self._workers if not w.retiring]
+            worker = min(live, key=lambda w: (len(w.in_flight), w.index))
+            self._send(worker, batch_id, task, slot, len(task.indices))
+            return pending
+
+    def _send(self, worker: _Worker, batch_id: int, task: BatchTask, slot: Slot, size: int) -> None:
+        worker.in_flight[batch_id] = (task, slot, size)
+        with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
+            worker.conn.send((batch_id, task, slot.name, size))
+
+    def pump(self, timeout_s: float) -> None:
+        """Receive results and handle dead workers, waiting at most `timeout_s`."""
+        with self._lock:
+            by_handle: dict[Any, _Worker] = {}
+            for worker in self._workers:
+                by_handle[worker.conn] = worker
+                by_handle[worker.process.sentinel] = worker
+            ready = wait(list(by_handle), timeout_s)
+            for worker in list(self._workers):
+                if worker.conn in ready:
+                    self._receive(worker)
+            for worker in list(self._workers):
+                if worker.process.exitcode is not None:
+                    self._receive(worker)  # what it sent before it died still counts
+                    self._handle_death(worker)
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll(0):
+                batch_id, outcome, error = worker.conn.recv()
+                _, slot, size = worker.in_flight.pop(batch_id)
+                worker.answered += 1
+                pending = self._pending.pop(batch_id, None)
+                if pending is None:
+                    continue
+                if error is not None:
+                    exception, text = error
+                    exception.__cause__ = RemoteTraceback(text)
+                    pending.error = exception
+                else:
+                    outcome_count = compact(slot, size, outcome.skipped)
+                    pending.outcome = BatchOutcome(
+                        outcome_count,
+                        outcome.skipped,
+                        outcome.busy_s,
+                        outcome.cpu_s,
+                        outcome.runnable_s,
+                    )
+        except (EOFError, OSError):
+            pass  # the worker died; its sentinel tells
+
+    def _handle_death(self, worker: _Worker) -> None:
+        code = worker.process.exitcode
+        reason = (
+            f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        )
+        lost = list(worker.in_flight.items())
+        worker.conn.close()
+        worker.process.join()
+        self._workers.remove(worker)
+        live = [w for w in self._workers if not w.retiring]
+        if worker.retiring and live:
+            for batch_id, (task, slot, size) in lost:  # only if it died before finishing them
+                if batch_id in self._pending:
+                    target = min(live, key=lambda w: (len(w.in_flight), w.index))
+                    self._send(target, batch_id, task, slot, size)
+            return
+        if self.restarts >= self.max_restarts:
+            files = [
+                self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices
+            ]
+            error = WorkerCrashedError(
+                f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
+                f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}); "
+                f"it was decoding {len(files)} files: {files[:8]}"
+                + (" ..." if len(files) > 8 else "")
+                + (_NEVER_ANSWERED if worker.answered == 0 else "")
+            )
+            self._crashed = error
+            for batch_id, _ in lost:
+                pending = self._pending.pop(batch_id, None)
+                if pending is not None:
+                    pending.error = error
+            return
+        for batch_id, _ in lost:
+            pending = self._pending.get(batch_id)
+            if pending is not None and pending.cancelled:  # nobody wants it: do not re-send
+                del self._pending[batch_id]
+                pending.abandoned = True
+        lost = [(batch_id, item) for batch_id, item in lost if batch_id in self._pending]
+        self.restarts += 1
+        log.warning(
+            "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %d "
+            "batches",
+            worker.process.name,
+            worker.process.pid,
+            reason,
+            self.restarts,
+            self.max_restarts,
+            len(lost),
+        )
+        replacement = self._spawn(worker.index)
+        self._workers.append(replacement)
+        for batch_id, (task, slot, size) in lost:
+            if batch_id in self._pending:
+                self._send(replacement, batch_id, task, slot, size)
+
+    def close(self) -> None:
+        """Stop the workers (terminate after a grace period), then unlink every segment."""
+        with self._lock:
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(_Stop())
+            for worker in self._workers:
+                worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.terminate()
+                    worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join()
+                worker.conn.close()
+            self._workers = []
+            for pending in self._pending.values():
+                pending.cancelled = pending.abandoned = True
+            self._pending.clear()
+            self._slots.close()
+
+
+def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:
+    """What a worker process receives besides tasks, by name."""
+    return (("transform", reader.transform), ("decoder", reader.decoder), ("source", reader.source))
+
+
+def unpicklable_part(reader: SampleReader) -> str:
+    """The name of the first part sent to workers that cannot be pickled ("" when all can)."""
+    for what, value in _sent_parts(reader):
+        try:
+            pickle.dumps(value)
+        except Exception:
+            return what
+    return ""
+
+
+def check_picklable(reader: SampleReader) -> bool:
+    """Fail early, naming the part of the loader that cannot be sent to worker processes.
+
+    Returns whether the pickled parts refer to the main script (`__main__`), which a worker
+    must then run again to find them.
+    """
+    needs_main = False
+    for what, value in _sent_parts(reader):
+        try:
+            needs_main |= b"__main__" in pickle.dumps(value)
+        except Exception as error:
+            raise TypeError(
+                f"backend='process' sends the {what} to worker processes, but {value!r} cannot be "
+                f"pickled ({error}). Define it at module level (not a lambda or a local "
+                "function), or use backend='thread'"
+            ) from error
+    return needs_main
+
+
+_main_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Start processes without making them run the main script again.
+
+    spawn and forkserver children re-run the parent's main script (as `__mp_main__`) so that
+    functions defined there can be unpickled; its top-level imports, TensorFlow included, would
+    then load in every worker. When nothing sent to the workers lives in the main script, this
+    hides it while a process starts (multiprocessing reads `sys.modules["__main__"]` to decide).
+    """
+    with _main_lock:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main

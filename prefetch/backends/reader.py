@@ -1,0 +1,100 @@
+"""What a worker does with a batch: read each sample, convert, transform, write into the slot.
+
+`SampleReader` is the whole per-batch task and is picklable, so every backend runs the same
+code: in a worker thread, or in a worker process on a shared-memory slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prefetch.autoscale import thread_clocks
+from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.decode import DecodeOptions, Decoder, to_target_size
+from prefetch.errors import add_note
+
+Transform = Callable[[np.ndarray, np.random.Generator], Any]
+
+
+@dataclass(frozen=True)
+class SampleReader:
+    """Reads samples of `source` into slots: decode, transform, write. Picklable.
+
+    For file sources (with `paths` and `labels` arrays) it decodes files with `decoder`; for
+    any other source it calls `source[index] -> (image, label)` (or just `image` when
+    `labelled` is False) and converts the image to the target size.
+    """
+
+    source: Any
+    decoder: Decoder
+    options: DecodeOptions
+    transform: Transform | None
+    skip_errors: bool
+    labelled: bool
+
+    def describe(self, index: int) -> str:
+        """The file (or sample) behind `index`, for messages."""
+        paths = getattr(self.source, "paths", None)
+        return str(paths[index]) if paths is not None else f"{type(self.source).__name__}[{index}]"
+
+    def read_into(
+        self, task: BatchTask, slot: Slot, start: int, stop: int, worker: str
+    ) -> ChunkOutcome:
+        """Fill rows [start, stop) of `slot` with the samples task.indices[start:stop]."""
+        began = time.perf_counter()
+        began_cpu, began_runnable = thread_clocks()
+        outcome = ChunkOutcome()
+        for position in range(start, stop):
+            index = int(task.indices[position])
+            try:
+                slot.images[position], label = self._read(index, task)
+                slot.labels[position] = label
+            except Exception as error:
+                what = self.describe(index)
+                if not self.skip_errors:
+                    add_note(
+                        error,
+                        f"prefetch: while reading {what!r} (sample {index}, epoch {task.epoch}) "
+                        f"in {worker}; pass on_error='skip' to drop unreadable samples",
+                    )
+                    raise
+                outcome.skipped.append(Skipped(position, what, error))
+        outcome.busy_s = time.perf_counter() - began
+        cpu, runnable = thread_clocks()
+        outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
+        return outcome
+
+    def _read(self, index: int, task: BatchTask) -> tuple[np.ndarray, int]:
+        paths = getattr(self.source, "paths", None)
+        if paths is not None:
+            image = self.decoder(str(paths[index]), self.options)
+            label = int(self.source.labels[index])
+        else:
+            item = self.source[index]
+            image, label = item if self.labelled else (item, 0)
+            image = to_target_size(image, self.options)
+        _check_image(image, self.options, "decoder")
+        if self.transform is not None:
+            rng = np.random.default_rng([task.seed, task.epoch, index])
+            image = self.transform(image, rng)
+            _check_image(image, self.options, "transform")
+        return image, label
+
+
+def _check_image(image: Any, options: DecodeOptions, made_by: str) -> None:
+    """Refuse what would be silently broadcast or wrapped around when written to a slot."""
+    if np.shape(image) != options.shape:
+        raise ValueError(
+            f"{made_by} returned shape {np.shape(image)}, expected {options.shape}: "
+            f"a {made_by} must keep the image size (resize with image_size instead)"
+        )
+    if getattr(image, "dtype", None) != np.uint8:
+        raise TypeError(
+            f"{made_by} returned dtype {getattr(image, 'dtype', type(image).__name__)}, "
+            "expected uint8: clip and cast, e.g. np.clip(x, 0, 255).astype(np.uint8)"
+        )
