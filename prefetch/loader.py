@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from prefetch.backends.base import Backend, BatchTask, PendingBatch, Slot
 from prefetch.backends.choose import choose_backend
 from prefetch.backends.processes import ProcessBackend
 from prefetch.backends.reader import SampleReader, Transform
+from prefetch.backends.ring import SlotRing, ring_capacity
 from prefetch.backends.threads import ThreadBackend
 from prefetch.coordinator import POLL_S, Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
@@ -54,9 +54,6 @@ BACKENDS = ("thread", "process", "auto")
 START_METHODS = ("spawn", "forkserver")
 # How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
 SLOT_DRAIN_S = 5.0
-# Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond
-# this, the consumer's references own them and the ring forgets them.
-KEPT_REFERENCED_SLOTS = 4
 
 
 class Batch(NamedTuple):
@@ -64,57 +61,6 @@ class Batch(NamedTuple):
 
     images: np.ndarray
     labels: np.ndarray
-
-
-def _references(slot: Slot) -> int:
-    return sys.getrefcount(slot.images) + sys.getrefcount(slot.labels)
-
-
-def _unreferenced_count() -> int:
-    """What `_references` reads for a slot that only the ring holds (interpreter-specific)."""
-    slot = Slot(np.empty(1, np.uint8), np.empty(1, np.int32))
-    return _references(slot)
-
-
-_UNREFERENCED = _unreferenced_count()
-
-
-def _in_use(slot: Slot) -> bool:
-    """True while anything besides the ring holds the slot's arrays (a view, a tensor)."""
-    return _references(slot) > _UNREFERENCED
-
-
-class _SlotRing:
-    """Preallocated slots, recycled once delivered and unreferenced. Thread-safe."""
-
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self._free: list[Slot] = []
-        self._delivered: deque[Slot] = deque()
-        self._lock = threading.Lock()
-
-    def acquire(self) -> Slot:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-            for slot in self._delivered:
-                if not _in_use(slot):
-                    self._delivered.remove(slot)
-                    return slot
-            if len(self._delivered) >= KEPT_REFERENCED_SLOTS:
-                # The consumer keeps these batches: they are its memory now, not the ring's.
-                self._backend.forget_slot(self._delivered.popleft())
-        return self._backend.new_slot()
-
-    def release(self, slot: Slot) -> None:
-        """Return a slot that was never delivered (cancelled, failed)."""
-        with self._lock:
-            self._free.append(slot)
-
-    def deliver(self, slot: Slot) -> None:
-        """The consumer has moved past this slot's batch; reuse it once unreferenced."""
-        with self._lock:
-            self._delivered.append(slot)
 
 
 def _positive(name: str, value: Any) -> int:
@@ -244,7 +190,7 @@ class Loader:
         self._skipped_files: set[str] = set()
         self._lock = threading.Lock()
         self._backend: Backend | None = None
-        self._ring: _SlotRing | None = None
+        self._ring: SlotRing | None = None
         self._entered = 0
         self._active_epochs = 0
         self._next = (0, 0)  # (epoch, first batch) of the next iteration
@@ -376,7 +322,7 @@ class Loader:
             if self.autotune and self._tuner is None:
                 self._tuner = self._new_tuner()
             self._backend = backend
-            self._ring = _SlotRing(backend)
+            self._ring = SlotRing(backend)
 
     def close(self) -> None:
         """Stop the workers, join them, free the buffers. Idempotent.
@@ -491,7 +437,7 @@ class Loader:
     def _new_tuner(self) -> WorkerTuner:
         process = self.backend_name == "process"
         height, width, channels = self.options.shape
-        ring_bytes = (self.depth + 2) * self.batch_size * (height * width * channels + 4)
+        ring_bytes = ring_capacity(self.depth) * self.batch_size * (height * width * channels + 4)
         budget = self.memory_budget or available_memory_bytes() // 4
         return WorkerTuner(
             start=self.workers,

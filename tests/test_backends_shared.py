@@ -22,7 +22,7 @@ import pytest
 
 import prefetch
 from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
-from prefetch.backends.slots import PREFIX
+from prefetch.backends.shm import PREFIX
 from prefetch.decode import get_decoder
 from prefetch.testing import (
     FailingDecoder,

@@ -22,7 +22,7 @@ import pytest
 
 import prefetch
 from prefetch import FileList, ImageFolder, Loader
-from prefetch.backends.slots import PREFIX, SHM_DIR
+from prefetch.backends.shm import PREFIX, SHM_DIR
 from prefetch.sources import PathArray
 from prefetch.testing import worker_processes, write_image_folder
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.backends.slots import PREFIX, check_free_space, sweep_stale
+from prefetch.backends.shm import PREFIX, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
 from prefetch.testing import (
     CrashingDecoder,
@@ -164,7 +164,7 @@ def test_batches_kept_after_close_stay_readable_and_no_segment_remains(folder: P
 
 def test_too_little_shared_memory_fails_early_saying_how_to_fix_it() -> None:
     with pytest.raises(MemoryError, match=r"Enlarge /dev/shm .* or lower depth or batch_size"):
-        check_free_space(1 << 60, depth=2, batch_size=64)
+        check_free_space(1 << 60, slots=6, batch_size=64)
 
 
 def test_segments_of_a_dead_parent_are_swept() -> None:

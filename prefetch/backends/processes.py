@@ -31,7 +31,8 @@ from typing import Any
 
 from prefetch.backends.base import BatchOutcome, BatchTask, Skipped, Slot, compact
 from prefetch.backends.reader import SampleReader
-from prefetch.backends.slots import SharedSlots, SlotLayout, check_free_space, sweep_stale
+from prefetch.backends.ring import ring_capacity
+from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
 from prefetch.coordinator import POLL_S, Coordinator
 from prefetch.errors import PrefetchError, RemoteTraceback, WorkerCrashedError, add_note
 
@@ -203,9 +204,8 @@ class ProcessBackend:
 
     def start(self) -> None:
         sweep_stale()
-        check_free_space(
-            (self._depth + 2) * self._layout.nbytes, self._depth, self._layout.batch_size
-        )
+        slots = ring_capacity(self._depth)
+        check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
         self._workers = [self._spawn(i) for i in range(self.workers)]
 
     def set_workers(self, count: int) -> None:

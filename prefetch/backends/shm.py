@@ -113,7 +113,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check_free_space(needed_bytes: int, depth: int, batch_size: int) -> None:
+def check_free_space(needed_bytes: int, slots: int, batch_size: int) -> None:
     """Fail before starting when /dev/shm cannot hold the ring, saying how to fix it."""
     if not os.path.isdir(SHM_DIR):
         return
@@ -121,7 +121,7 @@ def check_free_space(needed_bytes: int, depth: int, batch_size: int) -> None:
     if free < needed_bytes:
         raise MemoryError(
             f"the process backend needs {needed_bytes / 2**20:.0f} MiB of shared memory for "
-            f"{depth} + 2 batches of {batch_size}, but {SHM_DIR} has {free / 2**20:.0f} MiB free. "
+            f"{slots} batches of {batch_size}, but {SHM_DIR} has {free / 2**20:.0f} MiB free. "
             f"Enlarge {SHM_DIR} (docker: --shm-size={2 * needed_bytes // 2**20 + 1}m), or lower "
             "depth or batch_size, or use backend='thread'"
         )

@@ -1,0 +1,78 @@
+"""The slot ring: preallocated batch slots, recycled once delivered and no longer referenced.
+
+A stream takes a slot per batch it submits (`acquire`), hands it back when the batch is
+delivered (`deliver`) or abandoned (`release`), and the ring reuses a delivered slot only once
+nothing else holds its arrays (checked by reference count), so a batch the consumer keeps is
+never overwritten. Beyond `KEPT_REFERENCED_SLOTS` kept batches the ring forgets the oldest: it
+becomes the consumer's memory. So a ring never owns more than `ring_capacity(depth)` slots.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+
+import numpy as np
+
+from prefetch.backends.base import Backend, Slot
+
+# Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond
+# this, the consumer's references own them and the ring forgets them.
+KEPT_REFERENCED_SLOTS = 4
+
+
+def _references(slot: Slot) -> int:
+    return sys.getrefcount(slot.images) + sys.getrefcount(slot.labels)
+
+
+def _unreferenced_count() -> int:
+    """What `_references` reads for a slot that only the ring holds (interpreter-specific)."""
+    slot = Slot(np.empty(1, np.uint8), np.empty(1, np.int32))
+    return _references(slot)
+
+
+_UNREFERENCED = _unreferenced_count()
+
+
+def _in_use(slot: Slot) -> bool:
+    """True while anything besides the ring holds the slot's arrays (a view, a tensor)."""
+    return _references(slot) > _UNREFERENCED
+
+
+class SlotRing:
+    """Preallocated slots, recycled once delivered and unreferenced. Thread-safe."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._free: list[Slot] = []
+        self._delivered: deque[Slot] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Slot:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            for slot in self._delivered:
+                if not _in_use(slot):
+                    self._delivered.remove(slot)
+                    return slot
+            if len(self._delivered) >= KEPT_REFERENCED_SLOTS:
+                # The consumer keeps these batches: they are its memory now, not the ring's.
+                self._backend.forget_slot(self._delivered.popleft())
+        return self._backend.new_slot()
+
+    def release(self, slot: Slot) -> None:
+        """Return a slot that was never delivered (cancelled, failed)."""
+        with self._lock:
+            self._free.append(slot)
+
+    def deliver(self, slot: Slot) -> None:
+        """The consumer has moved past this slot's batch; reuse it once unreferenced."""
+        with self._lock:
+            self._delivered.append(slot)
+
+
+def ring_capacity(depth: int) -> int:
+    """The most slots a ring owns at once: `depth` in flight plus the kept delivered ones."""
+    return depth + KEPT_REFERENCED_SLOTS
