@@ -20,8 +20,8 @@ import numpy as np
 import psutil
 import pytest
 
-import prefetch
 from prefetch import FileList, ImageFolder, Loader
+from prefetch.backends.ring import ring_capacity
 from prefetch.backends.shm import PREFIX, SHM_DIR
 from prefetch.sources import PathArray
 from prefetch.testing import worker_processes, write_image_folder
@@ -201,4 +201,4 @@ def test_segments_of_batches_the_consumer_kept_are_given_back_once_it_drops_them
             for _batch in loader:  # later epochs that keep nothing
                 pass
         held = len(our_segments())
-    assert held <= loader.depth + 2 + prefetch.loader.KEPT_REFERENCED_SLOTS
+    assert held <= ring_capacity(loader.depth)
