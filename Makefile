@@ -1,19 +1,20 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   train a small Keras CNN from an image folder fed by prefetch
-#   make test   lint, type-check and run the test suite
-# Both create .venv and install what they need into it.
+#   make test   lint, type-check, build the docs strictly and run the test suite
+# Both create .venv and install what they need into it. `make docs` builds the documentation
+# site (the guides and the API reference generated from docstrings) into site/.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: demo test clean
+.PHONY: demo test docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[tf,test,fast]"
+	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs]"
 	touch $@
 
 demo: $(VENV)/.installed
@@ -23,7 +24,11 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check prefetch tests demos benchmarks
 	$(PY) -m ruff format --check prefetch tests demos benchmarks
 	$(PY) -m mypy
+	$(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest $(ARGS)
 
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
