@@ -13,7 +13,7 @@ from typing import Any
 
 MARKER = "<!-- prefetch-cli-help -->"
 # Help is wrapped to this many columns (argparse reads $COLUMNS), the same on every machine.
-HELP_COLUMNS = 100
+HELP_COLUMNS = 88
 
 
 def _help(parser: argparse.ArgumentParser) -> str:

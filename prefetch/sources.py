@@ -31,7 +31,22 @@ _ERRORS = "surrogatepass"
 
 @runtime_checkable
 class Source(Protocol):
-    """Any indexable dataset: `len(source)` samples, `source[i] -> (image, label)`."""
+    """Any indexable dataset: `len(source)` samples, `source[i] -> (image, label)`.
+
+    `runtime_checkable`: `isinstance(obj, prefetch.Source)` tells whether an object qualifies.
+    How a `Loader` reads a source:
+
+    - With a `paths` attribute (`ImageFolder`, `FileList`, or your class) it is a file source:
+      the loader calls its decoder on `paths[i]` and reads `labels[i]`.
+    - Otherwise it calls `source[i]`, which returns `(image, label)`, or the image alone with
+      `label_mode=None`. The image is a uint8 numpy array (H×W, H×W×1, H×W×3 or H×W×4) or a
+      Pillow image; it is converted to `color_mode` and resized to `image_size`. Another dtype
+      raises `TypeError` (convert in `__getitem__`).
+    - Optional attributes: `class_names` (needed for `label_mode="categorical"`), and
+      `has_labels = False` for a source without labels.
+
+    `__getitem__` is called from the worker threads (or processes) concurrently.
+    """
 
     def __len__(self) -> int: ...
 

@@ -118,6 +118,19 @@ def test_directives_outside_prefetch_tf_name_objects_that_exist_by_their_public_
             )
 
 
+def test_the_loader_options_table_names_exactly_the_loader_keyword_options() -> None:
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    table = text.split("All other arguments are keyword-only:", 1)[1].split("\n\n", 2)[1]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    parameters = inspect.signature(prefetch.Loader).parameters.values()
+    keyword_only = [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert sorted(documented) == sorted(keyword_only), (
+        "docs/api.md's table of the Loader's options is out of date: "
+        f"undocumented {sorted(set(keyword_only) - set(documented))}, "
+        f"gone {sorted(set(documented) - set(keyword_only))}"
+    )
+
+
 @pytest.mark.parametrize("name", prefetch.__all__)
 def test_every_public_name_of_prefetch_has_a_docstring(name: str) -> None:
     assert has_own_docstring(getattr(prefetch, name)), f"prefetch.{name} has no docstring"

@@ -1,8 +1,8 @@
 """The report of `prefetch.tools.bench.run`: settings, machine, decoder rates and loader rows.
 
 `BenchReport` prints as the table `prefetch bench` shows (`format_table`), writes JSON
-(`to_json`, schema `SCHEMA_VERSION`, described in docs/api.md) and draws a bar chart (`plot`,
-imports matplotlib when called). Plain data: no thread, no file is held.
+(`to_json`, schema `SCHEMA_VERSION`, described in `BenchReport.as_dict`) and draws a bar chart
+(`plot`, imports matplotlib when called). Plain data: no thread, no file is held.
 """
 
 from __future__ import annotations
@@ -114,7 +114,35 @@ class BenchReport:
         return self.config.batch_size / (self.config.step_ms / 1000)
 
     def as_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-ready data (schema in docs/api.md, "prefetch.tools.bench")."""
+        """The report as plain JSON-ready data; `to_json` writes it.
+
+        Schema `SCHEMA_VERSION` (2); times in seconds, rates in images/s. Version 2 added the
+        loaders' `decoder`, `backend`, `backend_reason` and `antialias`, the config's
+        `antialias` and `fast_hint`:
+
+        ```text
+        {
+          "schema": 2,
+          "config":  {"root", "images", "classes", "image_size": [h, w], "batch_size",
+                      "workers", "depth", "step_ms", "repeats", "seed", "decode_sample",
+                      "loader_decoder", "timeline_batches", "timeline_backend", "antialias"},
+          "machine": {"cpu", "usable_cores", "cpu_count", "platform", "python",
+                      "versions": {"numpy", "pillow", "tensorflow", "keras", "torch"}
+                      (null: absent)},
+          "decoders": [{"name", "images_per_s", "runs": [per round]}],
+          "decode_limit": {"images_per_s", "decoder", "cores"},
+          "loaders": [{"key", "name", "images_per_s", "consumer_wait_fraction",
+                       "ratio_to_limit", "ratio_to_tf_data" (null without tf.data),
+                       "images_per_s_runs", "wait_fraction_runs", "decoder" (null:
+                       TensorFlow's), "backend" (null: not prefetch), "backend_reason",
+                       "antialias"}],
+          "skipped": {loader key: reason},
+          "timeline": null | [{"lane", "kind", "start_s", "end_s", "batch"}]  (start_s from 0),
+          "fast_hint": null | {"pillow_images_per_s", "speedup", "speedup_other_antialias",
+                               "photo_pixels", "antialias", "cores"}
+        }
+        ```
+        """
         return {
             "schema": SCHEMA_VERSION,
             "config": dataclasses.asdict(self.config),
