@@ -181,11 +181,14 @@ def test_segments_of_a_dead_parent_are_swept() -> None:
 
 
 CTRL_C_SCRIPT = """
-import os, sys, time
+import os, signal, sys, time
 import prefetch
 from prefetch.testing import SlowDecoder
 
 if __name__ == "__main__":
+    # As in a terminal. A runner started in the background (`pytest &`, some CI shells) ignores
+    # SIGINT, children inherit that, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     loader = prefetch.Loader(sys.argv[1], batch_size=2, image_size=(16, 16), workers=2,
                              backend="process", decoder=SlowDecoder(0.2))
     with loader:
