@@ -23,6 +23,10 @@ pytestmark = pytest.mark.timeout(20)
 # The producer re-checks its stop flag every 0.1 s, so "promptly" means well within this.
 PROMPT_S = 1.0
 
+# How long a wait for something that must happen may take before the test calls it a hang:
+# generous, so that a machine busy with other work never trips it.
+HANG_S = 10.0
+
 # The name the producer thread is given (see prefetch/background.py).
 THREAD_NAME = "prefetch-background"
 
@@ -63,13 +67,6 @@ def _three_then_fail() -> Iterator[int]:
     yield 1
     yield 2
     raise ProducerError("producer failed after three items")
-
-
-def _sleepy_range(count: int, delay_s: float) -> Iterator[int]:
-    """0 .. count-1, sleeping `delay_s` before each item (a slow loader)."""
-    for i in range(count):
-        time.sleep(delay_s)
-        yield i
 
 
 def test_items_from_a_range_come_out_in_order_and_complete() -> None:
@@ -234,14 +231,25 @@ def test_a_rejected_depth_leaves_no_error_for_the_garbage_collector(
 
 
 def test_the_producer_runs_ahead_while_the_consumer_works() -> None:
-    count, delay_s = 20, 0.05  # sequential: 20 * (0.05 + 0.05) = 2.0 s; overlapped: ~1.05 s
+    # Told by counts, not by time: while the consumer holds item i and has not asked for more,
+    # the producer makes the next `depth` items. HANG_S only bounds a producer that never does.
+    count, depth = 20, 2
+    produced: list[int] = []
+    changed = threading.Condition()
     received = []
 
-    started = time.monotonic()
-    for item in prefetch.background(_sleepy_range(count, delay_s), depth=2):
-        time.sleep(delay_s)
+    def produce() -> Iterator[int]:
+        for i in range(count):
+            with changed:
+                produced.append(i)
+                changed.notify_all()
+            yield i
+
+    for item in prefetch.background(produce(), depth=depth):
+        wanted = min(item + 1 + depth, count)
+        with changed:
+            ran_ahead = changed.wait_for(lambda n=wanted: len(produced) >= n, timeout=HANG_S)
+        assert ran_ahead, f"holding item {item}, the producer made only {len(produced)} items"
         received.append(item)
-    elapsed = time.monotonic() - started
 
     assert received == list(range(count))
-    assert elapsed < 1.6, f"{count} items took {elapsed:.2f} s; the producer did not run ahead"
