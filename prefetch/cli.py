@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
+from prefetch.backends.shm import sweep_stale
 from prefetch.tools import bench, tune
 from prefetch.tools.timeline import MATPLOTLIB_HINT
 
@@ -322,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `prefetch` command with `argv` (default: sys.argv[1:]); returns the exit status."""
+    sweep_stale()  # segments of process-backend loaders that died (safe: prefetch.backends.shm)
     args = build_parser().parse_args(argv)
     try:
         status: int = args.handler(args)

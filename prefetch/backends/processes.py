@@ -4,12 +4,18 @@ Workers start with spawn or forkserver (never fork: the loader's process may run
 threads). They do not re-run the main script unless the transform, decoder or source is defined
 there, so a script's `import tensorflow` does not load TensorFlow in every worker.
 
-Each worker has its own pipe. The parent sends (batch id, task, slot name); the worker attaches
-the slot's segment, fills it with `SampleReader.read_into`, and answers (batch id, outcome) or
-(batch id, error). No pixels cross a pipe. The consumer thread drives everything from
-`pump()`, which waits on the pipes and on the processes' sentinels, so a dead worker is seen
-within `POLL_S`; it is restarted and its batches re-sent, up to `max_restarts` times, after
-which `WorkerCrashedError` names it. Workers ignore SIGINT and exit when their parent dies.
+Each worker has its own pipe (prefetch.backends.process_worker lists the messages). The parent
+passes every slot's segment to every worker as a file descriptor when the slot is created (and
+to a new worker when it starts), then sends (batch id, task, slot name); the worker fills the
+slot with `SampleReader.read_into` and answers (batch id, outcome) or (batch id, error). No
+pixels cross a pipe. `ProcessPending.wait` returns once that batch is settled (or the timeout
+passed); `cancel` makes a worker skip the batch if it has not begun it.
+
+The consumer thread drives everything from `pump()`, which waits on the pipes and on the
+processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
+re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
+/dev/shm full says so). Workers ignore SIGINT and exit when their parent dies, unlinking the
+segments.
 """
 
 from __future__ import annotations
@@ -22,19 +28,24 @@ import pickle
 import signal
 import sys
 import threading
-import traceback
+import time
 import types
 from collections import OrderedDict
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import send_handle
 from typing import Any
 
+from prefetch.backends import shm
 from prefetch.backends.base import BatchOutcome, BatchTask, Skipped, Slot, compact
+from prefetch.backends.process_worker import Cancel, Cancelled, Forget, Segment, Stop, Task
+from prefetch.backends.process_worker import worker_main as _worker_main
 from prefetch.backends.reader import SampleReader
+from prefetch.backends.remote_error import rebuild
 from prefetch.backends.ring import ring_capacity
 from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
-from prefetch.coordinator import POLL_S, Coordinator
-from prefetch.errors import PrefetchError, RemoteTraceback, WorkerCrashedError, add_note
+from prefetch.coordinator import Coordinator
+from prefetch.errors import WorkerCrashedError
 
 log = logging.getLogger(__name__)
 
@@ -47,80 +58,6 @@ _NEVER_ANSWERED = (
     "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
     "its main code)"
 )
-
-
-class _Stop:
-    """Message to a worker: exit."""
-
-
-class _Forget:
-    """Message to a worker: drop your mapping of segment `name` (the loader no longer uses it)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _parent_alive(parent: int) -> bool:
-    """Whether the loader's process still runs (under forkserver it is not our parent)."""
-    if os.getppid() == parent:
-        return True
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
-    """A worker process: take tasks from `conn` until told to stop or the parent dies.
-
-    The parent's death shows as end-of-file on the pipe (the parent held its only other end),
-    or as its pid being gone.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
-    name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
-    segments: dict[str, Slot] = {}
-    while _parent_alive(parent):
-        if not conn.poll(POLL_S):
-            continue
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            break  # the parent is gone
-        if isinstance(message, _Stop):
-            break
-        if isinstance(message, _Forget):
-            segments.pop(message.name, None)
-            continue
-        batch_id, task, slot_name, size = message
-        if slot_name not in segments:
-            segments[slot_name] = layout.map(slot_name)
-        slot: Slot = segments[slot_name]
-        try:
-            outcome = reader.read_into(task, slot, 0, size, name)
-            outcome.skipped = [_picklable_skip(s) for s in outcome.skipped]
-            conn.send((batch_id, outcome, None))
-        except Exception as error:
-            conn.send((batch_id, None, _picklable_error(error)))
-
-
-def _picklable_error(error: BaseException) -> tuple[BaseException, str]:
-    text = "".join(traceback.format_exception(error))
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:
-        copy = PrefetchError(f"{type(error).__name__}: {error}")
-        for note in getattr(error, "__notes__", []):
-            add_note(copy, note)
-        error = copy
-    return error, text
-
-
-def _picklable_skip(skipped: Skipped) -> Skipped:
-    error, _ = _picklable_error(skipped.error)
-    return Skipped(skipped.position, skipped.path, error)
 
 
 class ProcessPending:
@@ -139,8 +76,13 @@ class ProcessPending:
         return self.outcome is not None or self.error is not None or self.abandoned
 
     def wait(self, timeout_s: float) -> bool:
-        if not self.done():
-            self._backend.pump(timeout_s)
+        """Wait until this batch is settled or `timeout_s` passed; returns whether it is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._backend.pump(left)
         return self.done()
 
     def result(self) -> BatchOutcome:
@@ -150,9 +92,12 @@ class ProcessPending:
         return self.outcome
 
     def cancel(self) -> None:
-        """Stop wanting the batch. It is done only once its worker answered (or is gone), so
-        the slot is not reused while a worker may still write into it."""
-        self.cancelled = True
+        """Stop wanting the batch; its worker skips it if it has not begun it. It is done only
+        once its worker answered (or is gone), so the slot is not reused while a worker may
+        still write into it."""
+        if not self.cancelled:
+            self.cancelled = True
+            self._backend.cancel(self.batch_id)
 
 
 class _Worker:
@@ -222,7 +167,7 @@ class ProcessBackend:
             for worker in live[count:]:
                 worker.retiring = True
                 with contextlib.suppress(OSError):
-                    worker.conn.send(_Stop())
+                    worker.conn.send(Stop())
             self.workers = count
 
     def _spawn(self, index: int) -> _Worker:
@@ -237,11 +182,24 @@ class ProcessBackend:
             process.start()
         child_end.close()
         self._coordinator.register_thread(process)
-        return _Worker(index, process, parent_end)
+        worker = _Worker(index, process, parent_end)
+        for name in self._slots.segments():
+            self._give_segment(worker, name)
+        return worker
+
+    def _give_segment(self, worker: _Worker, name: str) -> None:
+        """Pass a segment's file descriptor itself: the worker never opens it by name."""
+        fd, path, _ = self._slots.segments()[name]
+        with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
+            worker.conn.send(Segment(name, path))
+            send_handle(worker.conn, fd, worker.process.pid)
 
     def new_slot(self) -> Slot:
         with self._lock:
-            return self._slots.create()
+            slot = self._slots.create()
+            for worker in self._workers:
+                self._give_segment(worker, slot.name)
+            return slot
 
     def forget_slot(self, slot: Slot) -> None:
         """The loader no longer uses `slot`: unlink its segment and have workers unmap it.
@@ -253,7 +211,7 @@ class ProcessBackend:
             self._slots.forget(slot)
             for worker in self._workers:
                 with contextlib.suppress(OSError):
-                    worker.conn.send(_Forget(slot.name))
+                    worker.conn.send(Forget(slot.name))
 
     def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
         with self._lock:
@@ -272,7 +230,15 @@ class ProcessBackend:
     def _send(self, worker: _Worker, batch_id: int, task: BatchTask, slot: Slot, size: int) -> None:
         worker.in_flight[batch_id] = (task, slot, size)
         with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
-            worker.conn.send((batch_id, task, slot.name, size))
+            worker.conn.send(Task(batch_id, task, slot.name, size))
+
+    def cancel(self, batch_id: int) -> None:
+        """Ask the worker that holds batch `batch_id` to skip it if it has not begun it."""
+        with self._lock:
+            for worker in self._workers:
+                if batch_id in worker.in_flight:
+                    with contextlib.suppress(OSError):
+                        worker.conn.send(Cancel(batch_id))
 
     def pump(self, timeout_s: float) -> None:
         """Receive results and handle dead workers, waiting at most `timeout_s`."""
@@ -299,15 +265,17 @@ class ProcessBackend:
                 pending = self._pending.pop(batch_id, None)
                 if pending is None:
                     continue
-                if error is not None:
-                    exception, text = error
-                    exception.__cause__ = RemoteTraceback(text)
-                    pending.error = exception
+                if isinstance(outcome, Cancelled):  # skipped before it began: slot untouched
+                    pending.abandoned = True
+                elif error is not None:
+                    pending.error = rebuild(*error)
                 else:
-                    outcome_count = compact(slot, size, outcome.skipped)
+                    skipped = [
+                        Skipped(s.position, s.path, rebuild(s.error)) for s in outcome.skipped
+                    ]
                     pending.outcome = BatchOutcome(
-                        outcome_count,
-                        outcome.skipped,
+                        compact(slot, size, skipped),
+                        skipped,
                         outcome.busy_s,
                         outcome.cpu_s,
                         outcome.runnable_s,
@@ -320,6 +288,8 @@ class ProcessBackend:
         reason = (
             f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
         )
+        if code == -signal.SIGBUS:
+            reason += shm.exhausted_note(self._layout.nbytes)
         lost = list(worker.in_flight.items())
         worker.conn.close()
         worker.process.join()
@@ -376,7 +346,7 @@ class ProcessBackend:
         with self._lock:
             for worker in self._workers:
                 with contextlib.suppress(OSError):
-                    worker.conn.send(_Stop())
+                    worker.conn.send(Stop())
             for worker in self._workers:
                 worker.process.join(STOP_GRACE_S)
                 if worker.process.is_alive():

@@ -1,0 +1,158 @@
+"""The loop a process-backend worker runs, and the messages it understands.
+
+Over its own duplex pipe a worker receives, in order:
+
+- `Segment(name, path)` followed by the segment's file descriptor (SCM_RIGHTS): map it. A worker
+  never opens a segment by name, so nobody who can create files in /dev/shm can hand it theirs.
+- `Task(batch_id, task, slot_name, size)`: fill the slot, answer (batch id, outcome, None) or
+  (batch id, None, (error, traceback text)).
+- `Cancel(batch_id)`: if that task is still queued here, drop it and answer (batch id,
+  `Cancelled()`, None) at once; the parent may then reuse its slot.
+- `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
+
+Messages are read as they arrive (between samples' batches), so a cancel overtakes the queued
+tasks. The worker ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its
+pid gone); it then unlinks the segments it maps, as the parent cannot any more.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections import deque
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from typing import NamedTuple
+
+from prefetch.backends.base import BatchTask, Skipped, Slot
+from prefetch.backends.reader import SampleReader
+from prefetch.backends.remote_error import portable, with_traceback_text
+from prefetch.backends.shm import FileId, SlotLayout, unlink_if_same
+from prefetch.coordinator import POLL_S
+
+
+class Stop:
+    """Exit after the tasks sent before this."""
+
+
+class Cancelled:
+    """The answer to a task cancelled before the worker began it: its slot was not touched."""
+
+
+class Forget(NamedTuple):
+    """Unmap segment `name` (the loader no longer uses it)."""
+
+    name: str
+
+
+class Cancel(NamedTuple):
+    """Drop batch `batch_id` if it is still queued."""
+
+    batch_id: int
+
+
+class Segment(NamedTuple):
+    """Map segment `name`; its file descriptor follows this message on the pipe."""
+
+    name: str
+    path: str
+
+
+class Task(NamedTuple):
+    batch_id: int
+    task: BatchTask
+    slot_name: str
+    size: int
+
+
+class _ParentGone(Exception):
+    pass
+
+
+def parent_alive(parent: int) -> bool:
+    """Whether the loader's process still runs (under forkserver it is not our parent)."""
+    if os.getppid() == parent:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
+    """A worker process: run tasks from `conn` until told to stop or the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
+    name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
+    segments: dict[str, tuple[Slot, str, FileId]] = {}
+    queued: deque[Task | Forget | Stop] = deque()
+    try:
+        while True:
+            if not queued and not conn.poll(POLL_S):
+                if not parent_alive(parent):
+                    raise _ParentGone
+                continue
+            _read_arrived(conn, layout, segments, queued)
+            if not queued:
+                continue
+            message = queued.popleft()
+            if isinstance(message, Stop):
+                return
+            if isinstance(message, Forget):
+                segments.pop(message.name, None)
+                continue
+            _run(reader, message, segments.get(message.slot_name), conn, name)
+    except (_ParentGone, EOFError, BrokenPipeError, ConnectionResetError):
+        # The parent is gone and cannot unlink its segments: do it for it.
+        for _, path, identity in segments.values():
+            unlink_if_same(path, identity)
+
+
+def _read_arrived(
+    conn: Connection,
+    layout: SlotLayout,
+    segments: dict[str, tuple[Slot, str, FileId]],
+    queued: deque[Task | Forget | Stop],
+) -> None:
+    """Take every message that has arrived: map segments, apply cancels, queue the rest."""
+    while conn.poll(0):
+        message = conn.recv()
+        if isinstance(message, Segment):
+            fd = recv_handle(conn)
+            try:
+                slot = layout.map(fd, message.name)
+                segments[message.name] = (slot, message.path, FileId.of(os.fstat(fd)))
+            finally:
+                os.close(fd)
+        elif isinstance(message, Cancel):
+            for task in queued:
+                if isinstance(task, Task) and task.batch_id == message.batch_id:
+                    queued.remove(task)
+                    conn.send((task.batch_id, Cancelled(), None))
+                    break
+        else:
+            queued.append(message)
+
+
+def _run(
+    reader: SampleReader,
+    message: Task,
+    segment: tuple[Slot, str, FileId] | None,
+    conn: Connection,
+    name: str,
+) -> None:
+    if segment is None:  # forgotten: nobody waits for it
+        conn.send((message.batch_id, Cancelled(), None))
+        return
+    try:
+        outcome = reader.read_into(message.task, segment[0], 0, message.size, name)
+        outcome.skipped = [
+            Skipped(s.position, s.path, portable(s.error))  # type: ignore[arg-type]
+            for s in outcome.skipped
+        ]
+        conn.send((message.batch_id, outcome, None))
+    except Exception as error:
+        conn.send((message.batch_id, None, with_traceback_text(error)))
