@@ -20,7 +20,8 @@ from prefetch.errors import (
     TooManySkippedError,
     WorkerCrashedError,
 )
-from prefetch.loader import Batch, Loader
+from prefetch.loader import Batch, Loader, Stream
+from prefetch.options import ProcessOptions
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
 
@@ -40,8 +41,10 @@ __all__ = [
     "Loader",
     "LoaderStats",
     "PrefetchError",
+    "ProcessOptions",
     "Source",
     "StopTimeoutError",
+    "Stream",
     "TooManySkippedError",
     "WorkerCrashedError",
     "background",

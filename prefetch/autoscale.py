@@ -200,3 +200,26 @@ def thread_clocks() -> tuple[float, float]:
         return int(on_cpu) / 1e9, int(waiting) / 1e9
     except (OSError, ValueError):
         return time.thread_time(), 0.0
+
+
+def tuner_for(
+    *,
+    process: bool,
+    workers: int,
+    depth: int,
+    ring_bytes: int,
+    memory_budget: int | None,
+) -> WorkerTuner:
+    """The tuner of a loader whose slot ring takes `ring_bytes`.
+
+    The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
+    given); a process worker takes whole batches, so more than `depth` of them would idle.
+    """
+    budget = memory_budget or available_memory_bytes() // 4
+    return WorkerTuner(
+        start=workers,
+        maximum=depth if process else 2 * usable_cores(),
+        depth=depth,
+        worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
+        budget_bytes=max(budget - ring_bytes, 0),
+    )

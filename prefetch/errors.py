@@ -16,7 +16,7 @@ code that catches `RuntimeError` keeps working:
      |    +-- StopTimeoutError (+ RuntimeError)
      |    |                     Coordinator.join: threads or processes still running after the
      |    |                     stop grace period ("Coordinator stopped with threads still ...")
-     |    +-- DoesNotFitError (+ MemoryError)   [defined in prefetch.tf for now; moves here]
+     |    +-- DoesNotFitError (+ MemoryError)
      |                          prefetch.tf.resident / resident_stream: the data exceed the
      |                          memory budget; the message says what would fit
      +-- RemoteTraceback        not raised: the `__cause__` of an error raised in a worker
@@ -87,3 +87,17 @@ def add_note(exc: BaseException, note: str) -> None:
             notes = []
             exc.__notes__ = notes
         notes.append(note)
+
+
+class DoesNotFitError(PrefetchError, MemoryError):
+    """The data would not fit in the memory budget; the message says what would.
+
+    `needed_bytes` and `budget_bytes` are the two sides of the check; `max_macro_batches` is
+    the largest `macro_batches` that `resident_stream` could use within the budget (0: none).
+    """
+
+    def __init__(self, message: str, needed_bytes: int, budget_bytes: int, max_macro_batches: int):
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.budget_bytes = budget_bytes
+        self.max_macro_batches = max_macro_batches

@@ -1,13 +1,14 @@
 """Loader: parallel, ordered, bounded batches from an image folder or any indexable source.
 
-Contract:
+The owner of a loading job: it checks the options (`prefetch.options`), plans the epochs
+(`prefetch.plan`), builds and owns the backend and its slot ring (`prefetch.backends`), and
+makes one `Stream` (`prefetch.stream`) per epoch. Contract:
+
 - Batches come in epoch order; at most `depth` batches are being decoded at once, each into a
-  preallocated slot, so memory is bounded by (depth + a few) batches.
-- A delivered batch is a view into its slot. The slot is reused only after the consumer has
-  asked for the next batch *and* nobody holds a view of it any more (checked by reference
-  count), so keeping a batch is always safe; `copy=True` hands out private copies instead.
-- `with loader:` owns the workers across epochs; without it, each iteration starts workers and
-  stops them when the epoch ends or the iterator is dropped. `close()` is idempotent.
+  preallocated slot, so memory is bounded by `ring_capacity(depth)` batches.
+- `with loader:` owns the workers across epochs; without it, each epoch starts them and stops
+  them when it ends or is dropped. `close()` is idempotent. A loader that is dropped, or still
+  open when the interpreter exits, is closed quietly (`weakref.finalize`, an exit hook).
 - An error in a worker is raised at the batch where it happened, with its original type and
   traceback and a note naming the file. Errors that TensorFlow swallowed are re-raised by
   `close()` and by leaving the `with` block.
@@ -15,74 +16,92 @@ Contract:
 
 from __future__ import annotations
 
+import atexit
 import logging
-import multiprocessing
 import os
 import threading
-import time
-from collections import deque
-from collections.abc import Iterator
+import weakref
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from prefetch.autoscale import (
-    PROCESS_WORKER_BYTES,
-    THREAD_WORKER_BYTES,
-    WorkerTuner,
-    available_memory_bytes,
-    usable_cores,
-)
-from prefetch.backends.base import Backend, BatchTask, PendingBatch, Slot
+from prefetch.autoscale import WorkerTuner, tuner_for, usable_cores
+from prefetch.backends import make_backend
+from prefetch.backends.base import Backend
 from prefetch.backends.choose import choose_backend
-from prefetch.backends.processes import ProcessBackend
 from prefetch.backends.reader import SampleReader, Transform
 from prefetch.backends.ring import SlotRing, ring_capacity
-from prefetch.backends.threads import ThreadBackend
-from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.backends.shm import sweep_stale
+from prefetch.coordinator import Coordinator
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
-from prefetch.errors import ClosedError, TooManySkippedError
-from prefetch.sources import ImageFolder, Source, epoch_order
+from prefetch.options import LoaderOptions, ProcessOptions, check_shard, one_of
+from prefetch.plan import Cursor, EpochPlan
+from prefetch.sources import ImageFolder, Source
 from prefetch.stats import LoaderStats, StatsRecorder
+from prefetch.stream import Batch, SkipCounter, Stream
+
+__all__ = ["Batch", "Loader", "Stream"]
 
 log = logging.getLogger(__name__)
 
-LABEL_MODES = ("int", "categorical", "binary", None)
-ON_ERROR = ("raise", "skip")
-BACKENDS = ("thread", "process", "auto")
-START_METHODS = ("spawn", "forkserver")
-# How long an abandoned epoch waits for each in-flight batch before forgetting its slot.
-SLOT_DRAIN_S = 5.0
+
+class _Workers:
+    """What a started loader owns: the backend, its ring and the coordinator; `close` frees them.
+
+    Kept apart from the Loader so that a finalizer and the exit hook can close it without
+    holding the Loader alive.
+    """
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+        self.backend: Backend | None = None
+        self.ring: SlotRing | None = None
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            backend, self.backend, self.ring = self.backend, None, None
+            _OPEN.discard(self)
+        if backend is None:
+            return
+        self.coordinator.request_stop()
+        backend.close()
+        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
 
 
-class Batch(NamedTuple):
-    """A batch: `images` uint8 (N, H, W, C) and `labels` (int32 (N,), or float32 one-hot)."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
+# The workers of every started loader, closed at interpreter exit. Registered after
+# multiprocessing's own exit hook (imported above), so it runs first: the workers stop on our
+# message, not on multiprocessing's SIGTERM (which a process backend would report as a crash).
+_OPEN: set[_Workers] = set()
 
 
-def _one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
+def _close_quietly(workers: _Workers) -> None:
+    """Close a loader nobody closed (dropped, or open at exit): no traceback, nothing left."""
+    try:
+        workers.close()
+    except BaseException as error:  # an undelivered worker error: nobody is left to see it
+        log.debug("prefetch: closing an abandoned loader: %r", error)
+
+
+def _close_all_at_exit() -> None:
+    for workers in list(_OPEN):
+        _close_quietly(workers)
+
+
+atexit.register(_close_all_at_exit)
 
 
 class Loader:
     """Load a source in parallel, in order, in batches, ahead of the consumer.
 
     `source` is an `ImageFolder`, a `FileList`, a folder path (read as an ImageFolder), or any
-    object with `__len__` and `__getitem__(index) -> (image, label)`. Iterating gives
-    `Batch(images, labels)` per batch (images only when `label_mode=None`); each iteration is a
-    new epoch. The keyword options mirror Keras `image_dataset_from_directory`; see
-    docs/api.md for each.
+    object with `__len__` and `__getitem__(index) -> (image, label)` (just the image with
+    `label_mode=None`). Iterating gives a `Stream` of `Batch(images, labels)` (labels None with
+    `label_mode=None`); each iteration is a new epoch. The keyword options mirror Keras
+    `image_dataset_from_directory`; `LoaderOptions` checks them. `backend` is "auto", "thread",
+    "process" or a `ProcessOptions` (the process backend with those options); `max_restarts`
+    and `start_method` are the older spelling of the latter's fields.
     """
 
     def __init__(
@@ -109,60 +128,33 @@ class Loader:
         copy: bool = False,
         num_shards: int = 1,
         shard_index: int = 0,
-        backend: str = "auto",
-        max_restarts: int = 3,
+        backend: str | ProcessOptions = "auto",
+        max_restarts: int | None = None,
         start_method: str | None = None,
         memory_budget: int | None = None,
     ) -> None:
-        if isinstance(source, (str, os.PathLike)):
-            source = ImageFolder(source)
-        if not isinstance(source, Source):
-            raise TypeError(
-                f"source must have __len__ and __getitem__ (or be a folder path), "
-                f"got {type(source).__name__}"
-            )
-        if len(source) == 0:
-            raise ValueError(f"source {source!r} is empty: there is nothing to load")
-        self.source = source
-        self.batch_size = _positive("batch_size", batch_size)
-        if isinstance(workers, str) and workers != "auto":
-            raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
-        self.autotune = workers == "auto"
-        self.workers = _positive(
-            "workers", usable_cores() if self.autotune or workers is None else workers
+        self.source = _as_source(source)
+        process = _process_options(backend, max_restarts, start_method)
+        self._options = LoaderOptions(
+            batch_size=batch_size,
+            workers=workers,
+            depth=depth,
+            shuffle=bool(shuffle),
+            seed=seed,
+            drop_remainder=bool(drop_remainder),
+            label_mode=label_mode,
+            on_error=on_error,
+            max_skipped=max_skipped,
+            copy=bool(copy),
+            num_shards=num_shards,
+            shard_index=shard_index,
+            backend="process" if isinstance(backend, ProcessOptions) else backend,
+            process=process,
+            memory_budget=memory_budget,
         )
-        if memory_budget is not None and memory_budget < 1:
-            raise ValueError(
-                f"memory_budget must be a positive number of bytes, got {memory_budget}"
-            )
-        self.memory_budget = memory_budget
-        self._tuner: WorkerTuner | None = None
-        self.depth = _positive("depth", depth)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**63))
-        self._seed_is_random = seed is None  # then another process cannot draw the same order
-        self.drop_remainder = bool(drop_remainder)
-        self.label_mode = _one_of("label_mode", label_mode, LABEL_MODES)
-        self.on_error = _one_of("on_error", on_error, ON_ERROR)
-        self.backend_name = _one_of("backend", backend, BACKENDS)
-        self.backend_reason = "" if backend == "auto" else f"backend={backend!r} was asked for"
-        self.start_method = _start_method(start_method)
-        _one_of("color_mode", color_mode, tuple(COLOR_MODES))
-        if max_skipped is not None and max_skipped < 0:
-            raise ValueError(f"max_skipped must be >= 0 or None, got {max_skipped}")
-        self.max_skipped = max_skipped
-        self.copy = bool(copy)
-        if max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-        self.max_restarts = int(max_restarts)
-        self.num_shards = _positive("num_shards", num_shards)
-        if not 0 <= shard_index < self.num_shards:
-            raise ValueError(
-                f"shard_index must be in [0, num_shards={self.num_shards}), got {shard_index}"
-            )
-        self.shard_index = int(shard_index)
-        self.class_names: list[str] = list(getattr(source, "class_names", []) or [])
-        self._check_labels()
+        self.class_names: list[str] = list(getattr(self.source, "class_names", []) or [])
+        _check_label_mode(self.source, label_mode, self.class_names)
+        one_of("color_mode", color_mode, tuple(COLOR_MODES))
         height, width = (int(v) for v in image_size)
         self.options = DecodeOptions(
             (height, width),
@@ -173,95 +165,68 @@ class Loader:
             antialias=bool(antialias),
         )
         self._reader = SampleReader(
-            source=source,
+            source=self.source,
             decoder=get_decoder(decoder),
             options=self.options,
             transform=transform,
-            skip_errors=self.on_error == "skip",
-            labelled=self.label_mode is not None,
+            skip_errors=on_error == "skip",
+            labelled=label_mode is not None,
+            num_classes=len(self.class_names) or None,
         )
-        if len(self) == 0:
+        self._seed_is_random = seed is None  # then another process cannot draw the same order
+        self._plan = EpochPlan(
+            size=len(self.source),
+            batch_size=batch_size,
+            seed=int(seed) if seed is not None else int(np.random.default_rng().integers(2**63)),
+            shuffle=bool(shuffle),
+            drop_remainder=bool(drop_remainder),
+            num_shards=num_shards,
+            shard_index=shard_index,
+        )
+        if len(self._plan) == 0:
             raise ValueError(
-                f"drop_remainder=True with {len(source)} samples and batch_size "
-                f"{self.batch_size} leaves no batch; lower batch_size"
+                f"drop_remainder=True with {len(self.source)} samples and batch_size "
+                f"{batch_size} leaves no batch; lower batch_size"
             )
+        self.autotune = workers == "auto"
+        self.workers = usable_cores() if self.autotune or workers is None else int(workers)
+        self.backend_name = self._options.backend
+        self.backend_reason = (
+            "" if backend == "auto" else f"backend={self.backend_name!r} was asked for"
+        )
         self.coordinator = Coordinator()
+        self._workers = _Workers(self.coordinator)
+        weakref.finalize(self, _close_quietly, self._workers)
+        self._cursor = Cursor()
         self._stats = StatsRecorder()
-        self._skipped_files: set[str] = set()
+        self._skips = SkipCounter(max_skipped)
+        self._tuner: WorkerTuner | None = None
         self._lock = threading.Lock()
-        self._backend: Backend | None = None
-        self._ring: SlotRing | None = None
         self._entered = 0
-        self._active_epochs = 0
-        self._next = (0, 0)  # (epoch, first batch) of the next iteration
-        self._current: list[int] | None = None  # [epoch, batches delivered] of the latest one
+        self._streams = 0
 
-    def _check_labels(self) -> None:
-        if self.label_mode is None:
-            return
-        if getattr(self.source, "has_labels", True) is False:
-            raise ValueError("this source has no labels: pass label_mode=None")
-        if self.label_mode == "categorical" and not self.class_names:
-            raise ValueError(
-                "label_mode='categorical' needs the number of classes: give the source a "
-                "class_names attribute, or use label_mode='int'"
-            )
-        if self.label_mode == "binary" and len(self.class_names) not in (0, 2):
-            raise ValueError(
-                f"label_mode='binary' needs exactly 2 classes, found {len(self.class_names)}: "
-                f"{self.class_names}; use 'int' or 'categorical'"
-            )
+    # ---- options (read-only; set them when making the Loader) ----------------------------
 
-    # ---- sizes -------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        full, rest = divmod(self._shard_size(), self.batch_size)
-        return full + (1 if rest and not self.drop_remainder else 0)
-
-    def _shard_size(self) -> int:
-        """Samples per epoch in this loader's shard."""
-        return len(range(self.shard_index, len(self.source), self.num_shards))
-
-    def shard(self, num_shards: int, shard_index: int) -> None:
-        """From now on yield shard `shard_index` of `num_shards` (as the constructor's options).
-
-        For one input pipeline per process (tf.distribute): each process makes the same Loader
-        and calls `shard` with its own index. Allowed until the loader's first epoch begins
-        (also after `load_state_dict`), or at any time with the values it already has;
-        otherwise RuntimeError. A shuffling loader needs an explicit `seed` for num_shards > 1.
-        """
-        num_shards = _positive("num_shards", num_shards)
-        if not 0 <= shard_index < num_shards:
-            raise ValueError(
-                f"shard_index must be in [0, num_shards={num_shards}), got {shard_index}"
-            )
-        if num_shards > 1 and self.shuffle and self._seed_is_random:
-            raise ValueError(
-                "sharding a shuffling loader needs an explicit seed: every shard must draw the "
-                f"same epoch order, but this loader picked a random seed ({self.seed}). Pass the "
-                "same seed= to the Loader in every process"
-            )
-        with self._lock:
-            if (num_shards, shard_index) == (self.num_shards, self.shard_index):
-                return
-            if self._current is not None:
-                raise RuntimeError(
-                    f"cannot re-shard a loader that has begun an epoch (it yields shard "
-                    f"{self.shard_index} of {self.num_shards}): create the Loader with "
-                    f"num_shards={num_shards}, shard_index={shard_index}, or call shard() before "
-                    "iterating it"
-                )
-            size = len(range(shard_index, len(self.source), num_shards))
-            full, rest = divmod(size, self.batch_size)
-            batches = full + (1 if rest and not self.drop_remainder else 0)
-            if batches < max(1, self._next[1]):
-                raise ValueError(
-                    f"shard {shard_index} of {num_shards} has {size} samples, {batches} batches of "
-                    f"{self.batch_size}: too few for an epoch (or for the resume position "
-                    f"{self._next[1]}); lower batch_size or the number of shards"
-                )
-            self.num_shards, self.shard_index = num_shards, int(shard_index)
+    batch_size = property(lambda self: self._plan.batch_size, doc="Samples per batch.")
+    depth = property(lambda self: self._options.depth, doc="Batches decoded ahead at most.")
+    shuffle = property(lambda self: self._options.shuffle, doc="Whether epochs are shuffled.")
+    seed = property(lambda self: self._plan.seed, doc="The seed of the epoch order.")
+    drop_remainder = property(
+        lambda self: self._plan.drop_remainder, doc="Whether a last, short batch is dropped."
+    )
+    label_mode = property(lambda self: self._options.label_mode, doc="The labels' encoding.")
+    on_error = property(lambda self: self._options.on_error, doc='"raise" or "skip".')
+    max_skipped = property(lambda self: self._options.max_skipped, doc="The skip cap.")
+    copy = property(lambda self: self._options.copy, doc="Whether batches are private copies.")
+    num_shards = property(lambda self: self._plan.num_shards, doc="Shards of each epoch.")
+    shard_index = property(lambda self: self._plan.shard_index, doc="This loader's shard.")
+    memory_budget = property(lambda self: self._options.memory_budget, doc="Tuner budget.")
+    max_restarts = property(
+        lambda self: self._options.process.max_restarts, doc="Process worker restarts allowed."
+    )
+    start_method = property(
+        lambda self: self._options.process.method, doc="Process workers' start method."
+    )
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -271,7 +236,54 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next iteration will produce (0 for the first)."""
-        return self._next[0]
+        return self._cursor.next_epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self._plan)
+
+    def batch_indices(self, epoch: int) -> list[np.ndarray]:
+        """The source indices of each batch of `epoch` in this shard (derived from seed, epoch).
+
+        Every shard takes every `num_shards`-th sample of the same epoch permutation, so the
+        shards are disjoint and together cover the epoch.
+        """
+        return self._plan.batches(epoch)
+
+    def shard(self, num_shards: int, shard_index: int) -> None:
+        """From now on yield shard `shard_index` of `num_shards` (as the constructor's options).
+
+        For one input pipeline per process (tf.distribute): each process makes the same Loader
+        and calls `shard` with its own index. Allowed until the loader's first epoch begins
+        (also after `load_state_dict`), or at any time with the values it already has;
+        otherwise RuntimeError. A shuffling loader needs an explicit `seed` for num_shards > 1.
+        """
+        num_shards, shard_index = check_shard(num_shards, shard_index)
+        if num_shards > 1 and self.shuffle and self._seed_is_random:
+            raise ValueError(
+                "sharding a shuffling loader needs an explicit seed: every shard must draw the "
+                f"same epoch order, but this loader picked a random seed ({self.seed}). Pass the "
+                "same seed= to the Loader in every process"
+            )
+        with self._lock:
+            if (num_shards, shard_index) == (self.num_shards, self.shard_index):
+                return
+            if self._cursor.started:
+                raise RuntimeError(
+                    f"cannot re-shard a loader that has begun an epoch (it yields shard "
+                    f"{self.shard_index} of {self.num_shards}): create the Loader with "
+                    f"num_shards={num_shards}, shard_index={shard_index}, or call shard() before "
+                    "iterating it"
+                )
+            plan = self._plan.replace(num_shards=num_shards, shard_index=shard_index)
+            if len(plan) < max(1, self._cursor.next_position):
+                raise ValueError(
+                    f"shard {shard_index} of {num_shards} has {plan.shard_size} samples, "
+                    f"{len(plan)} batches of {self.batch_size}: too few for an epoch (or for the "
+                    f"resume position {self._cursor.next_position}); lower batch_size or the "
+                    "number of shards"
+                )
+            self._plan = plan
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -293,36 +305,46 @@ class Loader:
             if undelivered is not exc:
                 raise  # the original of an error that TensorFlow (or a thread) swallowed
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._backend is not None:
-                return
+    def _start(self) -> tuple[Backend, SlotRing]:
+        """Start the workers unless they run; returns the backend and its ring."""
+        owned = self._workers
+        with owned.lock:
+            if owned.backend is not None and owned.ring is not None:
+                return owned.backend, owned.ring
             self.coordinator.clear_stop()
+            sweep_stale()  # segments of loaders that died, of this user only
             if self.backend_name == "auto":
-                first = self.batch_indices(self._next[0])[0]
+                first = self._plan.batches(self._cursor.next_epoch)[0]
                 choice = choose_backend(self._reader, first)
                 self.backend_name, self.backend_reason = choice.name, choice.reason
                 log.info("prefetch %s", choice.reason)
-            backend: Backend
-            if self.backend_name == "process":
-                backend = ProcessBackend(
-                    self._reader,
-                    self.workers,
-                    self.batch_size,
-                    self.depth,
-                    self.coordinator,
-                    self.max_restarts,
-                    self.start_method,
-                )
-            else:
-                backend = ThreadBackend(
-                    self._reader, self.workers, self.batch_size, self.coordinator
-                )
+            backend = make_backend(
+                self.backend_name,
+                self._reader,
+                workers=self.workers,
+                batch_size=self.batch_size,
+                depth=self.depth,
+                coordinator=self.coordinator,
+                process=self._options.process,
+            )
             backend.start()
             if self.autotune and self._tuner is None:
-                self._tuner = self._new_tuner()
-            self._backend = backend
-            self._ring = SlotRing(backend)
+                height, width, channels = self.image_shape
+                batch_bytes = self.batch_size * (height * width * channels + 4)
+                self._tuner = tuner_for(
+                    process=self.backend_name == "process",
+                    workers=self.workers,
+                    depth=self.depth,
+                    ring_bytes=ring_capacity(self.depth) * batch_bytes,
+                    memory_budget=self.memory_budget,
+                )
+            owned.backend, owned.ring = backend, SlotRing(backend)
+            _OPEN.add(owned)
+            return owned.backend, owned.ring
+
+    def _owns(self, backend: Backend | None) -> bool:
+        """Whether `backend` is still this loader's running backend (not closed meanwhile)."""
+        return backend is not None and self._workers.backend is backend
 
     def close(self) -> None:
         """Stop the workers, join them, free the buffers. Idempotent.
@@ -330,13 +352,7 @@ class Loader:
         Raises the first worker error that was recorded but never delivered to the consumer
         (for example one that TensorFlow wrapped in its own error type).
         """
-        with self._lock:
-            backend, self._backend, self._ring = self._backend, None, None
-        if backend is None:
-            return
-        self.coordinator.request_stop()
-        backend.close()
-        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
+        self._workers.close()
 
     def record_undelivered_error(self, error: BaseException) -> None:
         """Keep `error` to re-raise at `close()`: it reached a consumer that wrapped it (TF)."""
@@ -344,162 +360,35 @@ class Loader:
 
     # ---- iteration ---------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Stream:
         """One epoch. It begins (takes its epoch number, starts workers) at the first next()."""
-        return self._run_epoch()
+        return Stream(self)
 
-    def _run_epoch(self) -> Iterator[Any]:
+    def _begin_stream(self) -> tuple[int, int]:
+        """A stream begins: its (epoch, first batch)."""
         with self._lock:
-            epoch, skip = self._next
-            self._next = (epoch + 1, 0)
-            self._current = [epoch, skip]
-            self._active_epochs += 1
-        try:
-            self._start()
-            yield from self._produce(epoch, skip)
-        finally:
-            with self._lock:
-                self._active_epochs -= 1
-                owner_left = self._active_epochs == 0 and self._entered == 0
-            if owner_left:
-                self.close()
-                _forget_dummy_thread()
+            self._streams += 1
+        return self._cursor.begin()
 
-    def batch_indices(self, epoch: int) -> list[np.ndarray]:
-        """The source indices of each batch of `epoch` in this shard (derived from seed, epoch).
+    def _end_stream(self) -> None:
+        """A stream ended; the last one closes the workers unless `with loader:` owns them."""
+        with self._lock:
+            self._streams -= 1
+            owner_left = self._streams == 0 and self._entered == 0
+        if owner_left:
+            self.close()
+            _forget_dummy_thread()
 
-        Every shard takes every `num_shards`-th sample of the same epoch permutation, so the
-        shards are disjoint and together cover the epoch.
-        """
-        order = epoch_order(len(self.source), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
-        order = order[self.shard_index :: self.num_shards]
-        size = self.batch_size
-        return [order[i : i + size] for i in range(0, len(self) * size, size)]
-
-    def _produce(self, epoch: int, skip: int) -> Iterator[Any]:
-        backend, ring = self._backend, self._ring
-        assert backend is not None and ring is not None
-        todo = deque(self.batch_indices(epoch)[skip:])
-        window: deque[tuple[Slot, PendingBatch]] = deque()
-        stats = self._stats
-        asked = time.perf_counter()
-
-        def top_up() -> None:
-            while todo and len(window) < self.depth:
-                slot = ring.acquire()
-                task = BatchTask(todo.popleft(), epoch, self.seed)
-                window.append((slot, backend.submit(task, slot)))
-
-        try:
-            top_up()
-            while window:
-                slot, pending = window.popleft()
-                stats.requests += 1
-                ready = pending.done() + sum(p.done() for _, p in window)
-                stats.ready_sum += ready
-                self._wait(backend, pending)
-                try:
-                    outcome = pending.result()
-                except BaseException:
-                    ring.release(slot)
-                    raise
-                top_up()
-                if self._current is not None and self._current[0] == epoch:
-                    self._current[1] += 1
-                stats.producer_busy_s += outcome.busy_s
-                self._count_skipped(outcome.skipped)
-                if outcome.count == 0:
-                    ring.release(slot)
-                    continue
-                batch = self._deliver(slot, outcome.count)
-                ring.deliver(slot)
-                stats.batches += 1
-                stats.images += outcome.count
-                now = time.perf_counter()
-                stats.consumer_wait_s += now - asked
-                stats.elapsed_s += now - asked
-                if self._tuner is not None:
-                    self._tune(backend, now - asked, ready, outcome)
-                yield batch
-                del batch  # our own reference would keep the slot looking in use
-                asked = time.perf_counter()
-                stats.elapsed_s += asked - now
-            stats.epochs += 1
-        finally:
-            for _, pending in window:
-                pending.cancel()
-            for slot, pending in window:
-                if pending.wait(SLOT_DRAIN_S):
-                    ring.release(slot)
-                else:  # a worker may still write rows: forget the slot rather than reuse it
-                    backend.forget_slot(slot)
-
-    def _new_tuner(self) -> WorkerTuner:
-        process = self.backend_name == "process"
-        height, width, channels = self.options.shape
-        ring_bytes = ring_capacity(self.depth) * self.batch_size * (height * width * channels + 4)
-        budget = self.memory_budget or available_memory_bytes() // 4
-        return WorkerTuner(
-            start=self.workers,
-            # A process worker takes whole batches, so more than `depth` of them would idle.
-            maximum=self.depth if process else 2 * usable_cores(),
-            depth=self.depth,
-            worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
-            budget_bytes=max(budget - ring_bytes, 0),
-        )
-
-    def _tune(self, backend: Backend, waited_s: float, ready: int, outcome: Any) -> None:
-        assert self._tuner is not None
-        count = self._tuner.observe(
-            waited_s, ready, outcome.busy_s, outcome.busy_s - outcome.cpu_s - outcome.runnable_s
-        )
+    def _observe(self, waited_s: float, ready: int, outcome: Any) -> None:
+        """A batch was delivered: let workers="auto" decide the worker count."""
+        if self._tuner is None or self._workers.backend is None:
+            return
+        blocked_s = outcome.busy_s - outcome.cpu_s - outcome.runnable_s
+        count = self._tuner.observe(waited_s, ready, outcome.busy_s, blocked_s)
         if count is not None:
             log.info("prefetch %s", self._tuner.decisions[-1])
-            backend.set_workers(count)
+            self._workers.backend.set_workers(count)
             self.workers = count
-
-    def _wait(self, backend: Backend, pending: PendingBatch) -> None:
-        """Wait for `pending`; raise ClosedError (or the reported error) if the loader stops.
-
-        A close() from another thread also settles the pending batch (its chunks cancelled, or
-        its slot abandoned), so a batch that is done is checked too: its backend must be ours.
-        """
-        while not pending.wait(POLL_S):
-            if self.coordinator.should_stop():
-                self._raise_closed()
-        if self._backend is not backend:
-            self._raise_closed()
-
-    def _raise_closed(self) -> None:
-        self.coordinator.raise_requested_exception()
-        raise ClosedError("the loader was closed while a batch was being waited for")
-
-    def _count_skipped(self, skipped: list[Any]) -> None:
-        for item in skipped:
-            log.warning("prefetch skipped %s: %r", item.path, item.error)
-            self._stats.skipped += 1
-            self._stats.skipped_paths.append(item.path)
-            self._skipped_files.add(item.path)
-        if self.max_skipped is not None and len(self._skipped_files) > self.max_skipped:
-            raise TooManySkippedError(
-                f"{len(self._skipped_files)} samples could not be read, more than "
-                f"max_skipped={self.max_skipped}; the last was {skipped[-1].path!r}. Fix or "
-                "remove the files (see .paths), or raise max_skipped",
-                sorted(self._skipped_files),
-            ) from skipped[-1].error
-
-    def _deliver(self, slot: Slot, count: int) -> Any:
-        images = slot.images[:count]
-        raw_labels = slot.labels[:count]
-        if self.copy:
-            images, raw_labels = images.copy(), raw_labels.copy()
-        if self.label_mode is None:
-            return images
-        if self.label_mode == "int":
-            return Batch(images, raw_labels)
-        if self.label_mode == "binary":
-            return Batch(images, raw_labels.astype(np.float32).reshape(-1, 1))
-        return Batch(images, np.eye(len(self.class_names), dtype=np.float32)[raw_labels])
 
     # ---- resume ------------------------------------------------------------------------
 
@@ -510,13 +399,8 @@ class Loader:
         position 0. Restore it with `load_state_dict` (in this or a fresh process) and the
         following batches equal those of an uninterrupted run.
         """
-        with self._lock:
-            current = self._current
-            if current is not None and current[1] < len(self):
-                epoch, position = current
-            else:
-                epoch, position = self._next
-            return {"seed": self.seed, "epoch": epoch, "position": position}
+        epoch, position = self._cursor.state(len(self))
+        return {"seed": self.seed, "epoch": epoch, "position": position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from `state` (from `state_dict`): the next iteration resumes that epoch."""
@@ -527,10 +411,9 @@ class Loader:
                 "was the state saved with another batch_size or dataset?"
             )
         with self._lock:
-            self.seed = int(state["seed"])
+            self._plan = self._plan.replace(seed=int(state["seed"]))
             self._seed_is_random = False
-            self._next = (int(state["epoch"]), position)
-            self._current = None
+            self._cursor.restore(int(state["epoch"]), position)
 
     # ---- reporting ---------------------------------------------------------------------
 
@@ -558,20 +441,49 @@ class Loader:
         )
 
 
-def _start_method(method: str | None) -> str:
-    """The multiprocessing start method for process workers: never fork (unsafe after TF)."""
-    if method is None:
-        # The default, as set by the program, else the platform's (forkserver from Python 3.14).
-        default = multiprocessing.get_start_method(allow_none=True)
-        default = default or multiprocessing.get_all_start_methods()[0]
-        return default if default in START_METHODS else "spawn"
-    if method not in START_METHODS:
-        raise ValueError(
-            f"start_method must be one of {START_METHODS}, got {method!r}: process workers are "
-            "never forked, because forking a process that has started threads (TensorFlow's, "
-            "the loader's) can deadlock the child"
+def _as_source(source: Any) -> Source:
+    if isinstance(source, (str, os.PathLike)):
+        source = ImageFolder(source)
+    if not isinstance(source, Source):
+        raise TypeError(
+            f"source must have __len__ and __getitem__ (or be a folder path), "
+            f"got {type(source).__name__}"
         )
-    return method
+    if len(source) == 0:
+        raise ValueError(f"source {source!r} is empty: there is nothing to load")
+    return source
+
+
+def _process_options(
+    backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
+) -> ProcessOptions:
+    """The process options from `backend=ProcessOptions(...)` or the older keywords."""
+    if isinstance(backend, ProcessOptions):
+        if max_restarts is not None or start_method is not None:
+            raise ValueError(
+                "pass max_restarts and start_method inside ProcessOptions, not beside it"
+            )
+        return backend
+    return ProcessOptions(
+        max_restarts=3 if max_restarts is None else max_restarts, start_method=start_method
+    )
+
+
+def _check_label_mode(source: Source, label_mode: str | None, class_names: list[str]) -> None:
+    if label_mode is None:
+        return
+    if getattr(source, "has_labels", True) is False:
+        raise ValueError("this source has no labels: pass label_mode=None")
+    if label_mode == "categorical" and not class_names:
+        raise ValueError(
+            "label_mode='categorical' needs the number of classes: give the source a "
+            "class_names attribute, or use label_mode='int'"
+        )
+    if label_mode == "binary" and len(class_names) not in (0, 2):
+        raise ValueError(
+            f"label_mode='binary' needs exactly 2 classes, found {len(class_names)}: "
+            f"{class_names}; use 'int' or 'categorical'"
+        )
 
 
 def _forget_dummy_thread() -> None:

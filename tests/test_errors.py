@@ -147,7 +147,7 @@ def test_closing_a_loader_while_its_consumer_waits_raises_closed_error(
     consumer = _Consumer(loader)
     consumer.start()
     try:
-        assert _wait_until_in(consumer, "_wait", "loader.py"), "the consumer never waited"
+        assert _wait_until_in(consumer, "_wait", "stream.py"), "the consumer never waited"
         loader.close()
         consumer.join(REACH_TIMEOUT_S)
     finally:
@@ -182,7 +182,7 @@ def test_stopping_a_loaders_coordinator_while_its_consumer_waits_raises_closed_e
     consumer = _Consumer(loader)
     with loader:
         consumer.start()
-        assert _wait_until_in(consumer, "_wait", "loader.py"), "the consumer never waited"
+        assert _wait_until_in(consumer, "_wait", "stream.py"), "the consumer never waited"
         loader.coordinator.request_stop()
         consumer.join(REACH_TIMEOUT_S)
     assert isinstance(consumer.error, ClosedError), repr(consumer.error)

@@ -359,14 +359,15 @@ def test_binary_labels_with_three_classes_raise(shapes_root: Path) -> None:
         Loader(shapes_root, batch_size=4, image_size=SMALL, workers=1, label_mode="binary")
 
 
-def test_no_label_mode_yields_image_arrays_only(shapes_root: Path) -> None:
+def test_no_label_mode_yields_batches_whose_labels_are_none(shapes_root: Path) -> None:
     loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=2, label_mode=None)
-    items = [item.copy() for item in loader]
+    items = [batch for batch in loader]
     assert len(items) == len(loader)
-    for item in items:
-        assert type(item) is np.ndarray
-        assert item.dtype == np.uint8 and item.shape[1:] == (*SMALL, 3)
-    assert sum(len(item) for item in items) == 18
+    for images, labels in items:
+        assert labels is None
+        assert type(images) is np.ndarray
+        assert images.dtype == np.uint8 and images.shape[1:] == (*SMALL, 3)
+    assert sum(len(batch.images) for batch in items) == 18
 
 
 # --- colour modes and sizes ---------------------------------------------------------------------

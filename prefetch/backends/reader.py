@@ -17,6 +17,7 @@ from prefetch.autoscale import thread_clocks
 from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.decode import DecodeOptions, Decoder, to_target_size
 from prefetch.errors import add_note
+from prefetch.labels import check_label
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
@@ -36,6 +37,7 @@ class SampleReader:
     transform: Transform | None
     skip_errors: bool
     labelled: bool
+    num_classes: int | None = None
 
     def describe(self, index: int) -> str:
         """The file (or sample) behind `index`, for messages."""
@@ -77,6 +79,7 @@ class SampleReader:
         else:
             item = self.source[index]
             image, label = item if self.labelled else (item, 0)
+            label = check_label(label, self.num_classes)
             image = to_target_size(image, self.options)
         _check_image(image, self.options, "decoder")
         if self.transform is not None:

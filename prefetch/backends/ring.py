@@ -3,8 +3,10 @@
 A stream takes a slot per batch it submits (`acquire`), hands it back when the batch is
 delivered (`deliver`) or abandoned (`release`), and the ring reuses a delivered slot only once
 nothing else holds its arrays (checked by reference count), so a batch the consumer keeps is
-never overwritten. Beyond `KEPT_REFERENCED_SLOTS` kept batches the ring forgets the oldest: it
-becomes the consumer's memory. So a ring never owns more than `ring_capacity(depth)` slots.
+never overwritten. While the consumer keeps `KEPT_REFERENCED_SLOTS` delivered batches the ring is
+`crowded()` and the stream hands out copies instead; should a slot still be needed then, the
+ring forgets the oldest kept one (it becomes the consumer's memory). So a ring never owns more
+than `ring_capacity(depth)` slots.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ class SlotRing:
                 # The consumer keeps these batches: they are its memory now, not the ring's.
                 self._backend.forget_slot(self._delivered.popleft())
         return self._backend.new_slot()
+
+    def crowded(self) -> bool:
+        """True while the consumer still holds all `KEPT_REFERENCED_SLOTS` delivered batches.
+
+        The stream then hands out copies, so the ring needs no new slot (nor, for the process
+        backend, a new shared-memory segment and its file descriptor) per batch kept.
+        """
+        with self._lock:
+            return len(self._delivered) >= KEPT_REFERENCED_SLOTS and all(
+                _in_use(slot) for slot in self._delivered
+            )
 
     def release(self, slot: Slot) -> None:
         """Return a slot that was never delivered (cancelled, failed)."""

@@ -8,12 +8,12 @@ underscore), so no public function shadows the module it lives in:
 - `keras_compat`: `image_dataset_from_directory` (Keras's drop-in; its argument checks in
   `_keras_args`)
 - `_resident`: `resident`, `ResidentDataset`; `_resident_stream`: `resident_stream`,
-  `ResidentStream`; `_budget`: `DoesNotFitError`; `_device`: `device_memory_budget` and the
+  `ResidentStream`; `_device`: `device_memory_budget` and the
   one device-name check
 - `_feeding`: `feeding_benchmark`, `FeedingRow`, a measurement tool outside the data path
 """
 
-from prefetch.tf._budget import DoesNotFitError
+from prefetch.errors import DoesNotFitError
 from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
 from prefetch.tf._device import device_memory_budget
 from prefetch.tf._feeding import FeedingRow, feeding_benchmark

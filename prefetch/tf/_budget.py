@@ -13,26 +13,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from prefetch.errors import PrefetchError
+from prefetch.errors import DoesNotFitError
+from prefetch.labels import label_bytes
 from prefetch.loader import Loader
 from prefetch.tf._device import device_memory_budget
 
 # Macro-batches of a stream on the device at once: the one being consumed, the next uploading.
 STREAM_BUFFERS = 2
-
-
-class DoesNotFitError(PrefetchError, MemoryError):
-    """The data would not fit in the memory budget; the message says what would.
-
-    `needed_bytes` and `budget_bytes` are the two sides of the check; `max_macro_batches` is
-    the largest `macro_batches` that `resident_stream` could use within the budget (0: none).
-    """
-
-    def __init__(self, message: str, needed_bytes: int, budget_bytes: int, max_macro_batches: int):
-        super().__init__(message)
-        self.needed_bytes = needed_bytes
-        self.budget_bytes = budget_bytes
-        self.max_macro_batches = max_macro_batches
 
 
 def format_bytes(count: float) -> str:
@@ -75,20 +62,10 @@ def check_budget(memory_budget: int | None, device: str) -> int:
     return int(memory_budget)
 
 
-def positive(name: str, value: Any) -> int:
-    """`value` as an int, or ValueError naming the argument when it is not an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
 def sample_bytes(loader: Loader) -> int:
     """Bytes of one decoded sample of `loader`: its uint8 image and its label."""
     height, width, channels = loader.image_shape
-    label_bytes = {"int": 4, "binary": 4, None: 0}.get(
-        loader.label_mode, 4 * len(loader.class_names)
-    )
-    return height * width * channels + label_bytes
+    return height * width * channels + label_bytes(loader.label_mode, len(loader.class_names))
 
 
 def nbytes(array: Any) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 import tensorflow as tf
 
 from prefetch.errors import add_note
+from prefetch.labels import label_spec
 from prefetch.loader import Loader
 from prefetch.tf._device import check_device
 
@@ -157,14 +158,11 @@ def output_signature(loader: Loader) -> Any:
     fixed = loader.drop_remainder and loader.on_error == "raise"
     batch = loader.batch_size if fixed else None
     images = tf.TensorSpec((batch, height, width, channels), tf.uint8, name="images")
-    if loader.label_mode is None:
+    spec = label_spec(loader.label_mode, len(loader.class_names))
+    if spec is None:
         return images
-    if loader.label_mode == "int":
-        labels = tf.TensorSpec((batch,), tf.int32, name="labels")
-    elif loader.label_mode == "binary":
-        labels = tf.TensorSpec((batch, 1), tf.float32, name="labels")
-    else:
-        labels = tf.TensorSpec((batch, len(loader.class_names)), tf.float32, name="labels")
+    tail, dtype = spec
+    labels = tf.TensorSpec((batch, *tail), tf.as_dtype(dtype), name="labels")
     return (images, labels)
 
 
@@ -213,7 +211,7 @@ def dataset(
             if malloc_fix:
                 restore_malloc_thresholds()
             for batch in loader:
-                yield tuple(batch) if loader.label_mode is not None else batch
+                yield tuple(batch) if loader.label_mode is not None else batch.images
         except Exception as error:
             loader.record_undelivered_error(error)
             raise

@@ -26,13 +26,12 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch.loader import Loader
-from prefetch.sources import epoch_order
-from prefetch.tf._budget import check_budget, does_not_fit, nbytes, positive, sample_bytes
+from prefetch.options import positive
+from prefetch.plan import EpochPlan, fixed_grouping
+from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
 from prefetch.tf._device import resolve_device, upload
 
 SHUFFLE_MODES = ("batches", "samples", False)
-# Appended to the seed to derive the fixed sample grouping of shuffle="batches".
-_GROUPING_KEY = (0, 1)
 
 
 class _Storage:
@@ -56,11 +55,6 @@ def _check_shuffle(shuffle: Any) -> str | bool:
     raise ValueError(f"shuffle must be 'batches', 'samples' or False, got {shuffle!r}")
 
 
-def _grouping(size: int, seed: int) -> np.ndarray:
-    """The fixed sample order of shuffle="batches": one permutation derived from the seed."""
-    return np.random.default_rng([seed, *_GROUPING_KEY]).permutation(size).astype(np.int64)
-
-
 class ResidentDataset:
     """A dataset in device memory; each epoch a shuffled order of batches sliced there.
 
@@ -81,10 +75,17 @@ class ResidentDataset:
     ) -> None:
         self._storage = storage
         self._rows = rows  # sample i of this dataset is row rows[i] of the device variables
-        self.batch_size = positive("batch_size", batch_size)
-        self.shuffle = _check_shuffle(shuffle)
-        self.seed = int(seed)
-        self.drop_remainder = bool(drop_remainder)
+        self._plan = EpochPlan(
+            size=len(rows),
+            batch_size=batch_size,
+            seed=int(seed),
+            shuffle=_check_shuffle(shuffle),
+            drop_remainder=bool(drop_remainder),
+        )
+        self.batch_size = self._plan.batch_size
+        self.shuffle = self._plan.shuffle
+        self.seed = self._plan.seed
+        self.drop_remainder = self._plan.drop_remainder
         if len(self) == 0:
             raise ValueError(
                 f"{len(rows)} samples with batch_size {self.batch_size} and "
@@ -97,8 +98,7 @@ class ResidentDataset:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(len(self._rows), self.batch_size)
-        return full + (1 if rest and not self.drop_remainder else 0)
+        return len(self._plan)
 
     @property
     def num_samples(self) -> int:
@@ -143,18 +143,7 @@ class ResidentDataset:
         Derived from (seed, epoch) only. shuffle="batches": fixed groups, their order shuffled
         each epoch; "samples": a new permutation of the samples each epoch; False: in order.
         """
-        size, batch = len(self._rows), self.batch_size
-        if self.shuffle == "samples":
-            order = epoch_order(size, shuffle=True, seed=self.seed, epoch=epoch)
-        elif self.shuffle == "batches":
-            order = _grouping(size, self.seed)
-        else:
-            order = np.arange(size, dtype=np.int64)
-        batches = [order[i : i + batch] for i in range(0, len(self) * batch, batch)]
-        if self.shuffle == "batches":
-            turn = epoch_order(len(batches), shuffle=True, seed=self.seed, epoch=epoch)
-            batches = [batches[i] for i in turn]
-        return batches
+        return self._plan.batches(epoch)
 
     def _take_epoch(self) -> int:
         with self._lock:
@@ -318,7 +307,7 @@ def _read_all(loader: Loader) -> tuple[np.ndarray, np.ndarray | None]:
     labels: np.ndarray | None = None
     filled = 0
     for batch in loader:
-        x, y = (batch, None) if loader.label_mode is None else batch
+        x, y = batch
         images[filled : filled + len(x)] = x
         if y is not None:
             if labels is None:
@@ -387,7 +376,7 @@ def resident(
         seed = int(np.random.default_rng().integers(2**63))
     if shuffle == "batches":
         # Store the samples in their fixed grouping, so that each batch is a contiguous slice.
-        grouping = _grouping(count, seed)
+        grouping = fixed_grouping(count, seed)
         images = tf.gather(images, grouping) if isinstance(images, tf.Tensor) else images[grouping]
         labels = None if labels is None else labels[grouping]
         rows = np.empty(count, np.int64)

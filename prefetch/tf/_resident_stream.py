@@ -24,11 +24,11 @@ import tensorflow as tf
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
 from prefetch.loader import Loader
+from prefetch.options import positive
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
     check_budget,
     does_not_fit,
-    positive,
     sample_bytes,
 )
 from prefetch.tf._device import resolve_device
@@ -90,11 +90,10 @@ class ResidentStream:
                 batches = list(itertools.islice(epoch, self.macro_batches))
                 if not batches:
                     return
-                if self.loader.label_mode is None:
-                    images, labels = np.concatenate(batches), None
-                else:
-                    images = np.concatenate([x for x, _ in batches])
-                    labels = np.concatenate([y for _, y in batches])
+                images = np.concatenate([batch.images for batch in batches])
+                labels = None
+                if self.loader.label_mode is not None:
+                    labels = np.concatenate([batch.labels for batch in batches])
                 del batches  # the loader may reuse those slots now
                 while not buffers.acquire(timeout=POLL_S):
                     if stop.is_set():
@@ -105,7 +104,7 @@ class ResidentStream:
                 self.uploads += 1
                 yield on_device, labels_on_device
         finally:
-            epoch.close()  # type: ignore[attr-defined]
+            epoch.close()
 
     def __repr__(self) -> str:
         return (

@@ -238,7 +238,7 @@ class QueueRunner:
         return threads
 
     def _enqueue(self, sess: Any, batch: Any) -> None:
-        arrays = list(batch) if self._labelled else [batch]
+        arrays = [batch.images, batch.labels] if self._labelled else [batch.images]
         if self.eager:
             self.queue.enqueue_many(arrays)
         else:

@@ -1,0 +1,126 @@
+"""The Loader's options as frozen, keyword-only dataclasses; every check is written once here.
+
+`LoaderOptions` holds what a `Loader` does with batches (size, depth, order, labels, errors,
+workers); `ProcessOptions` holds what only the process backend uses (`backend=ProcessOptions(...)`
+picks that backend). `DecodeOptions` (prefetch.decode) holds what a decoder does with one image.
+A bad value raises ValueError naming the option, the value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prefetch.labels import LABEL_MODES
+
+ON_ERROR = ("raise", "skip")
+BACKENDS = ("thread", "process", "auto")
+START_METHODS = ("spawn", "forkserver")
+
+
+def positive(name: str, value: Any) -> int:
+    """`value` as an int, or ValueError naming the option when it is not an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """`value`, or ValueError naming the option when it is not one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_shard(num_shards: Any, shard_index: Any) -> tuple[int, int]:
+    """(num_shards, shard_index) as ints, or ValueError when the index is outside the shards."""
+    num_shards = positive("num_shards", num_shards)
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, num_shards={num_shards}), got {shard_index}")
+    return num_shards, int(shard_index)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessOptions:
+    """Options of the process backend; `Loader(backend=ProcessOptions(...))` selects it.
+
+    - `max_restarts`: how many times a crashed worker (killed, segfaulted) is restarted and its
+      batches re-sent before `WorkerCrashedError`; 0 makes the first crash fatal.
+    - `start_method`: "spawn" or "forkserver"; None takes the program's default when it is one
+      of those, else "spawn". Workers are never forked: forking a process that runs threads
+      (TensorFlow's, the loader's) can deadlock the child.
+    """
+
+    max_restarts: int = 3
+    start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_restarts, bool) or not isinstance(
+            self.max_restarts, (int, np.integer)
+        ):
+            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.start_method is not None and self.start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method must be one of {START_METHODS}, got {self.start_method!r}: "
+                "process workers are never forked, because forking a process that has started "
+                "threads (TensorFlow's, the loader's) can deadlock the child"
+            )
+
+    @property
+    def method(self) -> str:
+        """The start method workers use: `start_method`, or the default as described."""
+        if self.start_method is not None:
+            return self.start_method
+        # The default, as set by the program, else the platform's (forkserver from Python 3.14).
+        default = multiprocessing.get_start_method(allow_none=True)
+        default = default or multiprocessing.get_all_start_methods()[0]
+        return default if default in START_METHODS else "spawn"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """What a Loader does with batches; the `Loader` keyword arguments of the same names.
+
+    `workers` is None (one per usable core), an int, or "auto" (tuned while it runs);
+    `backend` is "auto", "thread" or "process" (process options in `process`); `seed` None
+    draws a random one. See the `Loader` reference for each option's meaning.
+    """
+
+    batch_size: int = 32
+    workers: int | str | None = None
+    depth: int = 2
+    shuffle: bool = True
+    seed: int | None = None
+    drop_remainder: bool = False
+    label_mode: str | None = "int"
+    on_error: str = "raise"
+    max_skipped: int | None = None
+    copy: bool = False
+    num_shards: int = 1
+    shard_index: int = 0
+    backend: str = "auto"
+    process: ProcessOptions = ProcessOptions()
+    memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        positive("batch_size", self.batch_size)
+        positive("depth", self.depth)
+        if isinstance(self.workers, str) and self.workers != "auto":
+            raise ValueError(f"workers must be an int >= 1 or 'auto', got {self.workers!r}")
+        if self.workers is not None and self.workers != "auto":
+            positive("workers", self.workers)
+        one_of("label_mode", self.label_mode, LABEL_MODES)
+        one_of("on_error", self.on_error, ON_ERROR)
+        one_of("backend", self.backend, BACKENDS)
+        if self.max_skipped is not None and self.max_skipped < 0:
+            raise ValueError(f"max_skipped must be >= 0 or None, got {self.max_skipped}")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise ValueError(
+                f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
+            )
+        check_shard(self.num_shards, self.shard_index)
