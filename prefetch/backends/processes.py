@@ -78,11 +78,10 @@ class ProcessPending:
     def wait(self, timeout_s: float) -> bool:
         """Wait until this batch is settled or `timeout_s` passed; returns whether it is."""
         deadline = time.monotonic() + timeout_s
-        while not self.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
+        while not self.done():  # pumps at least once, so answers already sent count
+            self._backend.pump(max(deadline - time.monotonic(), 0.0))
+            if time.monotonic() >= deadline:
                 break
-            self._backend.pump(left)
         return self.done()
 
     def result(self) -> BatchOutcome:
