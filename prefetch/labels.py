@@ -71,3 +71,21 @@ def check_label(label: Any, num_classes: int | None) -> int:
             "must be class indices (0 for class_names[0], 1 for the next, ...)"
         )
     return index
+
+
+def check_label_mode(source: object, label_mode: str | None, class_names: list[str]) -> None:
+    """ValueError when `source` cannot give labels in `label_mode` (none, or too few classes)."""
+    if label_mode is None:
+        return
+    if getattr(source, "has_labels", True) is False:
+        raise ValueError("this source has no labels: pass label_mode=None")
+    if label_mode == "categorical" and not class_names:
+        raise ValueError(
+            "label_mode='categorical' needs the number of classes: give the source a "
+            "class_names attribute, or use label_mode='int'"
+        )
+    if label_mode == "binary" and len(class_names) not in (0, 2):
+        raise ValueError(
+            f"label_mode='binary' needs exactly 2 classes, found {len(class_names)}: "
+            f"{class_names}; use 'int' or 'categorical'"
+        )

@@ -16,80 +16,34 @@ makes one `Stream` (`prefetch.stream`) per epoch. Contract:
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import threading
 import weakref
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 
-from prefetch.autoscale import WorkerTuner, tuner_for, usable_cores
-from prefetch.backends import make_backend
+from prefetch.autoscale import usable_cores
 from prefetch.backends.base import Backend
-from prefetch.backends.choose import choose_backend
 from prefetch.backends.reader import SampleReader, Transform
-from prefetch.backends.ring import SlotRing, ring_capacity
-from prefetch.backends.shm import sweep_stale
+from prefetch.backends.ring import SlotRing
 from prefetch.coordinator import Coordinator
-from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, decoder_name, get_decoder
-from prefetch.options import LoaderOptions, ProcessOptions, check_shard, one_of
+from prefetch.decode import Decoder, decoder_name, get_decoder
+from prefetch.labels import check_label_mode
+from prefetch.options import (
+    LoaderOptions,
+    ProcessOptions,
+    check_shard,
+    decode_options,
+    process_options,
+)
 from prefetch.plan import Cursor, EpochPlan
-from prefetch.sources import ImageFolder, Source
+from prefetch.session import Session, close_quietly, forget_dummy_thread
+from prefetch.sources import Source, as_source
 from prefetch.stats import LoaderStats, StatsRecorder
 from prefetch.stream import Batch, SkipCounter, Stream
 
 __all__ = ["Batch", "Loader", "Stream"]
-
-log = logging.getLogger(__name__)
-
-
-class _Workers:
-    """What a started loader owns: the backend, its ring and the coordinator; `close` frees them.
-
-    Kept apart from the Loader so that a finalizer and the exit hook can close it without
-    holding the Loader alive.
-    """
-
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
-        self.backend: Backend | None = None
-        self.ring: SlotRing | None = None
-        self.lock = threading.Lock()
-
-    def close(self) -> None:
-        with self.lock:
-            backend, self.backend, self.ring = self.backend, None, None
-            _OPEN.discard(self)
-        if backend is None:
-            return
-        self.coordinator.request_stop()
-        backend.close()
-        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
-
-
-# The workers of every started loader, closed at interpreter exit. Registered after
-# multiprocessing's own exit hook (imported above), so it runs first: the workers stop on our
-# message, not on multiprocessing's SIGTERM (which a process backend would report as a crash).
-_OPEN: set[_Workers] = set()
-
-
-def _close_quietly(workers: _Workers) -> None:
-    """Close a loader nobody closed (dropped, or open at exit): no traceback, nothing left."""
-    try:
-        workers.close()
-    except BaseException as error:  # an undelivered worker error: nobody is left to see it
-        log.debug("prefetch: closing an abandoned loader: %r", error)
-
-
-def _close_all_at_exit() -> None:
-    for workers in list(_OPEN):
-        _close_quietly(workers)
-
-
-atexit.register(_close_all_at_exit)
 
 
 class Loader:
@@ -133,8 +87,7 @@ class Loader:
         start_method: str | None = None,
         memory_budget: int | None = None,
     ) -> None:
-        self.source = _as_source(source)
-        process = _process_options(backend, max_restarts, start_method)
+        self.source = as_source(source)
         self._options = LoaderOptions(
             batch_size=batch_size,
             workers=workers,
@@ -149,29 +102,18 @@ class Loader:
             num_shards=num_shards,
             shard_index=shard_index,
             backend="process" if isinstance(backend, ProcessOptions) else backend,
-            process=process,
+            process=process_options(backend, max_restarts, start_method),
             memory_budget=memory_budget,
         )
         self.class_names: list[str] = list(getattr(self.source, "class_names", []) or [])
-        _check_label_mode(self.source, label_mode, self.class_names)
-        one_of("color_mode", color_mode, tuple(COLOR_MODES))
-        height, width = (int(v) for v in image_size)
-        self.options = DecodeOptions(
-            (height, width),
-            COLOR_MODES[color_mode],
+        check_label_mode(self.source, label_mode, self.class_names)
+        self.options = decode_options(
+            image_size,
+            color_mode,
             interpolation,
-            bool(crop_to_aspect_ratio),
-            pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
-            antialias=bool(antialias),
-        )
-        self._reader = SampleReader(
-            source=self.source,
-            decoder=get_decoder(decoder),
-            options=self.options,
-            transform=transform,
-            skip_errors=on_error == "skip",
-            labelled=label_mode is not None,
-            num_classes=len(self.class_names) or None,
+            crop_to_aspect_ratio,
+            pad_to_aspect_ratio,
+            antialias,
         )
         self._seed_is_random = seed is None  # then another process cannot draw the same order
         self._plan = EpochPlan(
@@ -188,19 +130,21 @@ class Loader:
                 f"drop_remainder=True with {len(self.source)} samples and batch_size "
                 f"{batch_size} leaves no batch; lower batch_size"
             )
-        self.autotune = workers == "auto"
-        self.workers = usable_cores() if self.autotune or workers is None else int(workers)
-        self.backend_name = self._options.backend
-        self.backend_reason = (
-            "" if backend == "auto" else f"backend={self.backend_name!r} was asked for"
+        reader = SampleReader(
+            source=self.source,
+            decoder=get_decoder(decoder),
+            options=self.options,
+            transform=transform,
+            skip_errors=on_error == "skip",
+            labelled=label_mode is not None,
+            num_classes=len(self.class_names) or None,
         )
-        self.coordinator = Coordinator()
-        self._workers = _Workers(self.coordinator)
-        weakref.finalize(self, _close_quietly, self._workers)
+        count = usable_cores() if workers in ("auto", None) else int(workers)
+        self._session = Session(self._options, reader, count)
+        weakref.finalize(self, close_quietly, self._session)
         self._cursor = Cursor()
         self._stats = StatsRecorder()
         self._skips = SkipCounter(max_skipped)
-        self._tuner: WorkerTuner | None = None
         self._lock = threading.Lock()
         self._entered = 0
         self._streams = 0
@@ -227,6 +171,18 @@ class Loader:
     start_method = property(
         lambda self: self._options.process.method, doc="Process workers' start method."
     )
+
+    autotune = property(lambda self: self._options.workers == "auto", doc='workers="auto".')
+    workers = property(lambda self: self._session.workers, doc="The worker count now.")
+    backend_name = property(
+        lambda self: self._session.backend_name, doc='"thread" or "process" ("auto" before start).'
+    )
+    backend_reason = property(lambda self: self._session.backend_reason, doc="Why that backend.")
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The Coordinator that stops this loader's workers and keeps its first error."""
+        return self._session.coordinator
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -307,44 +263,7 @@ class Loader:
 
     def _start(self) -> tuple[Backend, SlotRing]:
         """Start the workers unless they run; returns the backend and its ring."""
-        owned = self._workers
-        with owned.lock:
-            if owned.backend is not None and owned.ring is not None:
-                return owned.backend, owned.ring
-            self.coordinator.clear_stop()
-            sweep_stale()  # segments of loaders that died, of this user only
-            if self.backend_name == "auto":
-                first = self._plan.batches(self._cursor.next_epoch)[0]
-                choice = choose_backend(self._reader, first)
-                self.backend_name, self.backend_reason = choice.name, choice.reason
-                log.info("prefetch %s", choice.reason)
-            backend = make_backend(
-                self.backend_name,
-                self._reader,
-                workers=self.workers,
-                batch_size=self.batch_size,
-                depth=self.depth,
-                coordinator=self.coordinator,
-                process=self._options.process,
-            )
-            backend.start()
-            if self.autotune and self._tuner is None:
-                height, width, channels = self.image_shape
-                batch_bytes = self.batch_size * (height * width * channels + 4)
-                self._tuner = tuner_for(
-                    process=self.backend_name == "process",
-                    workers=self.workers,
-                    depth=self.depth,
-                    ring_bytes=ring_capacity(self.depth) * batch_bytes,
-                    memory_budget=self.memory_budget,
-                )
-            owned.backend, owned.ring = backend, SlotRing(backend)
-            _OPEN.add(owned)
-            return owned.backend, owned.ring
-
-    def _owns(self, backend: Backend | None) -> bool:
-        """Whether `backend` is still this loader's running backend (not closed meanwhile)."""
-        return backend is not None and self._workers.backend is backend
+        return self._session.start(self._plan.batches(self._cursor.next_epoch)[0])
 
     def close(self) -> None:
         """Stop the workers, join them, free the buffers. Idempotent.
@@ -352,7 +271,7 @@ class Loader:
         Raises the first worker error that was recorded but never delivered to the consumer
         (for example one that TensorFlow wrapped in its own error type).
         """
-        self._workers.close()
+        self._session.close()
 
     def record_undelivered_error(self, error: BaseException) -> None:
         """Keep `error` to re-raise at `close()`: it reached a consumer that wrapped it (TF)."""
@@ -377,18 +296,7 @@ class Loader:
             owner_left = self._streams == 0 and self._entered == 0
         if owner_left:
             self.close()
-            _forget_dummy_thread()
-
-    def _observe(self, waited_s: float, ready: int, outcome: Any) -> None:
-        """A batch was delivered: let workers="auto" decide the worker count."""
-        if self._tuner is None or self._workers.backend is None:
-            return
-        blocked_s = outcome.busy_s - outcome.cpu_s - outcome.runnable_s
-        count = self._tuner.observe(waited_s, ready, outcome.busy_s, blocked_s)
-        if count is not None:
-            log.info("prefetch %s", self._tuner.decisions[-1])
-            self._workers.backend.set_workers(count)
-            self.workers = count
+            forget_dummy_thread()
 
     # ---- resume ------------------------------------------------------------------------
 
@@ -419,14 +327,15 @@ class Loader:
 
     def stats(self) -> LoaderStats:
         """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
-        decisions = tuple(map(str, self._tuner.decisions)) if self._tuner is not None else ()
+        tuner = self._session.tuner
+        decisions = tuple(map(str, tuner.decisions)) if tuner is not None else ()
         return self._stats.snapshot(
             self.backend_name,
             self.workers,
             self.depth,
             self.backend_reason,
             decisions,
-            decoder_name(self._reader.decoder),
+            decoder_name(self._session.reader.decoder),
         )
 
     def reset_stats(self) -> None:
@@ -439,67 +348,3 @@ class Loader:
             f"image_size={self.options.image_size}, workers={self.workers}, depth={self.depth}, "
             f"backend={self.backend_name!r})"
         )
-
-
-def _as_source(source: Any) -> Source:
-    if isinstance(source, (str, os.PathLike)):
-        source = ImageFolder(source)
-    if not isinstance(source, Source):
-        raise TypeError(
-            f"source must have __len__ and __getitem__ (or be a folder path), "
-            f"got {type(source).__name__}"
-        )
-    if len(source) == 0:
-        raise ValueError(f"source {source!r} is empty: there is nothing to load")
-    return source
-
-
-def _process_options(
-    backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
-) -> ProcessOptions:
-    """The process options from `backend=ProcessOptions(...)` or the older keywords."""
-    if isinstance(backend, ProcessOptions):
-        if max_restarts is not None or start_method is not None:
-            raise ValueError(
-                "pass max_restarts and start_method inside ProcessOptions, not beside it"
-            )
-        return backend
-    return ProcessOptions(
-        max_restarts=3 if max_restarts is None else max_restarts, start_method=start_method
-    )
-
-
-def _check_label_mode(source: Source, label_mode: str | None, class_names: list[str]) -> None:
-    if label_mode is None:
-        return
-    if getattr(source, "has_labels", True) is False:
-        raise ValueError("this source has no labels: pass label_mode=None")
-    if label_mode == "categorical" and not class_names:
-        raise ValueError(
-            "label_mode='categorical' needs the number of classes: give the source a "
-            "class_names attribute, or use label_mode='int'"
-        )
-    if label_mode == "binary" and len(class_names) not in (0, 2):
-        raise ValueError(
-            f"label_mode='binary' needs exactly 2 classes, found {len(class_names)}: "
-            f"{class_names}; use 'int' or 'categorical'"
-        )
-
-
-def _forget_dummy_thread() -> None:
-    """Remove the current thread's `_DummyThread` entry, if it has one (a foreign thread).
-
-    An epoch without `with loader:` joins its workers on the thread that iterates it, for
-    `prefetch.tf.dataset` a thread of tf.data. Joining asks for `threading.current_thread()`,
-    which registers a `_DummyThread` for a thread Python did not start, and Python 3.11 never
-    removes it: one stale entry in `threading.enumerate()` per epoch.
-    """
-    dummy_type = getattr(threading, "_DummyThread", None)
-    active: dict[int, threading.Thread] | None = getattr(threading, "_active", None)
-    lock = getattr(threading, "_active_limbo_lock", None)
-    if dummy_type is None or active is None or lock is None:
-        return
-    ident = threading.get_ident()
-    with lock:
-        if isinstance(active.get(ident), dummy_type):
-            del active[ident]

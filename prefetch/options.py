@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.decode import COLOR_MODES, DecodeOptions
 from prefetch.labels import LABEL_MODES
 
 ON_ERROR = ("raise", "skip")
@@ -124,3 +125,38 @@ class LoaderOptions:
                 f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
             )
         check_shard(self.num_shards, self.shard_index)
+
+
+def process_options(
+    backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
+) -> ProcessOptions:
+    """The process options from `backend=ProcessOptions(...)` or the older keywords."""
+    if isinstance(backend, ProcessOptions):
+        if max_restarts is not None or start_method is not None:
+            raise ValueError(
+                "pass max_restarts and start_method inside ProcessOptions, not beside it"
+            )
+        return backend
+    restarts = 3 if max_restarts is None else max_restarts
+    return ProcessOptions(max_restarts=restarts, start_method=start_method)
+
+
+def decode_options(
+    image_size: tuple[int, int],
+    color_mode: str,
+    interpolation: str,
+    crop_to_aspect_ratio: bool,
+    pad_to_aspect_ratio: bool,
+    antialias: bool,
+) -> DecodeOptions:
+    """The `DecodeOptions` of Keras-style keyword options (`color_mode` by name)."""
+    one_of("color_mode", color_mode, tuple(COLOR_MODES))
+    height, width = (int(v) for v in image_size)
+    return DecodeOptions(
+        (height, width),
+        COLOR_MODES[color_mode],
+        interpolation,
+        bool(crop_to_aspect_ratio),
+        pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
+        antialias=bool(antialias),
+    )

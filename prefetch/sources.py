@@ -370,8 +370,16 @@ def _walk_images(folder: str, follow_links: bool) -> list[str]:
     return found
 
 
-def epoch_order(size: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """The sample indices of an epoch: a permutation derived from (seed, epoch) only."""
-    if not shuffle:
-        return np.arange(size, dtype=np.int64)
-    return np.random.default_rng([seed, epoch]).permutation(size).astype(np.int64)
+def as_source(source: Any) -> Source:
+    """`source` as a Source: a folder path becomes an ImageFolder; TypeError or ValueError for
+    what has no samples to load."""
+    if isinstance(source, (str, os.PathLike)):
+        source = ImageFolder(source)
+    if not isinstance(source, Source):
+        raise TypeError(
+            f"source must have __len__ and __getitem__ (or be a folder path), "
+            f"got {type(source).__name__}"
+        )
+    if len(source) == 0:
+        raise ValueError(f"source {source!r} is empty: there is nothing to load")
+    return source

@@ -163,7 +163,7 @@ class Stream:
             now = self._delivered_at = time.perf_counter()
             stats.consumer_wait_s += now - asked
             stats.elapsed_s += now - asked
-            loader._observe(now - asked, ready, outcome)
+            loader._session.observe(now - asked, ready, outcome)
             return batch
         return None
 
@@ -195,7 +195,7 @@ class Stream:
         while not pending.wait(POLL_S):
             if coordinator.should_stop():
                 self._raise_closed()
-        if not self._loader._owns(self._backend):
+        if not self._loader._session.owns(self._backend):
             self._raise_closed()
 
     def _raise_closed(self) -> None:

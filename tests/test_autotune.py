@@ -135,8 +135,8 @@ def test_retired_worker_processes_finish_their_batches_and_leave(folder: Path) -
         for i, batch in enumerate(loader):
             batches.append((batch.images.copy(), batch.labels.copy()))
             if i == 2:
-                assert loader._workers.backend is not None
-                loader._workers.backend.set_workers(1)
+                assert loader._session.backend is not None
+                loader._session.backend.set_workers(1)
         deadline = time.monotonic() + 5
         while len(worker_processes()) > 1 and time.monotonic() < deadline:
             time.sleep(0.05)

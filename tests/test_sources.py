@@ -1,4 +1,4 @@
-"""Tests for `prefetch.ImageFolder`, `prefetch.FileList` and `prefetch.sources.epoch_order`.
+"""Tests for `prefetch.ImageFolder`, `prefetch.FileList` and `prefetch.plan.epoch_order`.
 
 Image trees are real files written with Pillow into tmp_path. The listing rules are checked
 against Keras `image_dataset_from_directory` itself (skipped when Keras is not installed).
@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch.sources import IMAGE_EXTENSIONS, PathArray, epoch_order
+from prefetch.plan import epoch_order
+from prefetch.sources import IMAGE_EXTENSIONS, PathArray
 from prefetch.testing import write_image_folder
 
 # A bound for every test here; only the Keras parity test comes near it (TensorFlow's import).

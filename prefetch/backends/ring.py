@@ -4,9 +4,8 @@ A stream takes a slot per batch it submits (`acquire`), hands it back when the b
 delivered (`deliver`) or abandoned (`release`), and the ring reuses a delivered slot only once
 nothing else holds its arrays (checked by reference count), so a batch the consumer keeps is
 never overwritten. While the consumer keeps `KEPT_REFERENCED_SLOTS` delivered batches the ring is
-`crowded()` and the stream hands out copies instead; should a slot still be needed then, the
-ring forgets the oldest kept one (it becomes the consumer's memory). So a ring never owns more
-than `ring_capacity(depth)` slots.
+`crowded()` and the stream hands out copies instead of delivering more slots, so a ring never
+owns more than `ring_capacity(depth)` slots, and keeping any number of batches costs no slot.
 """
 
 from __future__ import annotations
@@ -59,8 +58,9 @@ class SlotRing:
                 if not _in_use(slot):
                     self._delivered.remove(slot)
                     return slot
-            if len(self._delivered) >= KEPT_REFERENCED_SLOTS:
-                # The consumer keeps these batches: they are its memory now, not the ring's.
+            if len(self._delivered) > KEPT_REFERENCED_SLOTS:
+                # Only when the consumer let go of a batch and took it back meanwhile (another
+                # thread): the oldest kept batch is its memory now, not the ring's.
                 self._backend.forget_slot(self._delivered.popleft())
         return self._backend.new_slot()
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
-from prefetch.sources import ImageFolder, epoch_order
+from prefetch.plan import epoch_order
+from prefetch.sources import ImageFolder
 
 # Loader keys in the order they run in each round, with their display names.
 LOADER_NAMES: dict[str, str] = {

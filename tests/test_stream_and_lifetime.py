@@ -1,0 +1,255 @@
+"""A Loader's epochs as Stream objects, and its lifetime: kept batches, dropped and exiting loaders.
+
+Kept batches must cost memory only (no file descriptor each, so any number can be kept under the
+usual open-file limit); a loader that is dropped, or still entered when the script exits, closes
+quietly: no spurious restart, no traceback, no thread or /dev/shm segment left behind. The
+process cases run in subprocesses: they need their own open-file limit or their own exit.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prefetch
+from prefetch import Batch, Loader, ProcessOptions, Stream
+from prefetch.backends.ring import KEPT_REFERENCED_SLOTS
+from prefetch.backends.shm import PREFIX, SHM_DIR
+from prefetch.testing import write_image_folder
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return write_image_folder(
+        tmp_path / "images", class_names=("a", "b"), per_class=10, size=(12, 12)
+    )
+
+
+def run_script(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100, cwd=tmp_path
+    )
+
+
+def our_segments_of(pid: int) -> list[str]:
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(f"{PREFIX}{pid}_")]
+
+
+# --- Stream ------------------------------------------------------------------------------------
+
+
+def test_iterating_gives_a_stream_that_begins_at_its_first_next(folder: Path) -> None:
+    loader = Loader(folder, batch_size=4, image_size=(8, 8), workers=1, seed=1)
+    stream = iter(loader)
+    assert isinstance(stream, Stream) and stream.epoch is None
+    assert loader.state_dict() == {"seed": 1, "epoch": 0, "position": 0}
+    first = next(stream)
+    assert isinstance(first, Batch) and stream.epoch == 0 and stream.position == 1
+    stream.close()
+    assert loader.state_dict() == {"seed": 1, "epoch": 0, "position": 1}
+    assert list(stream) == []  # a closed stream is exhausted
+    assert [len(b.images) for b in iter(loader)] == [4] * 5  # the next epoch is whole
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_closing_a_stream_early_stops_an_unentered_loader(folder: Path, backend: str) -> None:
+    loader = Loader(folder, batch_size=2, image_size=(8, 8), workers=2, backend=backend)
+    stream = iter(loader)
+    next(stream)
+    stream.close()
+    assert loader._session.backend is None  # closed: the no_leaks fixture checks the rest
+
+
+def test_a_consumer_that_keeps_every_batch_gets_copies_once_the_ring_is_crowded(
+    folder: Path,
+) -> None:
+    loader = Loader(folder, batch_size=2, image_size=(8, 8), workers=1, depth=2, seed=3)
+    kept = list(loader)
+    views = [b for b in kept if b.images.base is not None and not b.images.flags.owndata]
+    assert len(kept) == 10
+    # The first batches are views into ring slots; once KEPT_REFERENCED_SLOTS of them are held,
+    # later ones are private copies, so the ring never grows past its capacity.
+    assert len(views) <= KEPT_REFERENCED_SLOTS + loader.depth
+    assert all(b.images.flags.owndata for b in kept[KEPT_REFERENCED_SLOTS + loader.depth :])
+    again = list(Loader(folder, batch_size=2, image_size=(8, 8), workers=1, depth=2, seed=3))
+    for a, b in zip(kept, again, strict=True):
+        np.testing.assert_array_equal(a.images, b.images)
+
+
+def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path) -> None:
+    """1,200 kept batches under an open-file limit of 256: each kept batch used to hold one."""
+    result = run_script(
+        f"""
+        import os, resource
+        from prefetch import Loader
+        from prefetch.backends.ring import ring_capacity
+        from prefetch.backends.shm import PREFIX, SHM_DIR
+        from prefetch.testing import write_image_folder
+
+        if __name__ == "__main__":
+            folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),
+                                        per_class=25, size=(8, 8))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+            loader = Loader(folder, batch_size=1, image_size=(8, 8), workers=1, depth=2,
+                            backend="process")
+            kept, most = [], 0
+            with loader:
+                for _ in range(24):
+                    for batch in loader:
+                        kept.append(batch)
+                    ours = f"{PREFIX}{os.getpid()}_"
+                    mine = [n for n in os.listdir(SHM_DIR) if n.startswith(ours)]
+                    most = max(most, len(mine))
+            assert most <= ring_capacity(loader.depth), most
+            print("kept", len(kept), "fds", len(os.listdir("/proc/self/fd")))
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[:2] == ["kept", "1200"]
+    assert int(words[3]) < 100, result.stdout
+
+
+# --- dropped and exiting loaders ---------------------------------------------------------------
+
+
+def test_an_entered_thread_loader_that_is_dropped_stops_its_workers(folder: Path) -> None:
+    loader = Loader(folder, batch_size=2, image_size=(8, 8), workers=2, backend="thread")
+    loader.__enter__()
+    next(iter(loader))
+    workers = [t for t in threading.enumerate() if t.name.startswith("prefetch-worker")]
+    assert workers
+    del loader
+    gc.collect()
+    for thread in workers:
+        thread.join(timeout=30)  # a generous bound: they exit at once when woken
+    assert not any(t.is_alive() for t in workers)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("how", ["entered", "dropped mid-epoch"])
+def test_a_script_that_exits_with_an_open_loader_exits_quietly(
+    tmp_path: Path, backend: str, how: str
+) -> None:
+    result = run_script(
+        f"""
+        import os
+        from prefetch import Loader
+        from prefetch.testing import write_image_folder
+
+        if __name__ == "__main__":
+            folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),
+                                        per_class=6, size=(8, 8))
+            loader = Loader(folder, batch_size=2, image_size=(8, 8), workers=2,
+                            backend={backend!r})
+            if {how!r} == "entered":
+                loader.__enter__()
+                batches = iter(loader)
+                next(batches)
+            else:
+                batches = iter(loader)
+                next(batches)
+                del loader
+            print("pid", os.getpid(), flush=True)
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    pid = int(result.stdout.split()[1])
+    assert "restarting" not in result.stderr
+    assert "Exception ignored" not in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert our_segments_of(pid) == []
+
+
+# --- options -----------------------------------------------------------------------------------
+
+
+def test_process_options_select_the_process_backend_with_their_settings(folder: Path) -> None:
+    options = ProcessOptions(max_restarts=0, start_method="spawn")
+    loader = Loader(folder, batch_size=4, image_size=(8, 8), workers=1, backend=options)
+    assert loader.backend_name == "process"
+    assert (loader.max_restarts, loader.start_method) == (0, "spawn")
+    with loader:
+        assert len(list(loader)) == 5
+    assert loader.stats().backend == "process"
+
+
+def test_the_older_process_keywords_still_work_but_not_beside_process_options(
+    folder: Path,
+) -> None:
+    loader = Loader(folder, image_size=(8, 8), backend="process", max_restarts=1)
+    assert loader.max_restarts == 1
+    with pytest.raises(ValueError, match="inside ProcessOptions"):
+        Loader(folder, image_size=(8, 8), backend=ProcessOptions(), max_restarts=1)
+    with pytest.raises(ValueError, match="start_method must be one of"):
+        ProcessOptions(start_method="fork")
+    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
+        ProcessOptions(max_restarts=-1)
+
+
+def test_options_are_read_only_after_construction(folder: Path) -> None:
+    loader = Loader(folder, batch_size=4, image_size=(8, 8))
+    with pytest.raises(AttributeError):
+        loader.batch_size = 8  # type: ignore[misc]
+    assert loader.batch_size == 4
+
+
+# --- labels from user sources ------------------------------------------------------------------
+
+
+class TwoClasses:
+    """A user source whose labels are given per index; has two classes."""
+
+    def __init__(self, labels: list[object]) -> None:
+        self.class_names = ["cat", "dog"]
+        self.labels_given = labels
+
+    def __len__(self) -> int:
+        return len(self.labels_given)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, object]:
+        return np.zeros((8, 8, 3), np.uint8), self.labels_given[index]
+
+
+@pytest.mark.parametrize("label_mode", ["int", "categorical"])
+@pytest.mark.parametrize("bad", [-1, 7, 1.5, "dog"])
+def test_a_label_outside_the_classes_is_a_value_error_naming_sample_and_label(
+    label_mode: str, bad: object
+) -> None:
+    source = TwoClasses([0, 1, bad, 0])
+    loader = Loader(source, batch_size=4, image_size=(8, 8), workers=1, label_mode=label_mode)
+    with pytest.raises(ValueError, match=f"label {bad!r}|label {bad} ") as raised:
+        list(loader)
+    assert "TwoClasses[2]" in "\n".join(getattr(raised.value, "__notes__", []))
+
+
+def test_a_bad_label_is_skipped_and_counted_under_on_error_skip() -> None:
+    source = TwoClasses([0, 1, 9, 0])
+    loader = Loader(
+        source, batch_size=4, image_size=(8, 8), workers=1, on_error="skip", shuffle=False
+    )
+    (batch,) = list(loader)
+    assert batch.labels is not None and list(batch.labels) == [0, 1, 0]
+    assert loader.stats().skipped == 1
+
+
+def test_labels_are_checked_once_per_sample_not_per_batch_shape() -> None:
+    labels = [np.int64(1), np.int32(0), True, 1.0]  # whole numbers of any type are accepted
+    source = TwoClasses(labels)
+    (batch,) = list(Loader(source, batch_size=4, image_size=(8, 8), workers=1, shuffle=False))
+    assert batch.labels is not None and list(batch.labels) == [1, 0, 1, 1]
+    assert prefetch.labels.check_label(np.int64(1), 2) == 1
