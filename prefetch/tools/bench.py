@@ -28,6 +28,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from prefetch.autoscale import available_memory_bytes, usable_cores
 from prefetch.decode import DecodeOptions, Decoder, decode_image
 from prefetch.loader import Loader
+from prefetch.options import positive
 from prefetch.sources import ImageFolder
 from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fast_hint
 from prefetch.tools.bench_loaders import (
@@ -139,12 +140,6 @@ def _decode_rate(
     return len(paths) / (time.perf_counter() - began)
 
 
-def _positive(name: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 def run(
     root: str | os.PathLike[str],
     *,
@@ -188,11 +183,11 @@ def run(
       decoded size), so every loader does the same work per image; None means the Loader's
       default.
     """
-    batch_size = _positive("batch_size", batch_size)
-    repeats = _positive("repeats", repeats)
-    depth = _positive("depth", depth)
-    decode_sample = _positive("decode_sample", decode_sample)
-    workers = _positive("workers", workers if workers is not None else usable_cores())
+    batch_size = positive("batch_size", batch_size)
+    repeats = positive("repeats", repeats)
+    depth = positive("depth", depth)
+    decode_sample = positive("decode_sample", decode_sample)
+    workers = positive("workers", workers if workers is not None else usable_cores())
     if not step_ms >= 0:
         raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
     if timeline_batches < 0:
@@ -349,9 +344,9 @@ def record_timeline(
     """
     folder = ImageFolder(root)
     options = DecodeOptions((int(image_size[0]), int(image_size[1])))
-    workers = _positive("workers", workers if workers is not None else usable_cores())
+    workers = positive("workers", workers if workers is not None else usable_cores())
     setup = Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
-    return _record_timeline(setup, _positive("batches", batches), step_ms / 1000, backend)
+    return _record_timeline(setup, positive("batches", batches), step_ms / 1000, backend)
 
 
 def _record_timeline(
