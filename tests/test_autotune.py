@@ -17,8 +17,6 @@ from prefetch.testing import (
     write_image_folder,
 )
 
-pytestmark = pytest.mark.timeout(90)
-
 SMALL = (16, 16)
 
 

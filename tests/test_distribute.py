@@ -356,6 +356,9 @@ def test_an_input_context_of_another_type_is_refused(folder: Path) -> None:
 # ---- strategies, in subprocesses -----------------------------------------------------------
 
 
+# Keras fit in a fresh interpreter that imports TensorFlow: 8 s on a quiet 2-core machine, 49 s
+# with four busy loops beside it.
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_mirrored_strategy_on_two_cpus_gives_every_sample_to_one_replica_once_per_epoch(
     folder: Path, tmp_path: Path
@@ -380,6 +383,9 @@ def test_mirrored_strategy_on_two_cpus_gives_every_sample_to_one_replica_once_pe
     assert len(result["loss"]) == 2 and all(math.isfinite(x) for x in result["loss"])
 
 
+# Two TensorFlow processes train in step: 11 s on a quiet 2-core machine, 62 s with four busy
+# loops beside it.
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_multi_worker_mirrored_strategy_workers_read_disjoint_shards_and_train_in_step(
     folder: Path, tmp_path: Path

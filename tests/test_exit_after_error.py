@@ -177,6 +177,9 @@ def _run(script: Path, root: Path, case: str, seed: int, late_s: float, log: Pat
     return ""
 
 
+# 20 fresh interpreters import TensorFlow and fit, two at a time: 84 s on a quiet 2-core
+# machine, 148 s with four busy loops beside it.
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_fit_that_meets_a_bad_file_exits_promptly(tmp_path: Path) -> None:
     root = write_image_folder(

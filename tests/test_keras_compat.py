@@ -19,8 +19,6 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from keras.src.utils import dataset_utils  # noqa: E402 - Keras's own listing, as the oracle
 
-pytestmark = pytest.mark.timeout(30)
-
 # Per-image mean absolute difference allowed against Keras's pixels, in 0..255 units.
 PIXEL_TOLERANCE = 3.0
 

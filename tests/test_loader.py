@@ -27,9 +27,6 @@ import prefetch
 from prefetch import Batch, DecodeOptions, FileList, ImageFolder, Loader, TooManySkippedError
 from prefetch.testing import FailingDecoder, SlowDecoder, write_bad_files, write_image_folder
 
-# A bound for every test here; each should take well under a few seconds.
-pytestmark = pytest.mark.timeout(30)
-
 # Numbered images are solid gray at LEVEL_STEP * number, so up to 25 distinct images fit a byte.
 LEVEL_STEP = 10
 # The size of the numbered images on disk, (width, height) in Pillow order.

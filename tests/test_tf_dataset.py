@@ -15,8 +15,6 @@ from prefetch.testing import FailingDecoder, small_cnn, write_image_folder
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.timeout(90)
-
 
 class InjectedDecodeError(Exception):
     """A decode error type that only this test module raises."""

@@ -13,8 +13,6 @@ import prefetch
 from prefetch.testing import write_image_folder
 from prefetch.tools.tune import Trial, TuneReport
 
-pytestmark = pytest.mark.timeout(120)
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
