@@ -104,6 +104,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "fast extra, it estimates what installing it would gain."
         ),
     )
+    _add_bench_folder_arguments(parser)
+    _add_bench_measure_arguments(parser)
+    _add_bench_output_arguments(parser)
+    parser.set_defaults(handler=run_bench, parser=parser)
+
+
+def _add_bench_folder_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `prefetch bench`'s ROOT and --generate."""
     parser.add_argument(
         "root", nargs="?", help="image folder; with --generate, a new folder to generate into"
     )
@@ -114,6 +122,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="first write N sample JPEGs of {}x{} into ROOT (kept), or into a temporary "
         "folder (removed) when ROOT is not given".format(*bench.SAMPLE_SIZE),
     )
+
+
+def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register what `prefetch bench` measures and how: --batch-size to --antialias."""
     parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument(
         "--image-size", type=image_size, default=(224, 224), metavar="HxW", help="default 224x224"
@@ -150,6 +162,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "with antialiasing (default: the Loader's default); --no-antialias resizes like "
         "tf.data and Keras (bilinear without antialiasing), so all loaders do the same work",
     )
+
+
+def _add_bench_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `prefetch bench`'s outputs: --json, --plot, the timeline's options, --quiet."""
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="draw images/s per loader (matplotlib)")
     parser.add_argument(
@@ -161,38 +177,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--timeline-batches", type=positive_int, default=8, metavar="N")
     parser.add_argument("--timeline-backend", choices=("thread", "process"), default="thread")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    parser.set_defaults(handler=run_bench, parser=parser)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """`prefetch bench`: measure, print the table, write JSON and PNGs."""
     parser: argparse.ArgumentParser = args.parser
-    for option, value in (("--plot", args.plot), ("--timeline", args.timeline)):
-        if value and importlib.util.find_spec("matplotlib") is None:
-            parser.error(f"{option} needs matplotlib: {MATPLOTLIB_HINT}")
-    if args.root is None and args.generate is None:
-        parser.error("give an image folder ROOT, or --generate N to measure a sample folder")
-    if not args.step_ms >= 0:
-        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
-    loaders = [key.strip() for key in args.loaders.split(",") if key.strip()]
-    unknown = [key for key in loaders if key not in bench.LOADER_NAMES]
-    if unknown:
-        parser.error(f"--loaders: unknown {unknown}; choose from {','.join(bench.LOADER_NAMES)}")
+    loaders = _checked_bench_loaders(args, parser)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
     with ExitStack() as stack:
-        root = args.root
-        if args.generate is not None:
-            if root is None:
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="prefetch-bench-"))
-            width, height = bench.SAMPLE_SIZE
-            note = f"writing {args.generate} sample JPEGs of {width}x{height} into {root}"
-            if not args.quiet:
-                print(note, file=sys.stderr)
-            try:
-                bench.write_sample_folder(root, args.generate)
-            except (ValueError, FileExistsError) as error:
-                parser.error(str(error))
+        root = _bench_root(args, parser, stack)
         timeline_batches = args.timeline_batches if args.timeline or args.timeline_text else 0
         try:
             report = bench.run(
@@ -216,6 +210,45 @@ def run_bench(args: argparse.Namespace) -> int:
             parser.error(str(error))
         finally:
             bar.close()
+    _write_bench_outputs(args, report)
+    return 0
+
+
+def _checked_bench_loaders(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The --loaders keys, after checking the arguments run_bench needs; exits on bad input."""
+    for option, value in (("--plot", args.plot), ("--timeline", args.timeline)):
+        if value and importlib.util.find_spec("matplotlib") is None:
+            parser.error(f"{option} needs matplotlib: {MATPLOTLIB_HINT}")
+    if args.root is None and args.generate is None:
+        parser.error("give an image folder ROOT, or --generate N to measure a sample folder")
+    if not args.step_ms >= 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
+    loaders = [key.strip() for key in args.loaders.split(",") if key.strip()]
+    unknown = [key for key in loaders if key not in bench.LOADER_NAMES]
+    if unknown:
+        parser.error(f"--loaders: unknown {unknown}; choose from {','.join(bench.LOADER_NAMES)}")
+    return loaders
+
+
+def _bench_root(args: argparse.Namespace, parser: argparse.ArgumentParser, stack: ExitStack) -> str:
+    """ROOT, after --generate writes its sample into it (or into a temporary folder on `stack`)."""
+    root = args.root
+    if args.generate is not None:
+        if root is None:
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="prefetch-bench-"))
+        width, height = bench.SAMPLE_SIZE
+        note = f"writing {args.generate} sample JPEGs of {width}x{height} into {root}"
+        if not args.quiet:
+            print(note, file=sys.stderr)
+        try:
+            bench.write_sample_folder(root, args.generate)
+        except (ValueError, FileExistsError) as error:
+            parser.error(str(error))
+    return str(root)
+
+
+def _write_bench_outputs(args: argparse.Namespace, report: bench.BenchReport) -> None:
+    """Print the table, write --json, --plot and --timeline, and say what was written."""
     print(report.format_table())
     written = []
     if args.json:
@@ -229,7 +262,6 @@ def run_bench(args: argparse.Namespace) -> int:
         written.append(args.timeline)
     if written and not args.quiet:
         print(f"wrote {', '.join(written)}", file=sys.stderr)
-    return 0
 
 
 def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -23,7 +23,9 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from prefetch.autoscale import available_memory_bytes, usable_cores
 from prefetch.decode import DecodeOptions, Decoder, decode_image
@@ -140,6 +142,31 @@ def _decode_rate(
     return len(paths) / (time.perf_counter() - began)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one `run` measures, its arguments checked and its decoders warmed."""
+
+    setup: Setup
+    decoders: dict[str, Decoder]
+    sample: list[str]  # the images of each single-core decode measurement
+    keys: list[str]  # the loaders measured, in order
+    skipped: dict[str, str]  # loader key -> why it is not measured
+    repeats: int
+    step_ms: float
+    timeline_batches: int
+    timeline_backend: str
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What the rounds measured: per-round figures, each loader's description, the timeline."""
+
+    decode: dict[str, list[float]]  # decoder name -> images/s per round
+    load: dict[str, list[tuple[float, float]]]  # key -> (images/s, wait fraction) per round
+    described: dict[str, dict[str, Any]]
+    timeline: Timeline | None
+
+
 def run(
     root: str | os.PathLike[str],
     *,
@@ -188,6 +215,27 @@ def run(
     depth = positive("depth", depth)
     decode_sample = positive("decode_sample", decode_sample)
     workers = positive("workers", workers if workers is not None else usable_cores())
+    keys = _checked_keys(loaders, step_ms, timeline_batches, timeline_backend)
+    folder = _checked_folder(root, batch_size)
+    decoders = _checked_decoders(decoders)
+    options = _decode_options(image_size, antialias)
+    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
+    decoder = decoder if decoder is not None else default_decoder()
+    _warm(sample, {*decoders.values(), decoder}, options)
+    name = decoder_name(decoder, decoders)
+    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name)
+    skipped = _skipped(keys, setup, step_ms)
+    keys = [key for key in keys if key not in skipped]
+    plan = _Plan(
+        setup, decoders, sample, keys, skipped, repeats, step_ms, timeline_batches, timeline_backend
+    )
+    return _report(plan, _measure(plan, progress))
+
+
+def _checked_keys(
+    loaders: Sequence[str] | None, step_ms: float, timeline_batches: int, timeline_backend: str
+) -> list[str]:
+    """The loader keys asked for, deduplicated; ValueError on a bad step, timeline or key."""
     if not step_ms >= 0:
         raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
     if timeline_batches < 0:
@@ -200,39 +248,63 @@ def run(
     unknown = [key for key in keys if key not in LOADER_NAMES]
     if unknown:
         raise ValueError(f"unknown loaders {unknown}; choose from {list(LOADER_NAMES)}")
+    return keys
+
+
+def _checked_folder(root: str | os.PathLike[str], batch_size: int) -> ImageFolder:
+    """The image folder `root`; ValueError when it holds fewer than 2 batches."""
     folder = ImageFolder(root)
     if len(folder) < 2 * batch_size:
         raise ValueError(
             f"{str(folder.root)!r} has {len(folder)} images, fewer than 2 batches of {batch_size}: "
             "every epoch needs a warm-up batch and a measured one; lower batch_size or add images"
         )
+    return folder
+
+
+def _checked_decoders(decoders: Mapping[str, Decoder] | None) -> dict[str, Decoder]:
+    """`decoders` as a dict (default `available_decoders()`); ValueError when empty."""
     decoders = dict(decoders) if decoders is not None else available_decoders()
     if not decoders:
         raise ValueError("decoders is empty: give at least one name -> decoder")
+    return decoders
+
+
+def _decode_options(image_size: tuple[int, int], antialias: bool | None) -> DecodeOptions:
+    """What every loader decodes to; `antialias` None means the Loader's default."""
     if antialias is None:
         antialias = bool(inspect.signature(Loader).parameters["antialias"].default)
-    options = DecodeOptions((int(image_size[0]), int(image_size[1])), antialias=antialias)
-    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
-    decoder = decoder if decoder is not None else default_decoder()
-    for path in sample:  # warm the page cache and every decoder before any timing
-        for candidate in {*decoders.values(), decoder}:
+    return DecodeOptions((int(image_size[0]), int(image_size[1])), antialias=antialias)
+
+
+def _warm(sample: Sequence[str], decoders: Collection[Decoder], options: DecodeOptions) -> None:
+    """Decode `sample` with every decoder once: the page cache and decoders warm before timing."""
+    for path in sample:
+        for candidate in decoders:
             candidate(path, options)
-    rows_decoder = decoder_name(decoder, decoders)
-    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, rows_decoder)
+
+
+def _skipped(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, str]:
+    """Loader key -> why it is skipped: a missing package, or "pool" when it would not fit."""
     skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
     if "pool" in keys and step_ms > 0:
-        decoded, memory = len(folder) * math.prod(options.shape), available_memory_bytes()
+        decoded = len(setup.folder) * math.prod(setup.options.shape)
+        memory = available_memory_bytes()
         if decoded > memory // 2:
             skipped["pool"] = (
                 f"its map decodes ahead without bound: {decoded / 2**30:.1f} GiB of decoded "
                 f"images, over half of the {memory / 2**30:.1f} GiB available"
             )
-    keys = [key for key in keys if key not in skipped]
+    return skipped
 
-    epoch_batches = math.ceil(len(folder) / batch_size)
-    decode_ticks = len(sample) // batch_size
-    total = repeats * (len(decoders) * decode_ticks + len(keys) * epoch_batches)
-    total += min(timeline_batches, epoch_batches)
+
+def _measure(plan: _Plan, progress: Progress | None) -> _Runs:
+    """Run the rounds, then the timeline, calling `progress` after every batch."""
+    setup, repeats = plan.setup, plan.repeats
+    epoch_batches = math.ceil(len(setup.folder) / setup.batch_size)
+    decode_ticks = len(plan.sample) // setup.batch_size
+    total = repeats * (len(plan.decoders) * decode_ticks + len(plan.keys) * epoch_batches)
+    total += min(plan.timeline_batches, epoch_batches)
     done = 0
     label = "starting"
 
@@ -242,40 +314,64 @@ def run(
         if progress is not None:
             progress(min(done, total), total, label)
 
-    decode_runs: dict[str, list[float]] = {name: [] for name in decoders}
-    load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in keys}
-    contenders = {key: make_contender(key, setup) for key in keys}
+    decode_runs: dict[str, list[float]] = {name: [] for name in plan.decoders}
+    load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in plan.keys}
+    contenders = {key: make_contender(key, setup) for key in plan.keys}
     with contextlib.ExitStack() as stack:
         for contender in contenders.values():
             contender.open(stack)
         for round_index in range(repeats):
-            for name, candidate in decoders.items():
+            for name, candidate in plan.decoders.items():
                 label = f"round {round_index + 1}/{repeats}: decode {name}"
-                every = batch_size
-                decode_runs[name].append(_decode_rate(candidate, sample, options, tick, every))
+                every = setup.batch_size
+                rate = _decode_rate(candidate, plan.sample, setup.options, tick, every)
+                decode_runs[name].append(rate)
             for key, contender in contenders.items():
                 label = f"round {round_index + 1}/{repeats}: {LOADER_NAMES[key]}"
                 images, elapsed, waited = _measure_epoch(
-                    contender.epoch(round_index), step_ms / 1000, tick
+                    contender.epoch(round_index), plan.step_ms / 1000, tick
                 )
                 load_runs[key].append((images / elapsed, waited / elapsed))
         described = {key: contender.describe() for key, contender in contenders.items()}
     timeline = None
-    if timeline_batches:
+    if plan.timeline_batches:
         label = "timeline"
-        timeline = _record_timeline(setup, timeline_batches, step_ms / 1000, timeline_backend, tick)
+        step_s, backend = plan.step_ms / 1000, plan.timeline_backend
+        timeline = _record_timeline(setup, plan.timeline_batches, step_s, backend, tick)
     if progress is not None:
         progress(total, total, "done")
+    return _Runs(decode_runs, load_runs, described, timeline)
 
-    rates = [DecoderRate(n, statistics.median(r), tuple(r)) for n, r in decode_runs.items()]
+
+def _report(plan: _Plan, runs: _Runs) -> BenchReport:
+    """The report of `plan`'s measured `runs`: medians, ratios, the config and the hint."""
+    rates = [DecoderRate(n, statistics.median(r), tuple(r)) for n, r in runs.decode.items()]
     best = max(rates, key=lambda rate: rate.images_per_s)
     limit = best.images_per_s * usable_cores()
+    return BenchReport(
+        _config(plan),
+        machine_info(),
+        rates,
+        limit,
+        best.name,
+        _rows(runs, limit),
+        plan.skipped,
+        runs.timeline,
+        fast_hint(rates, plan.sample, plan.setup.options.antialias),
+    )
+
+
+def _rows(runs: _Runs, limit: float) -> list[LoaderResult]:
+    """One row per measured loader: median images/s and wait, and their ratios."""
     medians = {
-        key: (statistics.median(r for r, _ in runs), statistics.median(w for _, w in runs))
-        for key, runs in load_runs.items()
+        key: (
+            statistics.median(r for r, _ in per_round),
+            statistics.median(w for _, w in per_round),
+        )
+        for key, per_round in runs.load.items()
     }
     tf_rate = medians["tf.data"][0] if "tf.data" in medians else None
-    rows = [
+    return [
         LoaderResult(
             key=key,
             name=LOADER_NAMES[key],
@@ -283,39 +379,33 @@ def run(
             consumer_wait_fraction=wait,
             ratio_to_limit=rate / limit,
             ratio_to_tf_data=rate / tf_rate if tf_rate else None,
-            images_per_s_runs=tuple(r for r, _ in load_runs[key]),
-            wait_fraction_runs=tuple(w for _, w in load_runs[key]),
-            **described[key],
+            images_per_s_runs=tuple(r for r, _ in runs.load[key]),
+            wait_fraction_runs=tuple(w for _, w in runs.load[key]),
+            **runs.described[key],
         )
         for key, (rate, wait) in medians.items()
     ]
-    config = BenchConfig(
-        root=str(folder.root),
-        images=len(folder),
-        classes=len(folder.class_names),
-        image_size=options.image_size,
-        batch_size=batch_size,
-        workers=workers,
-        depth=depth,
-        step_ms=float(step_ms),
-        repeats=repeats,
-        seed=seed,
-        decode_sample=len(sample),
-        loader_decoder=rows_decoder,
-        timeline_batches=timeline_batches,
-        timeline_backend=timeline_backend,
-        antialias=antialias,
-    )
-    return BenchReport(
-        config,
-        machine_info(),
-        rates,
-        limit,
-        best.name,
-        rows,
-        skipped,
-        timeline,
-        fast_hint(rates, sample, antialias),
+
+
+def _config(plan: _Plan) -> BenchConfig:
+    """The `BenchConfig` of `plan`: what was measured, and how."""
+    setup = plan.setup
+    return BenchConfig(
+        root=str(setup.folder.root),
+        images=len(setup.folder),
+        classes=len(setup.folder.class_names),
+        image_size=setup.options.image_size,
+        batch_size=setup.batch_size,
+        workers=setup.workers,
+        depth=setup.depth,
+        step_ms=float(plan.step_ms),
+        repeats=plan.repeats,
+        seed=setup.seed,
+        decode_sample=len(plan.sample),
+        loader_decoder=setup.decoder_name,
+        timeline_batches=plan.timeline_batches,
+        timeline_backend=plan.timeline_backend,
+        antialias=setup.options.antialias,
     )
 
 
