@@ -16,6 +16,7 @@ from prefetch.decode import DecodeOptions, decode_image
 from prefetch.errors import (
     ClosedError,
     PrefetchError,
+    SampleTimeoutError,
     StopTimeoutError,
     TooManySkippedError,
     WorkerCrashedError,
@@ -42,6 +43,7 @@ __all__ = [
     "LoaderStats",
     "PrefetchError",
     "ProcessOptions",
+    "SampleTimeoutError",
     "Source",
     "StopTimeoutError",
     "Stream",

@@ -10,6 +10,8 @@ code that catches `RuntimeError` keeps working:
      |    |                     that could not be pickled (its message and notes kept)
      |    +-- TooManySkippedError   on_error="skip" and more files failed than max_skipped
      |    +-- WorkerCrashedError    a worker process died more often than max_restarts allows
+     |    +-- SampleTimeoutError (+ TimeoutError)
+     |    |                     a sample was read for longer than sample_timeout_s
      |    +-- ClosedError (+ RuntimeError)
      |    |                     a Loader or Background was closed (or its Coordinator stopped)
      |    |                     while its consumer waited for the next batch or item
@@ -87,6 +89,13 @@ def add_note(exc: BaseException, note: str) -> None:
             notes = []
             exc.__notes__ = notes
         notes.append(note)
+
+
+class SampleTimeoutError(PrefetchError, TimeoutError):
+    """A sample was read for longer than `sample_timeout_s` (a FIFO, a dead network mount, a
+    source that blocks); the message names it. The process backend kills the stuck worker
+    (and skips the sample under on_error="skip"); a stuck thread cannot be stopped, so the
+    thread backend raises this and its loader closes."""
 
 
 class DoesNotFitError(PrefetchError, MemoryError):

@@ -86,6 +86,7 @@ class Loader:
         max_restarts: int | None = None,
         start_method: str | None = None,
         memory_budget: int | None = None,
+        sample_timeout_s: float | None = None,
     ) -> None:
         self.source = as_source(source)
         self._options = LoaderOptions(
@@ -104,6 +105,7 @@ class Loader:
             backend="process" if isinstance(backend, ProcessOptions) else backend,
             process=process_options(backend, max_restarts, start_method),
             memory_budget=memory_budget,
+            sample_timeout_s=sample_timeout_s,
         )
         self.class_names: list[str] = list(getattr(self.source, "class_names", []) or [])
         check_label_mode(self.source, label_mode, self.class_names)
@@ -165,6 +167,9 @@ class Loader:
     num_shards = property(lambda self: self._plan.num_shards, doc="Shards of each epoch.")
     shard_index = property(lambda self: self._plan.shard_index, doc="This loader's shard.")
     memory_budget = property(lambda self: self._options.memory_budget, doc="Tuner budget.")
+    sample_timeout_s = property(
+        lambda self: self._options.sample_timeout_s, doc="The per-sample time limit, or None."
+    )
     max_restarts = property(
         lambda self: self._options.process.max_restarts, doc="Process worker restarts allowed."
     )

@@ -107,6 +107,7 @@ class LoaderOptions:
     backend: str = "auto"
     process: ProcessOptions = ProcessOptions()
     memory_budget: int | None = None
+    sample_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         positive("batch_size", self.batch_size)
@@ -125,6 +126,12 @@ class LoaderOptions:
                 f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
             )
         check_shard(self.num_shards, self.shard_index)
+        timeout = self.sample_timeout_s
+        number = isinstance(timeout, (int, float, np.integer, np.floating))
+        if timeout is not None and (isinstance(timeout, bool) or not number or not timeout > 0):
+            raise ValueError(
+                f"sample_timeout_s must be a number of seconds > 0 or None, got {timeout!r}"
+            )
 
 
 def process_options(

@@ -29,7 +29,7 @@ import numpy as np
 from prefetch.backends.base import Backend, BatchTask, PendingBatch, Skipped, Slot
 from prefetch.backends.ring import SlotRing
 from prefetch.coordinator import POLL_S
-from prefetch.errors import ClosedError, TooManySkippedError
+from prefetch.errors import ClosedError, SampleTimeoutError, TooManySkippedError
 from prefetch.labels import encode_labels
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Stream:
         self._backend: Backend | None = None
         self._ring: SlotRing | None = None
         self._todo: deque[np.ndarray] = deque()
-        self._window: deque[tuple[Slot, PendingBatch]] = deque()
+        self._window: deque[tuple[Slot, PendingBatch, np.ndarray]] = deque()
         self._closed = False
         self._delivered_at: float | None = None  # when the latest batch was handed out
 
@@ -130,7 +130,7 @@ class Stream:
         while self._todo and len(self._window) < loader.depth:
             slot = ring.acquire()
             task = BatchTask(self._todo.popleft(), self.epoch, loader.seed)
-            self._window.append((slot, backend.submit(task, slot)))
+            self._window.append((slot, backend.submit(task, slot), task.indices))
 
     def _next_batch(self) -> Batch | None:
         """The next non-empty batch, or None at the epoch's end."""
@@ -138,11 +138,11 @@ class Stream:
         asked = time.perf_counter()
         self._top_up()
         while self._window:
-            slot, pending = self._window.popleft()
+            slot, pending, indices = self._window.popleft()
             stats.requests += 1
-            ready = pending.done() + sum(p.done() for _, p in self._window)
+            ready = pending.done() + sum(p.done() for _, p, _ in self._window)
             stats.ready_sum += ready
-            self._wait(pending)
+            self._wait(slot, pending, indices)
             try:
                 outcome = pending.result()
             except BaseException:
@@ -185,18 +185,45 @@ class Stream:
             ring.deliver(slot)
         return batch
 
-    def _wait(self, pending: PendingBatch) -> None:
+    def _wait(self, slot: Slot, pending: PendingBatch, indices: np.ndarray) -> None:
         """Wait for `pending`; raise ClosedError (or the reported error) if the loader stops.
 
         A close() from another thread also settles the pending batch (its chunks cancelled, or
         its slot abandoned), so a batch that is done is checked too: its backend must be ours.
+        With `sample_timeout_s`, a sample read for longer is handed to the backend to time out.
         """
         coordinator = self._loader.coordinator
+        limit = self._loader.sample_timeout_s
         while not pending.wait(POLL_S):
             if coordinator.should_stop():
                 self._raise_closed()
+            if limit is not None and slot.started is not None:
+                self._check_stuck(slot.started, pending, indices, limit)
         if not self._loader._session.owns(self._backend):
             self._raise_closed()
+
+    def _check_stuck(
+        self, started: np.ndarray, pending: PendingBatch, indices: np.ndarray, limit: float
+    ) -> None:
+        """Time out a row of `pending` whose sample has been read for more than `limit` s."""
+        now = time.monotonic()
+        stuck = np.flatnonzero((started > 0) & (now - started > limit))
+        if not len(stuck) or self._backend is None:
+            return
+        row = int(stuck[0])
+        index = int(indices[row])
+        what = self._loader._session.reader.describe(index)
+        error = SampleTimeoutError(
+            f"{what!r} (sample {index}) has been read for {now - started[row]:.1f} s, more than "
+            f"sample_timeout_s={limit}: a FIFO, a dead network mount or a source that blocks? "
+            "Fix or remove it, raise sample_timeout_s, or (process backend) pass "
+            "on_error='skip' to drop it"
+        )
+        started[row] = 0.0  # handled: a re-sent batch starts the row's clock again
+        skip = self._loader.on_error == "skip"
+        if not self._backend.time_out(pending, row, error, skip):
+            self._loader.close()  # a stuck thread cannot be stopped: this loader is done
+            raise error
 
     def _raise_closed(self) -> None:
         self._loader.coordinator.raise_requested_exception()
@@ -210,10 +237,11 @@ class Stream:
         window, self._window = self._window, deque()
         self._todo.clear()
         if self._backend is not None:
-            for _, pending in window:
+            for _, pending, _ in window:
                 pending.cancel()
-            deadline = time.monotonic() + DRAIN_S
-            for slot, pending in window:
+            running = self._loader._session.owns(self._backend)  # else nothing writes any more
+            deadline = time.monotonic() + (DRAIN_S if running else 0.0)
+            for slot, pending, _ in window:
                 if pending.wait(max(deadline - time.monotonic(), 0.0)):
                     self._ring_of().release(slot)
                 else:  # a worker may still write rows: forget the slot rather than reuse it

@@ -31,6 +31,7 @@ PUBLIC_ERRORS = (
     "PrefetchError",
     "TooManySkippedError",
     "WorkerCrashedError",
+    "SampleTimeoutError",
     "ClosedError",
     "StopTimeoutError",
 )

@@ -22,7 +22,7 @@ import pytest
 
 from prefetch import FileList, ImageFolder, Loader
 from prefetch.backends.ring import ring_capacity
-from prefetch.backends.shm import PREFIX, SHM_DIR
+from prefetch.backends.shm import PREFIX, SHM_DIR, SlotLayout
 from prefetch.sources import PathArray
 from prefetch.testing import worker_processes, write_image_folder
 
@@ -88,10 +88,9 @@ def resident_bytes() -> int:
 
 
 def ring_bytes(loader: Loader) -> int:
-    """(depth + 2) slots of one batch each: images, then int32 labels."""
-    height, width, channels = loader.image_shape
-    batch_bytes = loader.batch_size * (height * width * channels + 4)
-    return (loader.depth + 2) * batch_bytes
+    """(depth + 2) slots of one batch each (images, int32 labels, the rows' start times): what a
+    consumer that drops each batch before the next keeps in use."""
+    return (loader.depth + 2) * SlotLayout(loader.batch_size, loader.image_shape).nbytes
 
 
 def test_file_lists_keep_paths_and_labels_in_compact_numpy_buffers(folder: Path) -> None:

@@ -39,7 +39,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def our_segments() -> list[str]:
-    return [name for name in os.listdir("/dev/shm") if name.startswith(PREFIX)]
+    """This process's segments (other test runs on the machine have their own)."""
+    ours = f"{PREFIX}{os.getpid()}_"
+    return [name for name in os.listdir("/dev/shm") if name.startswith(ours)]
 
 
 def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -13,7 +13,7 @@ which writes decoded samples straight into a `Slot`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,23 +23,29 @@ class Slot:
     """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32.
 
     `name` names the shared-memory segment behind a process-backend slot ("" otherwise).
+    `started` (float64 (N,)) holds, for each row, the `time.monotonic()` at which a worker began
+    reading its sample, and 0 once it is written: how the consumer sees a sample that never
+    returns (`sample_timeout_s`). The clock is system-wide, so worker processes share it.
     """
 
     images: np.ndarray
     labels: np.ndarray
     name: str = ""
+    started: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class BatchTask:
     """Decode the samples `indices` (source indices, in batch order) of `epoch`.
 
-    A transform's random generator derives from (seed, epoch, sample index) only.
+    A transform's random generator derives from (seed, epoch, sample index) only. The rows
+    in `timed_out` are not read but skipped: an earlier worker never returned from them.
     """
 
     indices: np.ndarray
     epoch: int
     seed: int
+    timed_out: tuple[int, ...] = ()
 
 
 @dataclass
@@ -110,5 +116,14 @@ class Backend(Protocol):
     def set_workers(self, count: int) -> None: ...
 
     def forget_slot(self, slot: Slot) -> None: ...
+
+    def time_out(self, pending: Any, row: int, error: BaseException, skip: bool) -> bool:
+        """Row `row` of `pending` has been read for too long (`error` says so).
+
+        Returns False when the backend cannot stop the stuck work: the consumer then raises
+        `error` and closes the loader. Otherwise the pending batch settles by itself: re-sent
+        with the row skipped when `skip`, else failing with `error`.
+        """
+        ...
 
     def close(self) -> None: ...

@@ -32,6 +32,7 @@ import time
 import types
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import send_handle
 from typing import Any
@@ -45,7 +46,7 @@ from prefetch.backends.remote_error import rebuild
 from prefetch.backends.ring import ring_capacity
 from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.errors import WorkerCrashedError
+from prefetch.errors import WorkerCrashedError, add_note
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,19 @@ class ProcessPending:
             self._backend.cancel(self.batch_id)
 
 
+# What a worker holds for a batch: its task, slot and size.
+_InFlight = tuple[BatchTask, Slot, int]
+
+
 class _Worker:
     def __init__(self, index: int, process: Any, conn: Connection) -> None:
         self.index = index
         self.process = process
         self.conn = conn
-        self.in_flight: OrderedDict[int, tuple[BatchTask, Slot, int]] = OrderedDict()
+        self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()
         self.answered = 0
         self.retiring = False  # sent a stop by set_workers: it leaves after its batches
+        self.timed_out = False  # killed by time_out: its replacement costs no restart
 
 
 class ProcessBackend:
@@ -239,6 +245,33 @@ class ProcessBackend:
                     with contextlib.suppress(OSError):
                         worker.conn.send(Cancel(batch_id))
 
+    def time_out(self, pending: ProcessPending, row: int, error: BaseException, skip: bool) -> bool:
+        """Kill the worker stuck in row `row` of `pending`; its replacement takes its batches.
+
+        With `skip` the batch is re-sent with that row marked to skip; otherwise it fails with
+        `error`. No restart is spent either way. Always True: the batch settles by itself.
+        """
+        with self._lock:
+            worker = next((w for w in self._workers if pending.batch_id in w.in_flight), None)
+            if worker is None:  # answered meanwhile
+                return True
+            task, slot, size = worker.in_flight[pending.batch_id]
+            add_note(error, f"prefetch: killed {worker.process.name} (pid {worker.process.pid})")
+            if skip:
+                timed_out = (*task.timed_out, row)
+                worker.in_flight[pending.batch_id] = (
+                    replace(task, timed_out=timed_out),
+                    slot,
+                    size,
+                )
+            else:
+                del worker.in_flight[pending.batch_id]
+                self._pending.pop(pending.batch_id, None)
+                pending.error = error
+            worker.timed_out = True
+            worker.process.kill()
+            return True
+
     def pump(self, timeout_s: float) -> None:
         """Receive results and handle dead workers, waiting at most `timeout_s`."""
         with self._lock:
@@ -294,6 +327,9 @@ class ProcessBackend:
         worker.process.join()
         self._workers.remove(worker)
         live = [w for w in self._workers if not w.retiring]
+        if worker.timed_out:
+            self._replace(worker, lost)
+            return
         if worker.retiring and live:
             for batch_id, (task, slot, size) in lost:  # only if it died before finishing them
                 if batch_id in self._pending:
@@ -334,6 +370,12 @@ class ProcessBackend:
             self.max_restarts,
             len(lost),
         )
+        self._replace(worker, lost)
+
+    def _replace(
+        self, worker: _Worker, lost: list[tuple[int, tuple[BatchTask, Slot, int]]]
+    ) -> None:
+        """Start a worker in place of `worker` and send it the batches still wanted."""
         replacement = self._spawn(worker.index)
         self._workers.append(replacement)
         for batch_id, (task, slot, size) in lost:

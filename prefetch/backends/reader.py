@@ -51,9 +51,16 @@ class SampleReader:
         began = time.perf_counter()
         began_cpu, began_runnable = thread_clocks()
         outcome = ChunkOutcome()
+        started = slot.started
         for position in range(start, stop):
             index = int(task.indices[position])
+            if position in task.timed_out:
+                error = TimeoutError(f"{self.describe(index)!r} never returned: skipped")
+                outcome.skipped.append(Skipped(position, self.describe(index), error))
+                continue
             try:
+                if started is not None:
+                    started[position] = time.monotonic()
                 slot.images[position], label = self._read(index, task)
                 slot.labels[position] = label
             except Exception as error:
@@ -66,6 +73,9 @@ class SampleReader:
                     )
                     raise
                 outcome.skipped.append(Skipped(position, what, error))
+            finally:
+                if started is not None:
+                    started[position] = 0.0
         outcome.busy_s = time.perf_counter() - began
         cpu, runnable = thread_clocks()
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable

@@ -48,7 +48,7 @@ SHM_DIR = "/dev/shm"
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Where a slot's arrays live in its segment: images first, then int32 labels."""
+    """Where a slot's arrays live in its segment: images, int32 labels, float64 start times."""
 
     batch_size: int
     image_shape: tuple[int, int, int]
@@ -58,15 +58,21 @@ class SlotLayout:
         return self.batch_size * int(np.prod(self.image_shape))
 
     @property
+    def started_offset(self) -> int:
+        """Where the rows' start times begin: after the labels, 8-byte aligned."""
+        return -(-(self.image_bytes + 4 * self.batch_size) // 8) * 8
+
+    @property
     def nbytes(self) -> int:
-        return self.image_bytes + 4 * self.batch_size
+        return self.started_offset + 8 * self.batch_size
 
     def map(self, fd: int, name: str) -> Slot:
         """Map the open segment `fd` and view it as a Slot (the mapping keeps its own fd)."""
         mapping = mmap.mmap(fd, self.nbytes)
         images = np.ndarray((self.batch_size, *self.image_shape), np.uint8, mapping, 0)
         labels = np.ndarray((self.batch_size,), np.int32, mapping, self.image_bytes)
-        return Slot(images, labels, name)
+        started = np.ndarray((self.batch_size,), np.float64, mapping, self.started_offset)
+        return Slot(images, labels, name, started)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 # How long close() waits for worker threads to finish the chunk of samples they are decoding.
 JOIN_GRACE_S = 10.0
+# ... and when a worker thread is known to be stuck in a sample (sample_timeout_s).
+STUCK_GRACE_S = 0.5
 
 
 class ThreadPending:
@@ -90,6 +92,7 @@ class ThreadBackend:
         self._tasks = queue.SimpleQueue()
         self._threads: dict[int, threading.Thread] = {}
         self._chunk = 1
+        self._stuck = False
 
     def start(self) -> None:
         self.set_workers(self.workers)
@@ -115,10 +118,17 @@ class ThreadBackend:
         return Slot(
             np.empty((self._batch_size, height, width, channels), np.uint8),
             np.empty((self._batch_size,), np.int32),
+            started=np.zeros((self._batch_size,), np.float64),
         )
 
     def forget_slot(self, slot: Slot) -> None:
         """Nothing to do: a thread slot is plain memory, freed with its last reference."""
+
+    def time_out(self, pending: object, row: int, error: BaseException, skip: bool) -> bool:
+        """A thread cannot be stopped from outside: the consumer raises `error` (and closes,
+        which then waits only `STUCK_GRACE_S` for the threads; the stuck one is a daemon)."""
+        self._stuck = True
+        return False
 
     def submit(self, task: BatchTask, slot: Slot) -> ThreadPending:
         size = len(task.indices)
@@ -157,7 +167,7 @@ class ThreadBackend:
                 item[0].cancel()
         for _ in self._threads:
             self._tasks.put(None)  # wakes idle workers at once instead of after their poll
-        deadline = time.monotonic() + JOIN_GRACE_S
+        deadline = time.monotonic() + (STUCK_GRACE_S if self._stuck else JOIN_GRACE_S)
         for thread in self._threads.values():
             thread.join(max(deadline - time.monotonic(), 0.0))
         alive = [t.name for t in self._threads.values() if t.is_alive()]
