@@ -6,8 +6,8 @@ only adds a note naming the file and the worker. Errors that prefetch itself rai
 code that catches `RuntimeError` keeps working:
 
     Exception
-     +-- PrefetchError          base of them all; also stands in for a worker process's error
-     |    |                     that could not be pickled (its message and notes kept)
+     +-- PrefetchError          base of them all; also the base of a stand-in class for a
+     |    |                     worker's error that cannot be pickled nor rebuilt (below)
      |    +-- TooManySkippedError   on_error="skip" and more files failed than max_skipped
      |    +-- WorkerCrashedError    a worker process died more often than max_restarts allows
      |    +-- SampleTimeoutError (+ TimeoutError)
@@ -34,8 +34,9 @@ from __future__ import annotations
 class PrefetchError(Exception):
     """Base class of the errors that prefetch raises itself.
 
-    A worker process's error that cannot be pickled also reaches the consumer as a
-    `PrefetchError` carrying its type name, message and notes.
+    A worker process's error that cannot be pickled keeps its own type where it can be
+    rebuilt; otherwise it arrives as a class of the same name deriving from `PrefetchError` and
+    its builtin base (so `except RuntimeError` still works), message and notes kept.
     """
 
 

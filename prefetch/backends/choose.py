@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch.backends.processes import unpicklable_part
 from prefetch.backends.reader import SampleReader
+from prefetch.backends.spawning import unpicklable_part
 from prefetch.decode import decode_image, to_target_size
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,

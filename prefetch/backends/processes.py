@@ -24,14 +24,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
-import sys
 import threading
 import time
-import types
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import send_handle
@@ -44,7 +40,8 @@ from prefetch.backends.process_worker import worker_main as _worker_main
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.remote_error import rebuild
 from prefetch.backends.ring import ring_capacity
-from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space, sweep_stale
+from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space
+from prefetch.backends.spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
 
@@ -153,7 +150,6 @@ class ProcessBackend:
         self._needs_main = check_picklable(reader)
 
     def start(self) -> None:
-        sweep_stale()
         slots = ring_capacity(self._depth)
         check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
         self._workers = [self._spawn(i) for i in range(self.workers)]
@@ -183,7 +179,7 @@ class ProcessBackend:
             name=f"prefetch-process-{index}",
             daemon=True,
         )
-        with contextlib.nullcontext() if self._needs_main else _main_script_hidden():
+        with contextlib.nullcontext() if self._needs_main else main_script_hidden():
             process.start()
         child_end.close()
         self._coordinator.register_thread(process)
@@ -402,58 +398,3 @@ class ProcessBackend:
                 pending.cancelled = pending.abandoned = True
             self._pending.clear()
             self._slots.close()
-
-
-def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:
-    """What a worker process receives besides tasks, by name."""
-    return (("transform", reader.transform), ("decoder", reader.decoder), ("source", reader.source))
-
-
-def unpicklable_part(reader: SampleReader) -> str:
-    """The name of the first part sent to workers that cannot be pickled ("" when all can)."""
-    for what, value in _sent_parts(reader):
-        try:
-            pickle.dumps(value)
-        except Exception:
-            return what
-    return ""
-
-
-def check_picklable(reader: SampleReader) -> bool:
-    """Fail early, naming the part of the loader that cannot be sent to worker processes.
-
-    Returns whether the pickled parts refer to the main script (`__main__`), which a worker
-    must then run again to find them.
-    """
-    needs_main = False
-    for what, value in _sent_parts(reader):
-        try:
-            needs_main |= b"__main__" in pickle.dumps(value)
-        except Exception as error:
-            raise TypeError(
-                f"backend='process' sends the {what} to worker processes, but {value!r} cannot be "
-                f"pickled ({error}). Define it at module level (not a lambda or a local "
-                "function), or use backend='thread'"
-            ) from error
-    return needs_main
-
-
-_main_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_script_hidden() -> Iterator[None]:
-    """Start processes without making them run the main script again.
-
-    spawn and forkserver children re-run the parent's main script (as `__mp_main__`) so that
-    functions defined there can be unpickled; its top-level imports, TensorFlow included, would
-    then load in every worker. When nothing sent to the workers lives in the main script, this
-    hides it while a process starts (multiprocessing reads `sys.modules["__main__"]` to decide).
-    """
-    with _main_lock:
-        main = sys.modules["__main__"]
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
-            yield
-        finally:
-            sys.modules["__main__"] = main
