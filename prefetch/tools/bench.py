@@ -21,14 +21,13 @@ import inspect
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prefetch.autoscale import available_memory_bytes, usable_cores
-from prefetch.decode import DecodeOptions, Decoder, decode_image
+from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.options import positive
 from prefetch.sources import ImageFolder
@@ -36,7 +35,6 @@ from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fa
 from prefetch.tools.bench_loaders import (
     LOADER_NAMES,
     Setup,
-    batch_sizes,
     make_contender,
     missing_requirement,
     python_loop_batches,
@@ -59,7 +57,8 @@ from prefetch.tools.bench_report import (
     DecoderRate,
     LoaderResult,
 )
-from prefetch.tools.timeline import TimedDecoder, Timeline
+from prefetch.tools.bench_timeline import record_setup_timeline, record_timeline, step
+from prefetch.tools.timeline import Timeline
 
 __all__ = [
     "DECODERS",
@@ -105,7 +104,7 @@ def _measure_epoch(
     """
     with contextlib.closing(batches):
         next(batches)  # the warm-up batch: start-up, tracing and filling the window
-        _step(step_s)
+        step(step_s)
         tick()
         images, waited = 0, 0.0
         began = time.perf_counter()
@@ -116,14 +115,9 @@ def _measure_epoch(
                 break
             waited += time.perf_counter() - asked
             images += count
-            _step(step_s)
+            step(step_s)
             tick()
         return images, time.perf_counter() - began, waited
-
-
-def _step(step_s: float) -> None:
-    if step_s > 0:
-        time.sleep(step_s)
 
 
 def _decode_rate(
@@ -337,7 +331,7 @@ def _measure(plan: _Plan, progress: Progress | None) -> _Runs:
     if plan.timeline_batches:
         label = "timeline"
         step_s, backend = plan.step_ms / 1000, plan.timeline_backend
-        timeline = _record_timeline(setup, plan.timeline_batches, step_s, backend, tick)
+        timeline = record_setup_timeline(setup, plan.timeline_batches, step_s, backend, tick)
     if progress is not None:
         progress(total, total, "done")
     return _Runs(decode_runs, load_runs, described, timeline)
@@ -410,80 +404,3 @@ def _config(plan: _Plan) -> BenchConfig:
 
 
 # ---- the timeline ------------------------------------------------------------------------
-
-
-def record_timeline(
-    root: str | os.PathLike[str],
-    *,
-    batches: int = 8,
-    batch_size: int = 32,
-    image_size: tuple[int, int] = (224, 224),
-    workers: int | None = None,
-    depth: int = 2,
-    step_ms: float = 0.0,
-    backend: str = "thread",
-    decoder: Decoder | None = None,
-    seed: int = 0,
-) -> Timeline:
-    """The first `batches` batches of one epoch of a fresh prefetch `Loader`, as a Timeline.
-
-    Lanes: each worker thread or process ("decode" spans, one per image, recorded by a
-    `TimedDecoder`), "in flight" ("produce" spans: a batch's first decode start to its last
-    decode end; stacked rows show how many batches were in flight at once), and "consumer"
-    ("wait" for each batch, then "step": a sleep of `step_ms`). Other arguments as in `run`.
-    """
-    folder = ImageFolder(root)
-    options = DecodeOptions((int(image_size[0]), int(image_size[1])))
-    workers = positive("workers", workers if workers is not None else usable_cores())
-    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder or decode_image)
-    return _record_timeline(setup, positive("batches", batches), step_ms / 1000, backend)
-
-
-def _record_timeline(
-    setup: Setup,
-    batches: int,
-    step_s: float,
-    backend: str,
-    tick: Callable[[], None] = lambda: None,
-) -> Timeline:
-    consumer: list[tuple[str, float, float, int]] = []
-    with tempfile.TemporaryDirectory(prefix="prefetch-timeline-") as spool:
-        timed = TimedDecoder(setup.decoder, spool)
-        loader = Loader(
-            setup.folder,
-            batch_size=setup.batch_size,
-            image_size=setup.options.image_size,
-            workers=setup.workers,
-            depth=setup.depth,
-            seed=setup.seed,
-            decoder=timed,
-            backend=backend,
-        )
-        batch_of = {
-            str(setup.folder.paths[index]): number
-            for number, indices in enumerate(loader.batch_indices(0))
-            for index in indices
-        }
-        with loader, contextlib.closing(batch_sizes(loader)) as epoch:
-            for number in range(min(batches, len(loader))):
-                asked = time.perf_counter()
-                next(epoch)
-                got = time.perf_counter()
-                _step(step_s)
-                consumer.append(("wait", asked, got, number))
-                consumer.append(("step", got, time.perf_counter(), number))
-                tick()
-        spans = timed.read_spans()
-    timeline = Timeline()
-    produced: dict[int, list[float]] = {}
-    for span in spans:
-        number = batch_of[span.path]
-        timeline.record("decode", span.start_s, span.end_s, number, lane=span.worker)
-        first_last = produced.setdefault(number, [span.start_s, span.end_s])
-        first_last[0] = min(first_last[0], span.start_s)
-        first_last[1] = max(first_last[1], span.end_s)
-    for number, (first, last) in sorted(produced.items()):
-        timeline.record("produce", first, last, number, lane="in flight")
-    for kind, start, end, number in consumer:
-        timeline.record(kind, start, end, number)
-    return timeline
