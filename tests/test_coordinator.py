@@ -19,9 +19,6 @@ import pytest
 
 from prefetch import Coordinator
 
-# A bound for every test here; none should come close (TensorFlow's import is the slowest part).
-pytestmark = pytest.mark.timeout(20)
-
 # `join()` without a stop re-checks its threads once a second, as tf.train.Coordinator does, so
 # a join that waits for threads to end returns within about this long after the last one ends.
 JOIN_POLL_S = 1.0
