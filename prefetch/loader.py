@@ -93,15 +93,10 @@ class Loader:
             batch_size=batch_size,
             workers=workers,
             depth=depth,
-            shuffle=bool(shuffle),
-            seed=seed,
-            drop_remainder=bool(drop_remainder),
             label_mode=label_mode,
             on_error=on_error,
             max_skipped=max_skipped,
             copy=bool(copy),
-            num_shards=num_shards,
-            shard_index=shard_index,
             backend="process" if isinstance(backend, ProcessOptions) else backend,
             process=process_options(backend, max_restarts, start_method),
             memory_budget=memory_budget,
@@ -155,7 +150,7 @@ class Loader:
 
     batch_size = property(lambda self: self._plan.batch_size, doc="Samples per batch.")
     depth = property(lambda self: self._options.depth, doc="Batches decoded ahead at most.")
-    shuffle = property(lambda self: self._options.shuffle, doc="Whether epochs are shuffled.")
+    shuffle = property(lambda self: bool(self._plan.shuffle), doc="Whether epochs are shuffled.")
     seed = property(lambda self: self._plan.seed, doc="The seed of the epoch order.")
     drop_remainder = property(
         lambda self: self._plan.drop_remainder, doc="Whether a last, short batch is dropped."

@@ -85,25 +85,21 @@ class ProcessOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
-    """What a Loader does with batches; the `Loader` keyword arguments of the same names.
+    """How a Loader runs; the `Loader` keyword arguments of the same names.
 
     `workers` is None (one per usable core), an int, or "auto" (tuned while it runs);
-    `backend` is "auto", "thread" or "process" (process options in `process`); `seed` None
-    draws a random one. See the `Loader` reference for each option's meaning.
+    `backend` is "auto", "thread" or "process" (process options in `process`). Which samples
+    go in which batch (order, seed, shards, the last batch) is the `EpochPlan`'s part
+    (prefetch.plan). See the `Loader` reference for each option's meaning.
     """
 
     batch_size: int = 32
     workers: int | str | None = None
     depth: int = 2
-    shuffle: bool = True
-    seed: int | None = None
-    drop_remainder: bool = False
     label_mode: str | None = "int"
     on_error: str = "raise"
     max_skipped: int | None = None
     copy: bool = False
-    num_shards: int = 1
-    shard_index: int = 0
     backend: str = "auto"
     process: ProcessOptions = ProcessOptions()
     memory_budget: int | None = None
@@ -125,7 +121,6 @@ class LoaderOptions:
             raise ValueError(
                 f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
             )
-        check_shard(self.num_shards, self.shard_index)
         timeout = self.sample_timeout_s
         number = isinstance(timeout, (int, float, np.integer, np.floating))
         if timeout is not None and (isinstance(timeout, bool) or not number or not timeout > 0):
