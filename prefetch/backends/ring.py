@@ -18,8 +18,8 @@ import numpy as np
 
 from prefetch.backends.base import Backend, Slot
 
-# Delivered slots still referenced by the consumer that the ring keeps for later reuse; beyond
-# this, the consumer's references own them and the ring forgets them.
+# Delivered batches the consumer may keep as views of ring slots; while it keeps this many,
+# further batches are handed out as copies (the ring is `crowded`).
 KEPT_REFERENCED_SLOTS = 4
 
 
