@@ -6,16 +6,26 @@ workers="auto" grows or shrinks the worker count while the loader runs.
 already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`) it
 decides:
 
+- grow geometrically (double, up to `io_maximum`) when the consumer waited more than
+  `GROW_WAIT` of the window, the workers spent at least `IO_BLOCKED` of their busy time blocked
+  (waiting for a remote store, a network mount or a disk, neither on a CPU nor waiting for one)
+  and at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown): the storage,
+  not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens. The
+  window after a doubling is measured, not skipped: if the throughput rose by less than
+  `IO_RISE` (x1.1) over the window before the doubling, the count holds there (a decision
+  with before == after) and I/O growth never goes past it again; otherwise it doubles again.
+  The cap `io_maximum` is `MAX_IO_WORKERS` threads (or `depth` processes) and the memory budget;
 - grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
-  worker fits the memory budget, and there is CPU for it: at least `GROW_IDLE_CORES` of the
-  machine sat idle, or the workers themselves spent more than `GROW_BLOCKED` of their busy time
-  blocked (waiting for disk or network, not for a CPU), where more workers overlap more waiting;
+  worker fits the memory budget and `maximum`, and there is CPU for it: at least
+  `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
+  `GROW_BLOCKED` of their busy time blocked, where more workers overlap more waiting;
 - shrink by one when the consumer never waited (below `SHRINK_WAIT`) and nearly all `depth`
   batches were already waiting, for two windows in a row: the workers are ahead, and the
   training step can have their CPU;
 - otherwise keep the count. A window after a change is skipped, so each change is measured.
 
-Decisions that change the count are kept (`decisions`) and reported in `LoaderStats`.
+Decisions that change the count, and holds after a doubling that did not pay off, are kept
+(`decisions`) with their reason and reported in `LoaderStats.worker_decisions`.
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01
 GROW_IDLE_CORES = 0.3
 GROW_BLOCKED = 0.3
+IO_BLOCKED = 0.6
+IO_RISE = 1.1
+# Threads waiting on a remote store cost little CPU; past this many, a loopback server measured
+# here (20-80 ms per request) gained nothing, and open connections become the limit.
+MAX_IO_WORKERS = 64
 WINDOW_S = 1.0
 WINDOW_BATCHES = 4
 # Memory one more worker costs, for the budget: a worker process holds its own interpreter,
@@ -47,6 +62,8 @@ class WorkerDecision:
     reason: str
 
     def __str__(self) -> str:
+        if self.before == self.after:
+            return f"batch {self.batches}: holds {self.after} workers ({self.reason})"
         return f"batch {self.batches}: {self.before} -> {self.after} workers ({self.reason})"
 
 
@@ -86,9 +103,12 @@ class WorkerTuner:
         budget_bytes: int,
         idle_cores: Callable[[], float | None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        io_maximum: int | None = None,
     ) -> None:
         self.workers = start
-        self.maximum = max(1, min(maximum, budget_bytes // max(worker_bytes, 1)))
+        fits = budget_bytes // max(worker_bytes, 1)
+        self.maximum = max(1, min(maximum, fits))
+        self.io_maximum = max(self.maximum, min(io_maximum or maximum, fits))
         self.depth = depth
         self.decisions: list[WorkerDecision] = []
         self._idle = idle_cores if idle_cores is not None else CpuIdle()
@@ -96,6 +116,8 @@ class WorkerTuner:
         self._batches = 0
         self._settling = False
         self._calm_windows = 0
+        self._io_before: tuple[int, float] | None = None  # (workers, rate) before a doubling
+        self._io_ceiling = self.io_maximum
         self._open_window()
 
     def _open_window(self) -> None:
@@ -128,25 +150,31 @@ class WorkerTuner:
         ready = self._ready / self._window_batches
         idle = self._idle()
         blocked = self._blocked / self._busy if self._busy > 0 else 0.0
+        rate = self._window_batches / elapsed
         self._open_window()
         if self._settling:
             self._settling = False
             return None
-        return self._decide(wait, ready, idle, blocked)
+        return self._decide(wait, ready, idle, blocked, rate)
 
-    def _decide(self, wait: float, ready: float, idle: float | None, blocked: float) -> int | None:
+    def _decide(
+        self, wait: float, ready: float, idle: float | None, blocked: float, rate: float
+    ) -> int | None:
+        doubled, self._io_before = self._io_before, None
         if wait > GROW_WAIT:
             self._calm_windows = 0
-            if self.workers >= self.maximum:
-                return None
             cpu_free = idle is None or idle >= GROW_IDLE_CORES
-            if not cpu_free and blocked <= GROW_BLOCKED:
-                return None
             idle_text = "unknown" if idle is None else f"{idle:.1f}"
             reason = (
                 f"consumer waited {wait:.0%} of the window; {idle_text} cores idle, workers "
                 f"blocked {blocked:.0%} of their time"
             )
+            if cpu_free and blocked >= IO_BLOCKED:
+                return self._grow_for_io(reason, rate, doubled)
+            if self.workers >= self.maximum:
+                return None
+            if not cpu_free and blocked <= GROW_BLOCKED:
+                return None
             return self._change(self.workers + 1, reason)
         if wait < SHRINK_WAIT and ready >= self.depth - 0.5 and self.workers > 1:
             self._calm_windows += 1
@@ -158,10 +186,31 @@ class WorkerTuner:
         self._calm_windows = 0
         return None
 
-    def _change(self, workers: int, reason: str) -> int:
+    def _grow_for_io(
+        self, reason: str, rate: float, doubled: tuple[int, float] | None
+    ) -> int | None:
+        """Double while the storage limits the rate and the last doubling paid off."""
+        if doubled is not None and rate < doubled[1] * IO_RISE:
+            self._io_ceiling = self.workers
+            gain = rate / doubled[1] - 1 if doubled[1] > 0 else 0.0
+            reason = (
+                f"{doubled[0]} -> {self.workers} workers raised the rate {gain:+.0%} "
+                f"({doubled[1]:.1f} -> {rate:.1f} batches/s), less than {IO_RISE - 1:.0%}; "
+                f"{reason}"
+            )
+            self.decisions.append(WorkerDecision(self._batches, self.workers, self.workers, reason))
+            return None
+        if self.workers >= self._io_ceiling:
+            return None
+        self._io_before = (self.workers, rate)
+        after = min(2 * self.workers, self._io_ceiling)
+        reason = f"I/O-bound, doubling at {rate:.1f} batches/s; {reason}"
+        return self._change(after, reason, settle=False)
+
+    def _change(self, workers: int, reason: str, settle: bool = True) -> int:
         self.decisions.append(WorkerDecision(self._batches, self.workers, workers, reason))
         self.workers = workers
-        self._settling = True
+        self._settling = settle
         return workers
 
 
@@ -214,6 +263,7 @@ def tuner_for(
 
     The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
     given); a process worker takes whole batches, so more than `depth` of them would idle.
+    Threads bound by I/O may grow to `MAX_IO_WORKERS`, CPU-bound ones to twice the cores.
     """
     budget = memory_budget or available_memory_bytes() // 4
     return WorkerTuner(
@@ -222,4 +272,5 @@ def tuner_for(
         depth=depth,
         worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
         budget_bytes=max(budget - ring_bytes, 0),
+        io_maximum=depth if process else MAX_IO_WORKERS,
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.autoscale import WINDOW_BATCHES, WINDOW_S, WorkerTuner
+from prefetch.autoscale import MAX_IO_WORKERS, WINDOW_BATCHES, WINDOW_S, WorkerTuner, tuner_for
 from prefetch.testing import (
     SlowDecoder,
     assert_same_batches,
@@ -92,6 +92,83 @@ def test_the_memory_budget_caps_the_worker_count() -> None:
     assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) == 3
     run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0)
     assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) is None
+
+
+def io_window(tuner: WorkerTuner, clock: Clock, batches: int) -> int | None:
+    """One window of `batches` batches in WINDOW_S, the consumer waiting half of it and the
+    workers blocked 90% of their busy time: storage-bound. Returns the tuner's decision."""
+    decision = None
+    for _ in range(batches):
+        clock.now += WINDOW_S / batches
+        decision = tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.09)
+    return decision
+
+
+def make_io_tuner(clock: Clock, idle: float | None = 1.0, io_maximum: int = 64) -> WorkerTuner:
+    return WorkerTuner(
+        start=2,
+        maximum=4,
+        depth=2,
+        worker_bytes=10,
+        budget_bytes=10_000,
+        idle_cores=lambda: idle,
+        clock=clock,
+        io_maximum=io_maximum,
+    )
+
+
+def test_workers_blocked_on_io_with_idle_cores_double_while_throughput_rises() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock)
+    assert io_window(tuner, clock, batches=4) == 4  # no settling window after a doubling
+    assert io_window(tuner, clock, batches=8) == 8  # the rate doubled: double again
+    assert io_window(tuner, clock, batches=16) == 16
+    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 4), (4, 8), (8, 16)]
+    assert "I/O-bound" in tuner.decisions[0].reason
+    assert "blocked 90%" in tuner.decisions[0].reason
+    assert tuner.workers > tuner.maximum  # past the CPU-bound cap of 2 x cores
+
+
+def test_io_growth_holds_when_a_doubling_does_not_raise_throughput() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock)
+    assert io_window(tuner, clock, batches=8) == 4
+    assert io_window(tuner, clock, batches=8) is None  # 4 workers gave nothing more: hold
+    hold = tuner.decisions[-1]
+    assert (hold.before, hold.after) == (4, 4) and "+0%" in hold.reason
+    assert str(hold).startswith("batch 16: holds 4 workers")
+    for _ in range(3):  # and stays held, storage-bound or not
+        assert io_window(tuner, clock, batches=8) is None
+    assert tuner.workers == 4 and len(tuner.decisions) == 2
+
+
+def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock, io_maximum=6)
+    assert io_window(tuner, clock, batches=4) == 4
+    assert io_window(tuner, clock, batches=8) == 6
+    assert io_window(tuner, clock, batches=12) is None
+    tuner = WorkerTuner(2, 4, 2, worker_bytes=100, budget_bytes=1000, io_maximum=64)
+    assert (tuner.maximum, tuner.io_maximum) == (4, 10)
+    threads = tuner_for(process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)
+    processes = tuner_for(process=True, workers=2, depth=3, ring_bytes=0, memory_budget=2**40)
+    assert threads.io_maximum == MAX_IO_WORKERS and processes.io_maximum == 3
+
+
+def test_blocked_workers_without_idle_cores_still_grow_one_at_a_time() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock, idle=0.0)
+    assert io_window(tuner, clock, batches=4) == 3
+    assert io_window(tuner, clock, batches=8) is None  # settling, as for CPU-bound growth
+    assert io_window(tuner, clock, batches=16) == 4
+
+
+def test_cpu_bound_growth_is_still_one_worker_per_window() -> None:
+    clock = Clock()
+    tuner = make_tuner(idle=1.0, clock=clock)
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.3) == 3
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.3) is None
+    assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.3) == 4
 
 
 @pytest.fixture(scope="module")
