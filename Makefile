@@ -14,7 +14,7 @@ ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs]"
+	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs,remote]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -17,6 +17,7 @@ centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from prefetch import resize
+from prefetch import resize, storage
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -150,12 +151,33 @@ def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
 
     Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image,
     `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for a bomb).
+    `path` may be an fsspec URL (`open_image`).
     """
-    with Image.open(path) as image:
-        if options.antialias:  # DCT scaling would change the pixels of the Keras-parity path
-            _draft(image, options)
-        image.load()
-        return to_target_size(image, options)
+    with open_image(path) as image:
+        return _decode_opened(image, options)
+
+
+def decode_bytes(data: bytes, options: DecodeOptions) -> np.ndarray:
+    """`decode_image` of an encoded image held in memory (the bytes of a file or an object)."""
+    with Image.open(io.BytesIO(data)) as image:
+        return _decode_opened(image, options)
+
+
+def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
+    if options.antialias:  # DCT scaling would change the pixels of the Keras-parity path
+        _draft(image, options)
+    image.load()
+    return to_target_size(image, options)
+
+
+def open_image(path: str) -> Image.Image:
+    """`Image.open` of a local path, a `file://` path, or an fsspec URL (the whole object read
+    with `storage.read_bytes`: retried, and its errors name the URL)."""
+    if "://" not in path:  # the local fast path: one substring test
+        return Image.open(path)
+    if not storage.is_url(path):
+        return Image.open(storage.local_path(path))
+    return Image.open(io.BytesIO(storage.read_bytes(path)))
 
 
 def _draft(image: Image.Image, options: DecodeOptions) -> None:

@@ -40,12 +40,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prefetch import resize
+from prefetch import resize, storage
 from prefetch.decode import (
     DRAFT_REDUCING_GAP,
     DecodeOptions,
     Decoder,
     crop_size,
+    decode_bytes,
     decode_image,
     resize_like_keras,
     to_target_size,
@@ -126,17 +127,21 @@ class TurboDecoder:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        with open(path, "rb") as file:
-            data = file.read()
+        remote = "://" in path  # an fsspec URL or file://; local paths skip this branch
+        if remote:
+            data = storage.read_bytes(path)  # once: the fallbacks decode these bytes
+        else:
+            with open(path, "rb") as file:
+                data = file.read()
         if not data.startswith(_JPEG_MAGIC):
-            return decode_image(path, options)
+            return decode_bytes(data, options) if remote else decode_image(path, options)
         try:
             return _decode_jpeg(data, options, *modules)
         except _Unsupported:
             # Includes JPEGs that libjpeg-turbo refuses (damaged, truncated): the default
             # decoder decides, so a bad file fails with the same error as with decode_image,
             # and libjpeg-turbo's message stays attached as its __context__.
-            return decode_image(path, options)
+            return decode_bytes(data, options) if remote else decode_image(path, options)
 
     def __repr__(self) -> str:
         return "decode_turbo"

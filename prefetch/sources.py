@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from PIL import Image
+
+from prefetch import storage
+from prefetch.decode import open_image
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -240,7 +242,7 @@ class FileList:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         """The full-size decoded image (uint8 HxWxC, as stored) and its label."""
-        with Image.open(self.paths[index]) as image:
+        with open_image(self.paths[index]) as image:
             return np.asarray(image), int(self.labels[index])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
@@ -265,6 +267,11 @@ class ImageFolder(FileList):
     the extensions .jpg .jpeg .png .bmp .gif in any case. Label i is `class_names[i]`. The
     paths are `index_directory`'s: those Keras reports in `file_paths` for the same `root`
     (unshuffled), joined from `root` as given.
+
+    `root` may be an fsspec URL (`"gs://bucket/train"`, `"memory://..."`, an `http(s)://`
+    folder whose index page links its files; the `remote` extra, docs/remote.md): it is listed
+    with one bulk listing, with the same rules, and the paths are URLs. `root` stays a `str`
+    for a URL (a `Path` otherwise).
     """
 
     def __init__(
@@ -273,19 +280,26 @@ class ImageFolder(FileList):
         class_names: Sequence[str] | None = None,
         follow_links: bool = False,
     ) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise FileNotFoundError(
-                f"image folder {str(self.root)!r} does not exist or is not a directory; "
-                "pass the folder that holds one subfolder per class"
-            )
-        paths, labels, class_names = index_directory(
-            root, class_names=class_names, follow_links=follow_links
+        remote = storage.is_url(root)
+        self.root: str | Path = str(root) if remote else Path(storage.local_path(os.fspath(root)))
+        missing = (
+            f"image folder {str(self.root)!r} does not exist or is not a directory; "
+            "pass the folder that holds one subfolder per class"
         )
+        if not remote and not Path(self.root).is_dir():
+            raise FileNotFoundError(missing)
+        try:
+            paths, labels, class_names = index_directory(
+                root, class_names=class_names, follow_links=follow_links
+            )
+        except FileNotFoundError as error:
+            if not remote:
+                raise
+            raise FileNotFoundError(f"{missing} ({error})") from error
         if not class_names:
             raise ValueError(
                 f"no class folders in {str(self.root)!r}: put the images of each class in "
-                f"its own subfolder, as in {self.root / 'cats' / 'cat_001.jpg'}"
+                f"its own subfolder, as in {os.path.join(self.root, 'cats', 'cat_001.jpg')}"
             )
         if not len(paths):
             raise ValueError(
@@ -319,13 +333,20 @@ def index_directory(
     walk from `os.path.join(directory, class)` with `directory` as given (not normalised): the
     string Keras puts in `file_paths` for the same argument. A missing `directory` raises
     `os.listdir`'s own OSError when labels are inferred, as in Keras.
+
+    A URL `directory` (`storage.is_url`) is listed once with the filesystem's bulk listing
+    (`storage.RemoteTree`) and then walked by the same code, giving URL paths; a missing one
+    raises FileNotFoundError naming it. A `file://` directory is listed as the local path.
     """
     top = os.fspath(directory)
+    tree: Any = storage.RemoteTree(top) if storage.is_url(top) else _LOCAL_TREE
+    if not storage.is_url(top):
+        top = storage.local_path(top)
     if infer_labels:
         subdirs = [
             name
-            for name in sorted(os.listdir(top))
-            if os.path.isdir(os.path.join(top, name)) and not name.startswith(".")
+            for name in sorted(tree.listdir(top))
+            if tree.isdir(os.path.join(top, name)) and not name.startswith(".")
         ]
         if class_names is not None:
             if not set(class_names).issubset(set(subdirs)):
@@ -345,7 +366,7 @@ def index_directory(
 
     def listed() -> Iterator[list[str]]:
         for subdir in subdirs:
-            found = _walk_images(os.path.join(top, subdir), follow_links)
+            found = _walk_images(os.path.join(top, subdir), follow_links, tree.walk)
             counts.append(len(found))
             yield found
 
@@ -357,11 +378,22 @@ def index_directory(
     return paths, labels, subdirs if infer_labels else []
 
 
-def _walk_images(folder: str, follow_links: bool) -> list[str]:
+class _LocalTree:
+    """The local filesystem, with the methods of `storage.RemoteTree` that the lister uses."""
+
+    listdir = staticmethod(os.listdir)
+    isdir = staticmethod(os.path.isdir)
+    walk = staticmethod(os.walk)
+
+
+_LOCAL_TREE = _LocalTree()
+
+
+def _walk_images(folder: str, follow_links: bool, walk: Any = os.walk) -> list[str]:
     """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
     found: list[str] = []
     for root, _, filenames in sorted(
-        os.walk(folder, followlinks=follow_links), key=lambda entry: entry[0]
+        walk(folder, followlinks=follow_links), key=lambda entry: entry[0]
     ):
         prefix = os.path.join(root, "")  # os.path.join(root, name) == prefix + name
         found.extend(

@@ -80,6 +80,11 @@ def image_dataset_from_directory(
     (the validation set of `subset="both"` is not shuffled, as in Keras). A bad argument raises
     Keras's exception with Keras's message first; `format="grain"` is refused. See
     docs/tensorflow.md for the lifetime of the workers and for errors.
+
+    `directory` may be a URL, as Keras reads `gs://` paths through `tf.io.gfile`: any fsspec
+    URL (`gs://`, `s3://`, `http(s)://`, `memory://`; the `remote` extra) is listed with
+    Keras's rules by one bulk listing and read one object per image (docs/remote.md);
+    `file_paths` are then URLs.
     """
     # Keras's checks, in Keras's order (the first bad argument is the one reported).
     keras_args.check_labels(labels, class_names)

@@ -1,0 +1,246 @@
+"""Image folders and file lists on fsspec URLs: memory:// and a loopback HTTP server.
+
+No mocks of fsspec: real JPEG and PNG bytes are written into fsspec's memory filesystem (one per
+test, under a unique bucket) or served by `prefetch.testing.serve_folder`. Each remote folder is
+compared with the same folder on local disk: Keras's file order and class names, and the pixels
+of a Loader epoch. memory:// lives in one process only (a spawned worker sees an empty
+filesystem), so the process backend is tested over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prefetch import FileList, ImageFolder, Loader, storage
+from prefetch.decode import DecodeOptions, decode_image
+from prefetch.sources import index_directory
+from prefetch.testing import serve_folder, write_image_folder
+
+fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
+
+SIZE = (16, 16)
+CLASSES = ("square", "circle", "triangle")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fsspec_io_thread() -> None:
+    """Start fsspec's IO thread before the leak checks look: async filesystems (http) run on
+    one daemon event-loop thread per process, started once and kept, which is not a leak."""
+    import fsspec.asyn
+
+    fsspec.asyn.get_loop()
+
+
+@pytest.fixture
+def local_root(tmp_path: Path) -> Path:
+    """A local image folder with JPEGs, PNGs, a nested folder and a hidden class folder."""
+    root = write_image_folder(tmp_path / "train", class_names=CLASSES, per_class=4)
+    write_image_folder(tmp_path / "train", class_names=("circle",), per_class=2, image_format="PNG")
+    nested = root / "square" / "more"
+    nested.mkdir()
+    (nested / "Upper.JPG").write_bytes((root / "square" / "square_0000.jpg").read_bytes())
+    (root / "square" / "notes.txt").write_text("not an image")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "x.jpg").write_bytes((root / "square" / "square_0001.jpg").read_bytes())
+    return root
+
+
+@pytest.fixture
+def memory_root(local_root: Path) -> Iterator[str]:
+    """`local_root` copied into fsspec's memory filesystem; removed after the test."""
+    url = f"memory://bucket-{uuid.uuid4().hex[:8]}/train"
+    fs = fsspec.filesystem("memory")
+    for folder, _, files in os.walk(local_root):
+        for name in files:
+            relative = os.path.relpath(os.path.join(folder, name), local_root)
+            fs.pipe_file(f"{url}/{relative}", Path(folder, name).read_bytes())
+    yield url
+    fs.rm(url, recursive=True)
+
+
+def relative(paths: list[str], root: str) -> list[str]:
+    return [path[len(root) :].lstrip("/") for path in paths]
+
+
+def epoch(loader: Loader) -> tuple[np.ndarray, np.ndarray]:
+    with loader:
+        batches = [(images.copy(), labels.copy()) for images, labels in loader]
+    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+
+
+# --- what is a URL ------------------------------------------------------------------------------
+
+
+def test_only_scheme_urls_other_than_file_are_urls() -> None:
+    assert storage.is_url("memory://bucket/x.jpg")
+    assert storage.is_url("gs://bucket/x.jpg")
+    assert storage.is_url("http://127.0.0.1:8000/x.jpg")
+    assert not storage.is_url("file:///tmp/x.jpg")
+    assert not storage.is_url("/tmp/x.jpg")
+    assert not storage.is_url("relative/dir")
+    assert not storage.is_url(Path("/tmp/x.jpg"))
+
+
+def test_importing_prefetch_does_not_import_fsspec() -> None:
+    code = "import sys, prefetch, prefetch.sources; print('fsspec' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- listing ------------------------------------------------------------------------------------
+
+
+def test_a_memory_folder_lists_in_keras_order_with_the_local_folders_classes(
+    local_root: Path, memory_root: str
+) -> None:
+    remote, local = ImageFolder(memory_root), ImageFolder(local_root)
+    assert remote.class_names == local.class_names == sorted(CLASSES)
+    assert relative(remote.paths.tolist(), memory_root) == relative(
+        local.paths.tolist(), str(local_root)
+    )
+    assert np.array_equal(remote.labels, local.labels)
+    assert all(path.startswith(memory_root + "/") for path in remote.paths)
+    assert "circle/circle_0000.png" in relative(remote.paths.tolist(), memory_root)
+    assert "square/more/Upper.JPG" in relative(remote.paths.tolist(), memory_root)
+
+
+def test_unlabelled_listing_and_class_names_match_the_local_folder(
+    local_root: Path, memory_root: str
+) -> None:
+    for root in (memory_root, memory_root + "/"):
+        paths, labels, names = index_directory(root, infer_labels=False)
+        local_paths, _, _ = index_directory(str(local_root) + "/", infer_labels=False)
+        assert names == [] and not labels.any()
+        assert relative(paths.tolist(), root) == relative(local_paths.tolist(), str(local_root))
+    assert storage.list_images(memory_root) == paths.tolist()
+    picked = ImageFolder(memory_root, class_names=["triangle", "circle"])
+    assert picked.class_names == ["triangle", "circle"]
+    triangles = picked.paths[picked.labels == 0].tolist()
+    assert triangles and all("/triangle/" in path for path in triangles)
+    with pytest.raises(ValueError, match="did not match"):
+        ImageFolder(memory_root, class_names=["dog"])
+
+
+def test_a_missing_remote_folder_is_an_error_naming_it() -> None:
+    with pytest.raises(FileNotFoundError, match="memory://no-such-bucket/train"):
+        ImageFolder("memory://no-such-bucket/train")
+
+
+def test_a_file_url_folder_is_listed_as_the_local_folder(local_root: Path) -> None:
+    by_url = ImageFolder(f"file://{local_root}")
+    assert by_url.paths.tolist() == ImageFolder(local_root).paths.tolist()
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def test_a_thread_loader_epoch_over_memory_equals_the_local_one_pixel_for_pixel(
+    local_root: Path, memory_root: str
+) -> None:
+    def load(root: str | Path, decoder: str) -> tuple[np.ndarray, np.ndarray]:
+        return epoch(
+            Loader(
+                root,
+                batch_size=5,
+                image_size=SIZE,
+                workers=2,
+                seed=3,
+                backend="thread",
+                decoder=decoder,
+            )
+        )
+
+    for decoder in ("pillow", "auto"):
+        remote_images, remote_labels = load(memory_root, decoder)
+        local_images, local_labels = load(local_root, decoder)
+        assert np.array_equal(remote_labels, local_labels)
+        assert np.array_equal(remote_images, local_images)
+
+
+def test_decoders_read_urls_and_file_urls(local_root: Path, memory_root: str) -> None:
+    options = DecodeOptions(image_size=SIZE)
+    local = str(local_root / "circle" / "circle_0000.png")
+    expected = decode_image(local, options)
+    assert np.array_equal(decode_image(f"{memory_root}/circle/circle_0000.png", options), expected)
+    assert np.array_equal(decode_image(f"file://{local}", options), expected)
+    remote = FileList([f"{memory_root}/circle/circle_0000.png"], [0])
+    assert np.array_equal(remote[0][0], FileList([local], [0])[0][0])
+
+
+def test_a_missing_object_raises_naming_its_url_or_is_a_counted_skip(memory_root: str) -> None:
+    good = f"{memory_root}/square/square_0000.jpg"
+    missing = f"{memory_root}/square/gone.jpg"
+    files = FileList([good, missing, good, good], [0, 0, 0, 0])
+    with pytest.raises(FileNotFoundError, match=missing):
+        epoch(Loader(files, batch_size=2, image_size=SIZE, workers=2, backend="thread"))
+    loader = Loader(
+        files, batch_size=2, image_size=SIZE, workers=2, backend="thread", on_error="skip"
+    )
+    images, _ = epoch(loader)
+    assert len(images) == 3
+    assert loader.stats().skipped == 1
+    assert loader.stats().skipped_paths == (missing,)
+
+
+def test_a_protocol_without_its_package_names_the_package_to_install() -> None:
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(ImportError, match="pip install gcsfs"):
+        storage.read_bytes("gs://bucket/train/cat/a.jpg")
+    with pytest.raises(ImportError, match="gcsfs"):
+        ImageFolder("gs://bucket/train")
+
+
+# --- HTTP (prefetch.testing.serve_folder) --------------------------------------------------------
+
+
+def test_an_http_folder_lists_like_the_local_one_and_loads_the_same_pixels(
+    local_root: Path,
+) -> None:
+    with serve_folder(local_root.parent) as base:
+        url = base + "train/"
+        remote = ImageFolder(url)
+        local = ImageFolder(local_root)
+        assert remote.class_names == local.class_names
+        assert relative(remote.paths.tolist(), url) == relative(
+            local.paths.tolist(), str(local_root)
+        )
+        for backend in ("thread", "process"):
+            remote_epoch = epoch(
+                Loader(remote, batch_size=5, image_size=SIZE, workers=2, seed=1, backend=backend)
+            )
+            local_epoch = epoch(
+                Loader(local, batch_size=5, image_size=SIZE, workers=2, seed=1, backend=backend)
+            )
+            assert np.array_equal(remote_epoch[0], local_epoch[0]), backend
+            assert np.array_equal(remote_epoch[1], local_epoch[1]), backend
+
+
+def test_http_reads_retry_500s_and_name_the_url_of_a_dropped_or_missing_object(
+    local_root: Path,
+) -> None:
+    name = "train/square/square_0000.jpg"
+    expected = (local_root / "square" / "square_0000.jpg").read_bytes()
+    with serve_folder(local_root.parent, fail_first=2, drop_paths=[name]) as base:
+        other = base + "train/circle/circle_0000.png"
+        assert storage.read_bytes(other) == (local_root / "circle" / "circle_0000.png").read_bytes()
+        with pytest.raises(OSError, match="after 2 attempts"):
+            storage.read_bytes(base + "train/circle/circle_0001.png", retries=1)
+        with pytest.raises(OSError, match=f"cannot read '{base + name}' after 4 attempts"):
+            storage.read_bytes(base + name)
+        with pytest.raises(FileNotFoundError, match=base + "train/square/gone.jpg"):
+            storage.read_bytes(base + "train/square/gone.jpg")
+    with serve_folder(local_root.parent, fail_first=1) as base:
+        assert storage.read_bytes(base + name) == expected
