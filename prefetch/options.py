@@ -53,10 +53,14 @@ class ProcessOptions:
     - `start_method`: "spawn" or "forkserver"; None takes the program's default when it is one
       of those, else "spawn". Workers are never forked: forking a process that runs threads
       (TensorFlow's, the loader's) can deadlock the child.
+    - `threads_per_worker`: reader threads in each worker process, which split its batch
+      between them. 1 suits local disks; more let a process overlap reads that wait on
+      storage (a network mount, an object store) instead of the CPU.
     """
 
     max_restarts: int = 3
     start_method: str | None = None
+    threads_per_worker: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_restarts, bool) or not isinstance(
@@ -65,6 +69,7 @@ class ProcessOptions:
             raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        positive("threads_per_worker", self.threads_per_worker)
         if self.start_method is not None and self.start_method not in START_METHODS:
             raise ValueError(
                 f"start_method must be one of {START_METHODS}, got {self.start_method!r}: "

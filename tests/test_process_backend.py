@@ -17,6 +17,7 @@ import pytest
 import prefetch
 from prefetch.backends.shm import PREFIX, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
+from prefetch.options import ProcessOptions
 from prefetch.testing import (
     CrashingDecoder,
     FailingDecoder,
@@ -27,6 +28,7 @@ from prefetch.testing import (
     write_bad_files,
     write_image_folder,
 )
+from prefetch.tools.timeline import TimedDecoder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -259,3 +261,27 @@ def test_workers_exit_within_seconds_when_their_parent_is_killed(
     _, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive, "orphaned workers kept running after their parent died"
     sweep_stale()  # the killed parent could not unlink its segments; the next start does
+
+
+def test_reader_threads_in_a_worker_process_overlap_its_reads(folder: Path, tmp_path: Path) -> None:
+    """ProcessOptions(threads_per_worker=4): one process reads a batch's samples at once."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    timed = TimedDecoder(SlowDecoder(0.3), spool)  # a read that waits, like a network mount
+    options = {"batch_size": 8, "image_size": (16, 16), "shuffle": False}
+    loader = prefetch.Loader(
+        folder, workers=1, decoder=timed, backend=ProcessOptions(threads_per_worker=4), **options
+    )
+    got = all_batches(loader)
+    expected = all_batches(prefetch.Loader(folder, workers=2, backend="thread", **options))
+    for (x, y), (want_x, want_y) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(x, want_x)
+        np.testing.assert_array_equal(y, want_y)
+    spans = timed.read_spans()
+    assert len({span.worker for span in spans}) == 1  # one worker process ...
+    edges = sorted([(s.start_s, 1) for s in spans] + [(s.end_s, -1) for s in spans])
+    running = most = 0
+    for _, change in edges:
+        running += change
+        most = max(most, running)
+    assert most >= 2, "... whose reader threads overlapped their reads"

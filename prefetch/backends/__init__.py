@@ -38,6 +38,7 @@ def make_backend(
             coordinator,
             process.max_restarts,
             process.method,
+            process.threads_per_worker,
         )
     if name == "thread":
         return ThreadBackend(reader, workers, batch_size, coordinator)

@@ -11,8 +11,10 @@ Over its own duplex pipe a worker receives, in order:
 - `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
 
 Messages are read as they arrive (between samples' batches), so a cancel overtakes the queued
-tasks. The worker ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its
-pid gone); it then unlinks the segments it maps, as the parent cannot any more.
+tasks. With `threads_per_worker` > 1 a batch is split in contiguous chunks across that many
+reader threads of the worker, so one process overlaps reads that wait on storage. The worker
+ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its pid gone); it
+then unlinks the segments it maps, as the parent cannot any more.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import multiprocessing
 import os
 import signal
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import NamedTuple
 
-from prefetch.backends.base import BatchTask, Skipped, Slot
+from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.remote_error import portable, with_traceback_text
 from prefetch.backends.shm import FileId, SlotLayout, unlink_if_same
@@ -83,12 +86,18 @@ def parent_alive(parent: int) -> bool:
     return True
 
 
-def worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int) -> None:
-    """A worker process: run tasks from `conn` until told to stop or the parent dies."""
+def worker_main(
+    reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int, threads: int = 1
+) -> None:
+    """A worker process: run tasks from `conn` until told to stop or the parent dies.
+
+    With `threads` > 1, each batch is split between that many reader threads.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
     name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
     segments: dict[str, tuple[Slot, str, FileId]] = {}
     queued: deque[Task | Forget | Stop] = deque()
+    pool = _Readers(threads) if threads > 1 else None
     try:
         while True:
             if not queued and not conn.poll(POLL_S):
@@ -104,11 +113,14 @@ def worker_main(reader: SampleReader, layout: SlotLayout, conn: Connection, pare
             if isinstance(message, Forget):
                 segments.pop(message.name, None)
                 continue
-            _run(reader, message, segments.get(message.slot_name), conn, name)
+            _run(reader, message, segments.get(message.slot_name), conn, name, pool)
     except (_ParentGone, EOFError, BrokenPipeError, ConnectionResetError):
         # The parent is gone and cannot unlink its segments: do it for it.
         for _, path, identity in segments.values():
             unlink_if_same(path, identity)
+    finally:
+        if pool is not None:
+            pool.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _read_arrived(
@@ -143,12 +155,13 @@ def _run(
     segment: tuple[Slot, str, FileId] | None,
     conn: Connection,
     name: str,
+    pool: _Readers | None,
 ) -> None:
     if segment is None:  # forgotten: nobody waits for it
         conn.send((message.batch_id, Cancelled(), None))
         return
     try:
-        outcome = reader.read_into(message.task, segment[0], 0, message.size, name)
+        outcome = _read_batch(reader, message, segment[0], name, pool)
         outcome.skipped = [
             Skipped(s.position, s.path, portable(s.error))  # type: ignore[arg-type]
             for s in outcome.skipped
@@ -156,3 +169,31 @@ def _run(
         conn.send((message.batch_id, outcome, None))
     except Exception as error:
         conn.send((message.batch_id, None, with_traceback_text(error)))
+
+
+class _Readers:
+    """A worker process's reader threads (`threads_per_worker` > 1)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.executor = ThreadPoolExecutor(threads, "prefetch-reader")
+
+
+def _read_batch(
+    reader: SampleReader, message: Task, slot: Slot, name: str, pool: _Readers | None
+) -> ChunkOutcome:
+    """Read the whole batch: in this thread, or split in contiguous chunks across `pool`."""
+    if pool is None:
+        return reader.read_into(message.task, slot, 0, message.size, name)
+    step = -(-message.size // pool.threads)
+    bounds = [(start, min(start + step, message.size)) for start in range(0, message.size, step)]
+    futures = [
+        pool.executor.submit(reader.read_into, message.task, slot, a, b, name) for a, b in bounds
+    ]
+    chunks = [future.result() for future in futures]  # the first failing chunk, in row order
+    return ChunkOutcome(
+        [item for chunk in chunks for item in chunk.skipped],
+        sum(chunk.busy_s for chunk in chunks),
+        sum(chunk.cpu_s for chunk in chunks),
+        sum(chunk.runnable_s for chunk in chunks),
+    )

@@ -126,6 +126,7 @@ class ProcessBackend:
         coordinator: Coordinator,
         max_restarts: int = 3,
         start_method: str = "spawn",
+        threads_per_worker: int = 1,
     ) -> None:
         self.workers = workers
         self._reader = reader
@@ -133,6 +134,7 @@ class ProcessBackend:
         self._depth = depth
         self._coordinator = coordinator
         self.max_restarts = max_restarts
+        self.threads_per_worker = threads_per_worker
         self.restarts = 0
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
@@ -175,7 +177,7 @@ class ProcessBackend:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self._reader, self._layout, child_end, os.getpid()),
+            args=(self._reader, self._layout, child_end, os.getpid(), self.threads_per_worker),
             name=f"prefetch-process-{index}",
             daemon=True,
         )
