@@ -244,3 +244,33 @@ def test_http_reads_retry_500s_and_name_the_url_of_a_dropped_or_missing_object(
             storage.read_bytes(base + "train/square/gone.jpg")
     with serve_folder(local_root.parent, fail_first=1) as base:
         assert storage.read_bytes(base + name) == expected
+
+
+def test_an_http_read_slower_than_its_timeout_is_a_timeout_error_naming_the_url(
+    local_root: Path,
+) -> None:
+    with serve_folder(local_root.parent, latency_s=5.0) as base:
+        url = base + "train/square/square_0000.jpg"
+        with pytest.raises(TimeoutError, match=f"reading '{url}' timed out after 2 attempts"):
+            storage.read_bytes(url, timeout_s=0.2, retries=1)
+
+
+def test_the_keras_drop_in_reads_a_memory_folder_like_the_local_one(
+    local_root: Path, memory_root: str
+) -> None:
+    pytest.importorskip("tensorflow")
+    import prefetch.tf
+
+    def load(root: str) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+        dataset = prefetch.tf.image_dataset_from_directory(
+            root, image_size=SIZE, batch_size=4, seed=2, verbose=False, backend="thread"
+        )
+        with dataset.loader:
+            batches = [(x.numpy(), y.numpy()) for x, y in dataset]
+        return dataset.file_paths, [b[0] for b in batches], [b[1] for b in batches]
+
+    remote_paths, remote_images, remote_labels = load(memory_root)
+    local_paths, local_images, local_labels = load(str(local_root))
+    assert relative(remote_paths, memory_root) == relative(local_paths, str(local_root))
+    assert np.array_equal(np.concatenate(remote_labels), np.concatenate(local_labels))
+    assert np.array_equal(np.concatenate(remote_images), np.concatenate(local_images))
