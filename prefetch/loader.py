@@ -145,6 +145,7 @@ class Loader:
         self._lock = threading.Lock()
         self._entered = 0
         self._streams = 0
+        self._running: weakref.WeakSet[Stream] = weakref.WeakSet()  # begun, for stats()
 
     # ---- options (read-only; set them when making the Loader) ----------------------------
 
@@ -283,10 +284,11 @@ class Loader:
         """One epoch. It begins (takes its epoch number, starts workers) at the first next()."""
         return Stream(self)
 
-    def _begin_stream(self) -> tuple[int, int]:
+    def _begin_stream(self, stream: Stream) -> tuple[int, int]:
         """A stream begins: its (epoch, first batch)."""
         with self._lock:
             self._streams += 1
+            self._running.add(stream)
         return self._cursor.begin()
 
     def _end_stream(self) -> None:
@@ -336,6 +338,7 @@ class Loader:
             self.backend_reason,
             decisions,
             decoder_name(self._session.reader.decoder),
+            sum(stream.reads_in_flight() for stream in list(self._running)),
         )
 
     def reset_stats(self) -> None:

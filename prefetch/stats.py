@@ -11,8 +11,12 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 # How many skipped paths the stats keep (the most recent ones); the count is exact.
 SKIPPED_PATHS_KEPT = 100
+# How many of the latest samples' read times the latency percentiles are taken over.
+READ_TIMES_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class LoaderStats:
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
     - `worker_decisions`: with `workers="auto"`, each change of the worker count and why.
     - `decoder`: the decoder that ran ("turbo", "pillow", or a callable's own name).
+    - `reads_in_flight`: samples being read at the moment of the snapshot (at most the
+      workers, or workers x threads_per_worker): with remote storage, how many requests wait.
+    - `read_p50_s`, `read_p90_s`, `read_p99_s`: percentiles of the time one sample took to
+      read, decode and transform, over the latest `READ_TIMES_KEPT` samples (0 before any).
     """
 
     backend: str
@@ -48,6 +56,10 @@ class LoaderStats:
     backend_reason: str = ""
     worker_decisions: tuple[str, ...] = ()
     decoder: str = ""
+    reads_in_flight: int = 0
+    read_p50_s: float = 0.0
+    read_p90_s: float = 0.0
+    read_p99_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -60,7 +72,8 @@ class LoaderStats:
             f"{self.backend} backend, {self.decoder or 'own'} decoder, "
             f"{self.workers} workers busy {self.producer_busy_s:.2f} s; "
             f"{self.mean_ready_batches:.1f}/{self.depth} batches ready on request; "
-            f"{self.skipped} skipped"
+            f"a sample took {1000 * self.read_p50_s:.1f} ms (p50), "
+            f"{1000 * self.read_p99_s:.1f} ms (p99); {self.skipped} skipped"
         )
 
 
@@ -81,6 +94,7 @@ class StatsRecorder:
         self.requests = 0
         self.skipped = 0
         self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
+        self.read_s: deque[float] = deque(maxlen=READ_TIMES_KEPT)
 
     def snapshot(
         self,
@@ -90,8 +104,14 @@ class StatsRecorder:
         backend_reason: str = "",
         worker_decisions: tuple[str, ...] = (),
         decoder: str = "",
+        reads_in_flight: int = 0,
     ) -> LoaderStats:
         elapsed = self.elapsed_s
+        p50, p90, p99 = (
+            np.percentile(np.fromiter(self.read_s, float), (50, 90, 99))
+            if self.read_s
+            else (0, 0, 0)
+        )
         return LoaderStats(
             backend=backend,
             workers=workers,
@@ -110,4 +130,8 @@ class StatsRecorder:
             backend_reason=backend_reason,
             worker_decisions=worker_decisions,
             decoder=decoder,
+            reads_in_flight=reads_in_flight,
+            read_p50_s=float(p50),
+            read_p90_s=float(p90),
+            read_p99_s=float(p99),
         )

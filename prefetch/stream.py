@@ -120,7 +120,7 @@ class Stream:
         return batch
 
     def _begin(self) -> None:
-        self.epoch, self.position = self._loader._begin_stream()
+        self.epoch, self.position = self._loader._begin_stream(self)
         self._backend, self._ring = self._loader._start()
         self._todo = deque(self._loader._plan.batches(self.epoch, self.position))
 
@@ -151,6 +151,7 @@ class Stream:
             self.position += 1
             loader._cursor.advance(self.epoch or 0)
             stats.producer_busy_s += outcome.busy_s
+            stats.read_s.extend(outcome.read_s)
             loader._skips.count(outcome.skipped, stats)
             if outcome.count == 0:
                 self._ring_of().release(slot)
@@ -166,6 +167,13 @@ class Stream:
             loader._session.observe(now - asked, ready, outcome)
             return batch
         return None
+
+    def reads_in_flight(self) -> int:
+        """Samples of this epoch's in-flight batches that workers are reading right now."""
+        window = list(self._window)  # may be called from another thread
+        return sum(
+            int(np.count_nonzero(slot.started)) for slot, _, _ in window if slot.started is not None
+        )
 
     def _ring_of(self) -> SlotRing:
         assert self._ring is not None

@@ -253,3 +253,46 @@ def test_labels_are_checked_once_per_sample_not_per_batch_shape() -> None:
     (batch,) = list(Loader(source, batch_size=4, image_size=(8, 8), workers=1, shuffle=False))
     assert batch.labels is not None and list(batch.labels) == [1, 0, 1, 1]
     assert prefetch.labels.check_label(np.int64(1), 2) == 1
+
+
+# --- reads in flight and read latency ------------------------------------------------------------
+
+
+class GatedSource:
+    """A user source whose samples from `gate_from` on wait for `gate` (a slow remote read)."""
+
+    def __init__(self, size: int, gate_from: int) -> None:
+        self.size, self.gate_from = size, gate_from
+        self.gate = threading.Event()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if index >= self.gate_from:
+            self.gate.wait(60)
+        return np.zeros((8, 8, 3), np.uint8), 0
+
+
+def test_stats_show_the_reads_in_flight_and_the_read_latency() -> None:
+    source = GatedSource(12, gate_from=4)
+    loader = Loader(
+        source, batch_size=4, image_size=(8, 8), workers=3, backend="thread", shuffle=False
+    )
+    stream = iter(loader)
+    try:
+        next(stream)  # batch 0 is ungated; the workers now wait in batch 1's samples
+        in_flight = 0
+        for _ in range(600):  # a generous bound (60 s) for the workers to reach the gate
+            in_flight = loader.stats().reads_in_flight
+            if in_flight == 3:
+                break
+            threading.Event().wait(0.1)
+        assert in_flight == 3  # one per worker thread, each stuck in a gated read
+    finally:
+        source.gate.set()
+    assert len([batch for batch in stream]) == 2
+    stats = loader.stats()
+    assert stats.reads_in_flight == 0
+    assert 0 <= stats.read_p50_s <= stats.read_p90_s <= stats.read_p99_s
+    assert "ms (p50)" in str(stats)

@@ -59,12 +59,24 @@ class Skipped:
 
 @dataclass
 class ChunkOutcome:
-    """What decoding rows [start, stop) of a batch produced."""
+    """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample."""
 
     skipped: list[Skipped] = field(default_factory=list)
     busy_s: float = 0.0
     cpu_s: float = 0.0
     runnable_s: float = 0.0
+    read_s: list[float] = field(default_factory=list)
+
+    @classmethod
+    def merged(cls, chunks: list[ChunkOutcome]) -> ChunkOutcome:
+        """The chunks of one batch as one outcome (in row order)."""
+        return cls(
+            [item for chunk in chunks for item in chunk.skipped],
+            sum(chunk.busy_s for chunk in chunks),
+            sum(chunk.cpu_s for chunk in chunks),
+            sum(chunk.runnable_s for chunk in chunks),
+            [seconds for chunk in chunks for seconds in chunk.read_s],
+        )
 
 
 @dataclass
@@ -76,6 +88,12 @@ class BatchOutcome:
     busy_s: float
     cpu_s: float = 0.0
     runnable_s: float = 0.0
+    read_s: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, chunk: ChunkOutcome, count: int, skipped: list[Skipped]) -> BatchOutcome:
+        """A finished batch of `count` valid rows from its (merged) chunk outcome."""
+        return cls(count, skipped, chunk.busy_s, chunk.cpu_s, chunk.runnable_s, chunk.read_s)
 
 
 def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:

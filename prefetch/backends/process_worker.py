@@ -191,9 +191,4 @@ def _read_batch(
         pool.executor.submit(reader.read_into, message.task, slot, a, b, name) for a, b in bounds
     ]
     chunks = [future.result() for future in futures]  # the first failing chunk, in row order
-    return ChunkOutcome(
-        [item for chunk in chunks for item in chunk.skipped],
-        sum(chunk.busy_s for chunk in chunks),
-        sum(chunk.cpu_s for chunk in chunks),
-        sum(chunk.runnable_s for chunk in chunks),
-    )
+    return ChunkOutcome.merged(chunks)

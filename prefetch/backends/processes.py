@@ -303,12 +303,8 @@ class ProcessBackend:
                     skipped = [
                         Skipped(s.position, s.path, rebuild(s.error)) for s in outcome.skipped
                     ]
-                    pending.outcome = BatchOutcome(
-                        compact(slot, size, skipped),
-                        skipped,
-                        outcome.busy_s,
-                        outcome.cpu_s,
-                        outcome.runnable_s,
+                    pending.outcome = BatchOutcome.of(
+                        outcome, compact(slot, size, skipped), skipped
                     )
         except (EOFError, OSError):
             pass  # the worker died; its sentinel tells

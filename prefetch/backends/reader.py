@@ -58,11 +58,13 @@ class SampleReader:
                 error = TimeoutError(f"{self.describe(index)!r} never returned: skipped")
                 outcome.skipped.append(Skipped(position, self.describe(index), error))
                 continue
+            began_sample = time.monotonic()
             try:
                 if started is not None:
-                    started[position] = time.monotonic()
+                    started[position] = began_sample
                 slot.images[position], label = self._read(index, task)
                 slot.labels[position] = label
+                outcome.read_s.append(time.monotonic() - began_sample)
             except Exception as error:
                 what = self.describe(index)
                 if not self.skip_errors:

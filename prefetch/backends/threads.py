@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from prefetch.backends.base import BatchOutcome, BatchTask, ChunkOutcome, Skipped, Slot, compact
+from prefetch.backends.base import BatchOutcome, BatchTask, ChunkOutcome, Slot, compact
 from prefetch.backends.reader import SampleReader
 from prefetch.coordinator import POLL_S, Coordinator
 
@@ -50,16 +50,10 @@ class ThreadPending:
         return True
 
     def result(self) -> BatchOutcome:
-        skipped: list[Skipped] = []
-        busy_s = cpu_s = runnable_s = 0.0
-        for future in self._futures:
-            chunk = future.result()  # raises the first failing chunk's error, in row order
-            skipped.extend(chunk.skipped)
-            busy_s += chunk.busy_s
-            cpu_s += chunk.cpu_s
-            runnable_s += chunk.runnable_s
-        count = compact(self._slot, self._size, skipped)
-        return BatchOutcome(count, skipped, busy_s, cpu_s, runnable_s)
+        # result() raises the first failing chunk's error, in row order
+        merged = ChunkOutcome.merged([future.result() for future in self._futures])
+        count = compact(self._slot, self._size, merged.skipped)
+        return BatchOutcome.of(merged, count, merged.skipped)
 
     def cancel(self) -> None:
         for future in self._futures:
