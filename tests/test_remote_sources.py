@@ -274,3 +274,22 @@ def test_the_keras_drop_in_reads_a_memory_folder_like_the_local_one(
     assert relative(remote_paths, memory_root) == relative(local_paths, str(local_root))
     assert np.array_equal(np.concatenate(remote_labels), np.concatenate(local_labels))
     assert np.array_equal(np.concatenate(remote_images), np.concatenate(local_images))
+
+
+def test_auto_keeps_threads_for_memory_files_that_workers_could_not_see(memory_root: str) -> None:
+    """A Python transform would pick processes, but memory:// exists in this process only."""
+    loader = Loader(
+        memory_root, batch_size=5, image_size=SIZE, workers=2, transform=slow_python_transform
+    )
+    with loader:
+        assert len(list(loader)) == len(loader)
+    assert loader.backend_name == "thread"
+    assert "memory://" in loader.backend_reason
+
+
+def slow_python_transform(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Holds the GIL for a while (pure Python), so backend="auto" would want processes."""
+    total = 0
+    for value in range(20_000):
+        total += value
+    return image

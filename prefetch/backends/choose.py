@@ -90,6 +90,9 @@ def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
         if unpicklable:
             name = "thread"
             reason += f"; but the {unpicklable} cannot be pickled for worker processes"
+        elif _in_process_memory(reader):
+            name = "thread"
+            reason += "; but memory:// files exist in this process only, not in its workers"
     return BackendChoice(name, share, total / samples, samples, f"auto: {name} ({reason})")
 
 
@@ -105,3 +108,9 @@ def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarr
     fetched = time.perf_counter()
     image = to_target_size(item[0] if reader.labelled else item, reader.options)
     return time.perf_counter() - fetched, fetched - start, image
+
+
+def _in_process_memory(reader: SampleReader) -> bool:
+    """Whether the source's files live in fsspec's memory:// filesystem (this process only)."""
+    paths = getattr(reader.source, "paths", None)
+    return paths is not None and len(paths) > 0 and str(paths[0]).startswith("memory://")
