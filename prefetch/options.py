@@ -18,6 +18,9 @@ from prefetch.decode import COLOR_MODES, DecodeOptions
 from prefetch.labels import LABEL_MODES
 
 ON_ERROR = ("raise", "skip")
+# Reader threads per worker process for URL sources: enough requests in flight per process to
+# cover tens of milliseconds of latency at a few hundred images per second.
+REMOTE_READER_THREADS = 8
 BACKENDS = ("thread", "process", "auto")
 START_METHODS = ("spawn", "forkserver")
 
@@ -55,12 +58,13 @@ class ProcessOptions:
       (TensorFlow's, the loader's) can deadlock the child.
     - `threads_per_worker`: reader threads in each worker process, which split its batch
       between them. 1 suits local disks; more let a process overlap reads that wait on
-      storage (a network mount, an object store) instead of the CPU.
+      storage (a network mount, an object store) instead of the CPU. None (the default):
+      `REMOTE_READER_THREADS` when the source's files are URLs, else 1.
     """
 
     max_restarts: int = 3
     start_method: str | None = None
-    threads_per_worker: int = 1
+    threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_restarts, bool) or not isinstance(
@@ -69,7 +73,8 @@ class ProcessOptions:
             raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        positive("threads_per_worker", self.threads_per_worker)
+        if self.threads_per_worker is not None:
+            positive("threads_per_worker", self.threads_per_worker)
         if self.start_method is not None and self.start_method not in START_METHODS:
             raise ValueError(
                 f"start_method must be one of {START_METHODS}, got {self.start_method!r}: "

@@ -21,6 +21,7 @@ import pytest
 
 from prefetch import FileList, ImageFolder, Loader, storage
 from prefetch.decode import DecodeOptions, decode_image
+from prefetch.options import REMOTE_READER_THREADS
 from prefetch.sources import index_directory
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -293,3 +294,18 @@ def slow_python_transform(image: np.ndarray, rng: np.random.Generator) -> np.nda
     for value in range(20_000):
         total += value
     return image
+
+
+def test_process_workers_read_urls_with_several_threads_each_by_default(local_root: Path) -> None:
+    with serve_folder(local_root.parent) as base:
+        remote = ImageFolder(base + "train/")
+        loader = Loader(remote, batch_size=5, image_size=SIZE, workers=1, backend="process")
+        with loader:
+            assert len(list(loader)) == len(loader)
+            backend = loader._session.backend
+            assert backend is not None
+            assert backend.threads_per_worker == REMOTE_READER_THREADS  # type: ignore[attr-defined]
+    local = Loader(local_root, batch_size=5, image_size=SIZE, workers=1, backend="process")
+    with local:
+        backend = local._session.backend
+        assert backend is not None and backend.threads_per_worker == 1  # type: ignore[attr-defined]

@@ -15,7 +15,8 @@ from prefetch.backends.processes import ProcessBackend
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.threads import ThreadBackend
 from prefetch.coordinator import Coordinator
-from prefetch.options import ProcessOptions
+from prefetch.options import REMOTE_READER_THREADS, ProcessOptions
+from prefetch.storage import is_url
 
 
 def make_backend(
@@ -38,8 +39,17 @@ def make_backend(
             coordinator,
             process.max_restarts,
             process.method,
-            process.threads_per_worker,
+            _reader_threads(process, reader),
         )
     if name == "thread":
         return ThreadBackend(reader, workers, batch_size, coordinator)
     raise ValueError(f"backend must be 'thread' or 'process' here, got {name!r}")
+
+
+def _reader_threads(process: ProcessOptions, reader: SampleReader) -> int:
+    """The reader threads per worker process: as asked, else more for URL sources."""
+    if process.threads_per_worker is not None:
+        return process.threads_per_worker
+    paths = getattr(reader.source, "paths", None)
+    remote = paths is not None and len(paths) > 0 and is_url(str(paths[0]))
+    return REMOTE_READER_THREADS if remote else 1
