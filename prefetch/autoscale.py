@@ -3,18 +3,19 @@
 workers="auto" grows or shrinks the worker count while the loader runs.
 
 `WorkerTuner` sees, per delivered batch, how long the consumer waited and how many batches were
-already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`) it
-decides:
+already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`, or
+`SLOW_WINDOW_S` and 2 batches when batches are slow) it decides:
 
-- grow geometrically (double, up to `io_maximum`) when the consumer waited more than
-  `GROW_WAIT` of the window, the workers spent at least `IO_BLOCKED` of their busy time blocked
-  (waiting for a remote store, a network mount or a disk, neither on a CPU nor waiting for one)
-  and at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown): the storage,
-  not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens. The
-  window after a doubling is measured, not skipped: if the throughput rose by less than
-  `IO_RISE` (x1.1) over the window before the doubling, the count holds there (a decision
-  with before == after) and I/O growth never goes past it again; otherwise it doubles again.
-  The cap `io_maximum` is `MAX_IO_WORKERS` threads (or `depth` processes) and the memory budget;
+- grow geometrically (up to `io_maximum`) when the consumer waited more than `GROW_WAIT` of
+  the window and the workers spent at least `IO_BLOCKED` of their busy time blocked (waiting
+  for a remote store, a network mount or a disk, neither on a CPU nor waiting for one): the
+  storage, not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens.
+  The step is x2 when at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown),
+  x1.5 (at least +1) on a busy CPU, whose extra share comes off other work. The window after
+  such a step is measured, not skipped: if the throughput rose by less than `IO_RISE` (x1.1)
+  over the window before the step, the count holds there (a decision with before == after)
+  and I/O growth never goes past it again; otherwise it steps again. The cap `io_maximum` is
+  `MAX_IO_WORKERS` threads (or `depth` processes) and the memory budget;
 - grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
   worker fits the memory budget and `maximum`, and there is CPU for it: at least
   `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
@@ -46,6 +47,9 @@ IO_RISE = 1.1
 MAX_IO_WORKERS = 64
 WINDOW_S = 1.0
 WINDOW_BATCHES = 4
+# Slow batches (high latency, few workers: 1.4 s a batch at 80 ms, 2 workers, 32 images) close a
+# window after this long and 2 batches, so that the first decisions do not take 4 batches each.
+SLOW_WINDOW_S = 2.0
 # Memory one more worker costs, for the budget: a worker process holds its own interpreter,
 # numpy and Pillow (measured at 40-60 MiB here); a thread holds one image being decoded.
 PROCESS_WORKER_BYTES = 64 * 2**20
@@ -144,7 +148,10 @@ class WorkerTuner:
         self._busy += busy_s
         self._blocked += blocked_s
         elapsed = self._clock() - self._window_start
-        if elapsed < WINDOW_S or self._window_batches < WINDOW_BATCHES:
+        enough = self._window_batches >= WINDOW_BATCHES or (
+            elapsed >= SLOW_WINDOW_S and self._window_batches >= 2
+        )
+        if elapsed < WINDOW_S or not enough:
             return None
         wait = self._waited / elapsed
         ready = self._ready / self._window_batches
@@ -169,8 +176,8 @@ class WorkerTuner:
                 f"consumer waited {wait:.0%} of the window; {idle_text} cores idle, workers "
                 f"blocked {blocked:.0%} of their time"
             )
-            if cpu_free and blocked >= IO_BLOCKED:
-                return self._grow_for_io(reason, rate, doubled)
+            if blocked >= IO_BLOCKED:
+                return self._grow_for_io(reason, rate, doubled, cpu_free)
             if self.workers >= self.maximum:
                 return None
             if not cpu_free and blocked <= GROW_BLOCKED:
@@ -187,9 +194,9 @@ class WorkerTuner:
         return None
 
     def _grow_for_io(
-        self, reason: str, rate: float, doubled: tuple[int, float] | None
+        self, reason: str, rate: float, doubled: tuple[int, float] | None, cpu_free: bool
     ) -> int | None:
-        """Double while the storage limits the rate and the last doubling paid off."""
+        """Grow x2 (x1.5 on a busy CPU) while storage limits the rate and the last step paid."""
         if doubled is not None and rate < doubled[1] * IO_RISE:
             self._io_ceiling = self.workers
             gain = rate / doubled[1] - 1 if doubled[1] > 0 else 0.0
@@ -203,9 +210,12 @@ class WorkerTuner:
         if self.workers >= self._io_ceiling:
             return None
         self._io_before = (self.workers, rate)
-        after = min(2 * self.workers, self._io_ceiling)
-        reason = f"I/O-bound, doubling at {rate:.1f} batches/s; {reason}"
-        return self._change(after, reason, settle=False)
+        if cpu_free:
+            after, step = 2 * self.workers, "doubling"
+        else:  # the extra workers' CPU comes off someone else's: a smaller step
+            after, step = max(self.workers + 1, self.workers * 3 // 2), "x1.5 on a busy CPU"
+        reason = f"I/O-bound, {step} at {rate:.1f} batches/s; {reason}"
+        return self._change(min(after, self._io_ceiling), reason, settle=False)
 
     def _change(self, workers: int, reason: str, settle: bool = True) -> int:
         self.decisions.append(WorkerDecision(self._batches, self.workers, workers, reason))

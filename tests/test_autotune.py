@@ -155,12 +155,25 @@ def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
     assert threads.io_maximum == MAX_IO_WORKERS and processes.io_maximum == 3
 
 
-def test_blocked_workers_without_idle_cores_still_grow_one_at_a_time() -> None:
+def test_blocked_workers_on_a_busy_cpu_grow_by_half_while_throughput_rises() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock, idle=0.0)
     assert io_window(tuner, clock, batches=4) == 3
-    assert io_window(tuner, clock, batches=8) is None  # settling, as for CPU-bound growth
-    assert io_window(tuner, clock, batches=16) == 4
+    assert io_window(tuner, clock, batches=6) == 4  # measured at once: no settling window
+    assert io_window(tuner, clock, batches=8) == 6
+    assert "x1.5 on a busy CPU" in tuner.decisions[-1].reason
+    assert io_window(tuner, clock, batches=8) is None  # 6 gave nothing over 4: hold
+    assert io_window(tuner, clock, batches=8) is None
+    assert tuner.workers == 6
+
+
+def test_slow_batches_close_a_window_after_two_batches_and_two_seconds() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock)
+    clock.now += 1.4
+    assert tuner.observe(1.4, 0, 1.4, 1.3) is None
+    clock.now += 1.4
+    assert tuner.observe(1.4, 0, 1.4, 1.3) == 4
 
 
 def test_cpu_bound_growth_is_still_one_worker_per_window() -> None:
