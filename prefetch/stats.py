@@ -31,7 +31,7 @@ class LoaderStats:
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
       `depth` in flight); near `depth` means the producers are ahead.
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
-    - `worker_decisions`: with `workers="auto"`, each change of the worker count and why.
+    - `worker_decisions`: with `workers="auto"`, each change (or hold) of the worker count and why.
     - `decoder`: the decoder that ran ("turbo", "pillow", or a callable's own name).
     - `reads_in_flight`: samples being read at the moment of the snapshot (at most the
       workers, or workers x threads_per_worker): with remote storage, how many requests wait.
