@@ -18,12 +18,100 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 
+class _Faults:
+    """What a `serve_folder` server injects, and the state that needs (shared by its threads)."""
+
+    def __init__(
+        self,
+        latency_s: float,
+        bandwidth_bytes_per_s: float | None,
+        fail_first: int,
+        drop_paths: Collection[str],
+    ) -> None:
+        self.latency_s = latency_s
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
+        self.fail_first = fail_first
+        self.dropped = {"/" + path.lstrip("/") for path in drop_paths}
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._link_free_at = 0.0  # when the shared link is next free (bandwidth cap)
+
+    def verdict(self, path: str) -> tuple[str, int]:
+        """After the latency: ("drop", 0), ("fail", n-th request of the path) or ("serve", n)."""
+        if self.latency_s > 0:
+            self.stopping.wait(self.latency_s)
+        if path in self.dropped:
+            return "drop", 0
+        with self._lock:
+            seen = self._counts[path] = self._counts.get(path, 0) + 1
+        return ("fail" if seen <= self.fail_first else "serve"), seen
+
+    def pace(self, size: int) -> None:
+        """Wait until the shared link has carried `size` more bytes."""
+        if not self.bandwidth_bytes_per_s:
+            return
+        with self._lock:
+            start = max(time.monotonic(), self._link_free_at)
+            self._link_free_at = start + size / self.bandwidth_bytes_per_s
+            wake = self._link_free_at
+        self.stopping.wait(max(0.0, wake - time.monotonic()))
+
+
 class _LoopbackServer(http.server.ThreadingHTTPServer):
     """A ThreadingHTTPServer whose request threads are joined on close (no leaked threads)."""
 
     daemon_threads = False
     block_on_close = True
     request_queue_size = 256  # dozens of workers connect at once; the default 5 drops SYNs
+
+    def __init__(self, directory: str, faults: _Faults, request_timeout_s: float) -> None:
+        self.directory = directory
+        self.faults = faults
+        self.request_timeout_s = request_timeout_s
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves the server's folder after its faults had their say."""
+
+    server: _LoopbackServer
+
+    def __init__(self, request: Any, address: Any, server: _LoopbackServer) -> None:
+        super().__init__(request, address, server, directory=server.directory)
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # an idle client is dropped
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test and benchmark output quiet
+
+    def _answered(self) -> bool:
+        """Apply latency and faults; True when the request was answered (or dropped)."""
+        faults = self.server.faults
+        verdict, seen = faults.verdict(urllib.parse.unquote(urllib.parse.urlsplit(self.path).path))
+        if verdict == "drop":
+            self.close_connection = True
+        elif verdict == "fail":
+            self.send_error(500, f"injected failure {seen} of {faults.fail_first}")
+        return verdict != "serve"
+
+    def do_GET(self) -> None:
+        if not self._answered():
+            super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if not self._answered():
+            super().do_HEAD()
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        if not self.server.faults.bandwidth_bytes_per_s:
+            shutil.copyfileobj(source, outputfile)
+            return
+        while chunk := source.read(16 * 1024):
+            self.server.faults.pace(len(chunk))
+            outputfile.write(chunk)
 
 
 @contextlib.contextmanager
@@ -57,64 +145,8 @@ def serve_folder(
     Connections are HTTP/1.0 (one request each). On exit the server stops, the requests in
     progress finish (latency sleeps are cut short), and every thread it started is joined.
     """
-    directory = os.fspath(root)
-    dropped = {"/" + path.lstrip("/") for path in drop_paths}
-    stopping = threading.Event()
-    lock = threading.Lock()
-    counts: dict[str, int] = {}
-    link_free_at = [0.0]  # when the shared link is next free (bandwidth cap)
-
-    def pace(size: int) -> None:
-        if not bandwidth_bytes_per_s:
-            return
-        with lock:
-            start = max(time.monotonic(), link_free_at[0])
-            link_free_at[0] = start + size / bandwidth_bytes_per_s
-            wake = link_free_at[0]
-        stopping.wait(max(0.0, wake - time.monotonic()))
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        timeout = request_timeout_s
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=directory, **kwargs)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # keep test and benchmark output quiet
-
-        def _inject(self) -> bool:
-            """Apply latency and faults; True when the request was answered (or dropped)."""
-            if latency_s > 0:
-                stopping.wait(latency_s)
-            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-            if path in dropped:
-                self.close_connection = True
-                return True
-            with lock:
-                counts[path] = counts.get(path, 0) + 1
-                seen = counts[path]
-            if seen <= fail_first:
-                self.send_error(500, f"injected failure {seen} of {fail_first}")
-                return True
-            return False
-
-        def do_GET(self) -> None:
-            if not self._inject():
-                super().do_GET()
-
-        def do_HEAD(self) -> None:
-            if not self._inject():
-                super().do_HEAD()
-
-        def copyfile(self, source: Any, outputfile: Any) -> None:
-            if not bandwidth_bytes_per_s:
-                shutil.copyfileobj(source, outputfile)
-                return
-            while chunk := source.read(16 * 1024):
-                pace(len(chunk))
-                outputfile.write(chunk)
-
-    server = _LoopbackServer(("127.0.0.1", 0), Handler)
+    faults = _Faults(latency_s, bandwidth_bytes_per_s, fail_first, drop_paths)
+    server = _LoopbackServer(os.fspath(root), faults, request_timeout_s)
     thread = threading.Thread(
         target=server.serve_forever,
         kwargs={"poll_interval": 0.05},
@@ -125,7 +157,7 @@ def serve_folder(
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
-        stopping.set()
+        faults.stopping.set()
         server.shutdown()
         server.server_close()  # joins the request threads (block_on_close)
         thread.join()
