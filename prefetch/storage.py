@@ -60,6 +60,16 @@ def is_url(path: Any) -> bool:
     return match is not None and match.group(1).lower() != "file"
 
 
+def source_scheme(source: Any) -> str:
+    """The URL scheme of a file source's files ("memory", "http", ...), "" when they are local
+    (plain paths or `file://`) or the source has no files. Judged by its first path."""
+    paths = getattr(source, "paths", None)
+    if paths is None or len(paths) == 0 or not is_url(str(paths[0])):
+        return ""
+    match = _SCHEME.match(str(paths[0]))
+    return match.group(1).lower() if match else ""
+
+
 def local_path(path: str) -> str:
     """`path` without a leading `file://` (local paths are returned unchanged)."""
     return path[len(_FILE_SCHEME) :] if path.startswith(_FILE_SCHEME) else path

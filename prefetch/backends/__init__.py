@@ -16,7 +16,7 @@ from prefetch.backends.reader import SampleReader
 from prefetch.backends.threads import ThreadBackend
 from prefetch.coordinator import Coordinator
 from prefetch.options import REMOTE_READER_THREADS, ProcessOptions
-from prefetch.storage import is_url
+from prefetch.storage import source_scheme
 
 
 def make_backend(
@@ -50,6 +50,4 @@ def _reader_threads(process: ProcessOptions, reader: SampleReader) -> int:
     """The reader threads per worker process: as asked, else more for URL sources."""
     if process.threads_per_worker is not None:
         return process.threads_per_worker
-    paths = getattr(reader.source, "paths", None)
-    remote = paths is not None and len(paths) > 0 and is_url(str(paths[0]))
-    return REMOTE_READER_THREADS if remote else 1
+    return REMOTE_READER_THREADS if source_scheme(reader.source) else 1

@@ -27,6 +27,7 @@ import numpy as np
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.spawning import unpicklable_part
 from prefetch.decode import decode_image, to_target_size
+from prefetch.storage import source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
 # two threads already lose about a fifth of their speed-up to the GIL (Amdahl), which the
@@ -90,7 +91,7 @@ def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
         if unpicklable:
             name = "thread"
             reason += f"; but the {unpicklable} cannot be pickled for worker processes"
-        elif _in_process_memory(reader):
+        elif source_scheme(reader.source) == "memory":
             name = "thread"
             reason += "; but memory:// files exist in this process only, not in its workers"
     return BackendChoice(name, share, total / samples, samples, f"auto: {name} ({reason})")
@@ -108,9 +109,3 @@ def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarr
     fetched = time.perf_counter()
     image = to_target_size(item[0] if reader.labelled else item, reader.options)
     return time.perf_counter() - fetched, fetched - start, image
-
-
-def _in_process_memory(reader: SampleReader) -> bool:
-    """Whether the source's files live in fsspec's memory:// filesystem (this process only)."""
-    paths = getattr(reader.source, "paths", None)
-    return paths is not None and len(paths) > 0 and str(paths[0]).startswith("memory://")
