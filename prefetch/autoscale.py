@@ -10,12 +10,17 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   the window and the workers spent at least `IO_BLOCKED` of their busy time blocked (waiting
   for a remote store, a network mount or a disk, neither on a CPU nor waiting for one): the
   storage, not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens.
-  The step is x2 when at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown),
-  x1.5 (at least +1) on a busy CPU, whose extra share comes off other work. The window after
-  such a step is measured, not skipped: if the throughput rose by less than `IO_RISE` (x1.1)
-  over the window before the step, the count holds there (a decision with before == after)
-  and I/O growth never goes past it again; otherwise it steps again. The cap `io_maximum` is
-  `MAX_IO_WORKERS` threads (or `depth` processes) and the memory budget;
+  When at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown) the step aims
+  at the count that would use the idle cores: each worker uses (1 - blocked) of a core, so
+  `workers + idle / (1 - blocked)`, at least x2 and at most x`MAX_IO_STEP` (with 20 ms reads
+  and 2 idle cores that is x8 at once, not three doublings). On a busy CPU, whose extra share
+  comes off other work, the step is x1.5 (at least +1). The window after such a step is
+  measured, not skipped: if the throughput fell (below `IO_LOSS` of the window before the
+  step) the count steps back to where it was; if it rose by less than `IO_RISE` (x1.1) the
+  count holds there (a decision with before == after); either way I/O growth never goes
+  past that count again. Otherwise it steps again. The cap `io_maximum` is `MAX_IO_WORKERS`
+  threads, fewer when the open-file limit is low (`connection_cap`: each read in flight holds
+  a connection), or `depth` processes, and always the memory budget;
 - grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
   worker fits the memory budget and `maximum`, and there is CPU for it: at least
   `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
@@ -25,13 +30,14 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   training step can have their CPU;
 - otherwise keep the count. A window after a change is skipped, so each change is measured.
 
-Decisions that change the count, and holds after a doubling that did not pay off, are kept
+Decisions that change the count, and holds after an I/O step that did not pay off, are kept
 (`decisions`) with their reason and reported in `LoaderStats.worker_decisions`.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +48,11 @@ GROW_IDLE_CORES = 0.3
 GROW_BLOCKED = 0.3
 IO_BLOCKED = 0.6
 IO_RISE = 1.1
-# Threads waiting on a remote store cost little CPU; past this many, a loopback server measured
-# here (20-80 ms per request) gained nothing, and open connections become the limit.
-MAX_IO_WORKERS = 64
+IO_LOSS = 0.95
+MAX_IO_STEP = 8
+# Threads waiting on a remote store cost little CPU: at 80 ms per request a 2-core machine
+# needed about 128 reads in flight to reach 80% of its 0 ms rate (docs/performance.md).
+MAX_IO_WORKERS = 128
 WINDOW_S = 1.0
 WINDOW_BATCHES = 4
 # Slow batches (high latency, few workers: 1.4 s a batch at 80 ms, 2 workers, 32 images) close a
@@ -108,8 +116,10 @@ class WorkerTuner:
         idle_cores: Callable[[], float | None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         io_maximum: int | None = None,
+        cores: int | None = None,
     ) -> None:
         self.workers = start
+        self._cores = cores or usable_cores()
         fits = budget_bytes // max(worker_bytes, 1)
         self.maximum = max(1, min(maximum, fits))
         self.io_maximum = max(self.maximum, min(io_maximum or maximum, fits))
@@ -120,7 +130,7 @@ class WorkerTuner:
         self._batches = 0
         self._settling = False
         self._calm_windows = 0
-        self._io_before: tuple[int, float] | None = None  # (workers, rate) before a doubling
+        self._io_before: tuple[int, float] | None = None  # (workers, rate) before an I/O step
         self._io_ceiling = self.io_maximum
         self._open_window()
 
@@ -177,7 +187,7 @@ class WorkerTuner:
                 f"blocked {blocked:.0%} of their time"
             )
             if blocked >= IO_BLOCKED:
-                return self._grow_for_io(reason, rate, doubled, cpu_free)
+                return self._grow_for_io(reason, rate, doubled, idle, blocked)
             if self.workers >= self.maximum:
                 return None
             if not cpu_free and blocked <= GROW_BLOCKED:
@@ -194,24 +204,37 @@ class WorkerTuner:
         return None
 
     def _grow_for_io(
-        self, reason: str, rate: float, doubled: tuple[int, float] | None, cpu_free: bool
+        self,
+        reason: str,
+        rate: float,
+        doubled: tuple[int, float] | None,
+        idle: float | None,
+        blocked: float,
     ) -> int | None:
-        """Grow x2 (x1.5 on a busy CPU) while storage limits the rate and the last step paid."""
+        """Grow towards the idle cores (x1.5 on a busy CPU) while storage limits the rate and
+        the last step paid; step back after a step that lowered the rate."""
         if doubled is not None and rate < doubled[1] * IO_RISE:
-            self._io_ceiling = self.workers
-            gain = rate / doubled[1] - 1 if doubled[1] > 0 else 0.0
-            reason = (
-                f"{doubled[0]} -> {self.workers} workers raised the rate {gain:+.0%} "
-                f"({doubled[1]:.1f} -> {rate:.1f} batches/s), less than {IO_RISE - 1:.0%}; "
-                f"{reason}"
+            before, before_rate = doubled
+            gain = rate / before_rate - 1 if before_rate > 0 else 0.0
+            measured = (
+                f"{before} -> {self.workers} workers changed the rate {gain:+.0%} "
+                f"({before_rate:.1f} -> {rate:.1f} batches/s)"
             )
+            if rate < before_rate * IO_LOSS:
+                self._io_ceiling = before
+                return self._change(before, f"stepping back: {measured}; {reason}", settle=False)
+            self._io_ceiling = self.workers
+            reason = f"{measured}, less than {IO_RISE - 1:.0%}; {reason}"
             self.decisions.append(WorkerDecision(self._batches, self.workers, self.workers, reason))
             return None
         if self.workers >= self._io_ceiling:
             return None
         self._io_before = (self.workers, rate)
-        if cpu_free:
-            after, step = 2 * self.workers, "doubling"
+        if idle is None or idle >= GROW_IDLE_CORES:
+            cores = idle if idle is not None else float(self._cores)
+            aim = self.workers + cores / max(1.0 - blocked, 1e-3)
+            after = round(min(max(aim, 2 * self.workers), MAX_IO_STEP * self.workers))
+            step = f"x{after / self.workers:.1f} towards {cores:.1f} idle cores"
         else:  # the extra workers' CPU comes off someone else's: a smaller step
             after, step = max(self.workers + 1, self.workers * 3 // 2), "x1.5 on a busy CPU"
         reason = f"I/O-bound, {step} at {rate:.1f} batches/s; {reason}"
@@ -261,6 +284,16 @@ def thread_clocks() -> tuple[float, float]:
         return time.thread_time(), 0.0
 
 
+def connection_cap() -> int:
+    """Reads in flight that the open-file limit leaves room for: a quarter of the soft
+    `RLIMIT_NOFILE` (each remote read holds a connection, a descriptor), at most
+    `MAX_IO_WORKERS`; the rest stays for the training program's own files."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_IO_WORKERS
+    return max(1, min(MAX_IO_WORKERS, soft // 4))
+
+
 def tuner_for(
     *,
     process: bool,
@@ -268,19 +301,22 @@ def tuner_for(
     depth: int,
     ring_bytes: int,
     memory_budget: int | None,
+    row_bytes: int = 0,
 ) -> WorkerTuner:
-    """The tuner of a loader whose slot ring takes `ring_bytes`.
+    """The tuner of a loader whose slot ring takes `ring_bytes` (rows of `row_bytes` each).
 
     The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
     given); a process worker takes whole batches, so more than `depth` of them would idle.
-    Threads bound by I/O may grow to `MAX_IO_WORKERS`, CPU-bound ones to twice the cores.
+    Threads bound by I/O may grow to `connection_cap()` (`MAX_IO_WORKERS` at most), CPU-bound
+    ones to twice the cores; each thread also costs the two rows of batch it keeps in flight
+    (`Session.in_flight`).
     """
     budget = memory_budget or available_memory_bytes() // 4
     return WorkerTuner(
         start=workers,
         maximum=depth if process else 2 * usable_cores(),
         depth=depth,
-        worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES,
+        worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES + 2 * row_bytes,
         budget_bytes=max(budget - ring_bytes, 0),
-        io_maximum=depth if process else MAX_IO_WORKERS,
+        io_maximum=depth if process else connection_cap(),
     )

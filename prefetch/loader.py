@@ -4,8 +4,9 @@ The owner of a loading job: it checks the options (`prefetch.options`), plans th
 (`prefetch.plan`), builds and owns the backend and its slot ring (`prefetch.backends`), and
 makes one `Stream` (`prefetch.stream`) per epoch. Contract:
 
-- Batches come in epoch order; at most `depth` batches are being decoded at once, each into a
-  preallocated slot, so memory is bounded by `ring_capacity(depth)` batches.
+- Batches come in epoch order; at most `depth` batches are being decoded at once (with many
+  thread workers, enough batches for two rows per worker: `Session.in_flight`), each into a
+  preallocated slot, so memory is bounded by `ring_capacity` of that many batches.
 - `with loader:` owns the workers across epochs; without it, each epoch starts them and stops
   them when it ends or is dropped. `close()` is idempotent. A loader that is dropped, or still
   open when the interpreter exits, is closed quietly (`weakref.finalize`, an exit hook).
@@ -173,7 +174,10 @@ class Loader:
         lambda self: self._options.process.method, doc="Process workers' start method."
     )
 
-    autotune = property(lambda self: self._options.workers == "auto", doc='workers="auto".')
+    autotune = property(
+        lambda self: self._session.tuned,
+        doc='Whether the worker count is tuned: workers="auto", or workers=None on remote URLs.',
+    )
     workers = property(lambda self: self._session.workers, doc="The worker count now.")
     backend_name = property(
         lambda self: self._session.backend_name, doc='"thread" or "process" ("auto" before start).'

@@ -97,7 +97,8 @@ class ProcessOptions:
 class LoaderOptions:
     """How a Loader runs; the `Loader` keyword arguments of the same names.
 
-    `workers` is None (one per usable core), an int, or "auto" (tuned while it runs);
+    `workers` is None (one per usable core; on remote URLs, tuned as "auto"), an int, or
+    "auto" (tuned while it runs);
     `backend` is "auto", "thread" or "process" (process options in `process`). Which samples
     go in which batch (order, seed, shards, the last batch) is the `EpochPlan`'s part
     (prefetch.plan). See the `Loader` reference for each option's meaning.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.autoscale import WorkerTuner, tuner_for
+from prefetch.autoscale import WorkerTuner, tuner_for, usable_cores
 from prefetch.backends import make_backend
 from prefetch.backends.base import Backend
 from prefetch.backends.choose import choose_backend
@@ -23,7 +23,8 @@ from prefetch.backends.reader import SampleReader
 from prefetch.backends.ring import SlotRing, ring_capacity
 from prefetch.backends.shm import sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.options import LoaderOptions
+from prefetch.options import REMOTE_READER_THREADS, LoaderOptions
+from prefetch.storage import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
 
@@ -32,13 +33,18 @@ class Session:
     """Starts, tunes and closes one loader's workers; see the module docstring.
 
     `backend_name` is "thread" or "process" once started ("auto" before), `backend_reason` why,
-    and `workers` the current worker count (changed by workers="auto").
+    and `workers` the current worker count. `tuned` is whether a tuner changes it: for
+    workers="auto", and for the default workers=None when the files are remote URLs, whose
+    reads are mostly waiting (`reads_over_network`); thread workers then start at
+    `REMOTE_READER_THREADS` per core instead of one.
     """
 
     def __init__(self, options: LoaderOptions, reader: SampleReader, workers: int) -> None:
         self.options = options
         self.reader = reader
         self.workers = workers
+        self.remote = reads_over_network(reader.source)
+        self.tuned = options.workers == "auto" or (options.workers is None and self.remote)
         self.backend_name = options.backend
         asked = options.backend != "auto"
         self.backend_reason = f"backend={options.backend!r} was asked for" if asked else ""
@@ -63,6 +69,8 @@ class Session:
                 self.backend_name, self.backend_reason = choice.name, choice.reason
                 log.info("prefetch %s", choice.reason)
             options = self.options
+            if self.tuned and self.remote and self.backend_name == "thread" and self.tuner is None:
+                self.workers = max(self.workers, REMOTE_READER_THREADS * usable_cores())
             backend = make_backend(
                 self.backend_name,
                 self.reader,
@@ -73,19 +81,30 @@ class Session:
                 process=options.process,
             )
             backend.start()
-            if options.workers == "auto" and self.tuner is None:
+            if self.tuned and self.tuner is None:
                 height, width, channels = self.reader.options.shape
-                batch_bytes = options.batch_size * (height * width * channels + 4)
+                row_bytes = height * width * channels + 4
                 self.tuner = tuner_for(
                     process=self.backend_name == "process",
                     workers=self.workers,
                     depth=options.depth,
-                    ring_bytes=ring_capacity(options.depth) * batch_bytes,
+                    ring_bytes=ring_capacity(self.in_flight()) * options.batch_size * row_bytes,
                     memory_budget=options.memory_budget,
+                    row_bytes=row_bytes,
                 )
             self.backend, self.ring = backend, SlotRing(backend)
             _OPEN.add(self)
             return self.backend, self.ring
+
+    def in_flight(self) -> int:
+        """Batches an epoch keeps submitted: `depth`, and with thread workers at least two rows
+        per worker, so that dozens of workers waiting on remote storage each have a sample to
+        read while the oldest batch's last rows finish (a process worker takes whole batches:
+        processes stay at most `depth`)."""
+        depth = self.options.depth
+        if self.backend_name != "thread":
+            return depth
+        return max(depth, -(-2 * self.workers // self.options.batch_size))
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""

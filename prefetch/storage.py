@@ -70,6 +70,13 @@ def source_scheme(source: Any) -> str:
     return match.group(1).lower() if match else ""
 
 
+def reads_over_network(source: Any) -> bool:
+    """Whether a file source's reads wait on a network: URLs other than `memory://`. Such a
+    loader's `workers=None` is tuned like "auto", starting at `REMOTE_READER_THREADS` threads
+    per core (`prefetch.session`)."""
+    return source_scheme(source) not in ("", "memory")
+
+
 def local_path(path: str) -> str:
     """`path` without a leading `file://` (local paths are returned unchanged)."""
     return path[len(_FILE_SCHEME) :] if path.startswith(_FILE_SCHEME) else path

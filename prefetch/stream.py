@@ -2,8 +2,9 @@
 
 `iter(loader)` makes a `Stream`. It begins at the first `next()`: it takes its epoch number and
 position from the loader's cursor and starts the loader's workers unless `with loader:` owns
-them. It then keeps up to `depth` batches submitted to the backend, each into a slot of the
-ring, and yields them in order as `Batch(images, labels)`.
+them. It then keeps up to `depth` batches submitted to the backend (more for many thread
+workers: `Session.in_flight`), each into a slot of the ring, and yields them in order as
+`Batch(images, labels)`.
 
 A delivered batch is a view of its slot; the ring reuses the slot once the consumer asked for
 the next batch and nothing holds the view. When the consumer keeps more than the ring's kept
@@ -127,7 +128,7 @@ class Stream:
     def _top_up(self) -> None:
         backend, ring, loader = self._backend, self._ring, self._loader
         assert backend is not None and ring is not None and self.epoch is not None
-        while self._todo and len(self._window) < loader.depth:
+        while self._todo and len(self._window) < loader._session.in_flight():
             slot = ring.acquire()
             task = BatchTask(self._todo.popleft(), self.epoch, loader.seed)
             self._window.append((slot, backend.submit(task, slot), task.indices))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.autoscale import MAX_IO_WORKERS, WINDOW_BATCHES, WINDOW_S, WorkerTuner, tuner_for
+from prefetch.autoscale import (
+    MAX_IO_WORKERS,
+    WINDOW_BATCHES,
+    WINDOW_S,
+    WorkerTuner,
+    connection_cap,
+    tuner_for,
+)
 from prefetch.testing import (
     SlowDecoder,
     assert_same_batches,
@@ -94,13 +102,13 @@ def test_the_memory_budget_caps_the_worker_count() -> None:
     assert run_window(tuner, clock, waited=0.5, ready=0, blocked=0.0) is None
 
 
-def io_window(tuner: WorkerTuner, clock: Clock, batches: int) -> int | None:
+def io_window(tuner: WorkerTuner, clock: Clock, batches: int, blocked: float = 0.9) -> int | None:
     """One window of `batches` batches in WINDOW_S, the consumer waiting half of it and the
-    workers blocked 90% of their busy time: storage-bound. Returns the tuner's decision."""
+    workers blocked `blocked` of their busy time: storage-bound. Returns the tuner's decision."""
     decision = None
     for _ in range(batches):
         clock.now += WINDOW_S / batches
-        decision = tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.09)
+        decision = tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.1 * blocked)
     return decision
 
 
@@ -114,45 +122,78 @@ def make_io_tuner(clock: Clock, idle: float | None = 1.0, io_maximum: int = 64) 
         idle_cores=lambda: idle,
         clock=clock,
         io_maximum=io_maximum,
+        cores=2,
     )
 
 
-def test_workers_blocked_on_io_with_idle_cores_double_while_throughput_rises() -> None:
+def test_workers_blocked_on_io_step_towards_the_idle_cores_while_throughput_rises() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock)
-    assert io_window(tuner, clock, batches=4) == 4  # no settling window after a doubling
-    assert io_window(tuner, clock, batches=8) == 8  # the rate doubled: double again
-    assert io_window(tuner, clock, batches=16) == 16
-    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 4), (4, 8), (8, 16)]
-    assert "I/O-bound" in tuner.decisions[0].reason
+    # each of 2 workers uses 10% of a core and 1 core is idle: 2 + 1 / 0.1 = 12 workers
+    assert io_window(tuner, clock, batches=4) == 12  # no settling window after an I/O step
+    assert io_window(tuner, clock, batches=8) == 24  # the rate doubled: at least x2 again
+    assert io_window(tuner, clock, batches=16) == 48
+    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 12), (12, 24), (24, 48)]
+    assert "I/O-bound, x6.0 towards 1.0 idle cores" in tuner.decisions[0].reason
     assert "blocked 90%" in tuner.decisions[0].reason
     assert tuner.workers > tuner.maximum  # past the CPU-bound cap of 2 x cores
 
 
-def test_io_growth_holds_when_a_doubling_does_not_raise_throughput() -> None:
+def test_one_io_step_is_at_most_eightfold_and_unknown_idle_means_all_cores() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock, idle=None)
+    assert io_window(tuner, clock, batches=4, blocked=0.99) == 16  # 2 + 2 / 0.01, capped x8
+    assert "towards 2.0 idle cores" in tuner.decisions[0].reason
+
+
+def test_io_growth_holds_when_a_step_does_not_raise_throughput() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock)
-    assert io_window(tuner, clock, batches=8) == 4
-    assert io_window(tuner, clock, batches=8) is None  # 4 workers gave nothing more: hold
+    assert io_window(tuner, clock, batches=8) == 12
+    assert io_window(tuner, clock, batches=8) is None  # 12 workers gave nothing more: hold
     hold = tuner.decisions[-1]
-    assert (hold.before, hold.after) == (4, 4) and "+0%" in hold.reason
-    assert str(hold).startswith("batch 16: holds 4 workers")
+    assert (hold.before, hold.after) == (12, 12) and "+0%" in hold.reason
+    assert str(hold).startswith("batch 16: holds 12 workers")
     for _ in range(3):  # and stays held, storage-bound or not
         assert io_window(tuner, clock, batches=8) is None
-    assert tuner.workers == 4 and len(tuner.decisions) == 2
+    assert tuner.workers == 12 and len(tuner.decisions) == 2
+
+
+def test_io_growth_steps_back_after_a_step_that_lowered_throughput() -> None:
+    clock = Clock()
+    tuner = make_io_tuner(clock)
+    assert io_window(tuner, clock, batches=8) == 12
+    assert io_window(tuner, clock, batches=4) == 2  # half the rate: back to where it was
+    back = tuner.decisions[-1]
+    assert (back.before, back.after) == (12, 2)
+    assert back.reason.startswith("stepping back: 2 -> 12 workers changed the rate -50%")
+    for _ in range(3):  # and never past 2 again for I/O
+        assert io_window(tuner, clock, batches=4) is None
+    assert tuner.workers == 2 and len(tuner.decisions) == 2
 
 
 def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock, io_maximum=6)
-    assert io_window(tuner, clock, batches=4) == 4
-    assert io_window(tuner, clock, batches=8) == 6
+    assert io_window(tuner, clock, batches=4) == 6
     assert io_window(tuner, clock, batches=12) is None
     tuner = WorkerTuner(2, 4, 2, worker_bytes=100, budget_bytes=1000, io_maximum=64)
     assert (tuner.maximum, tuner.io_maximum) == (4, 10)
     threads = tuner_for(process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)
     processes = tuner_for(process=True, workers=2, depth=3, ring_bytes=0, memory_budget=2**40)
-    assert threads.io_maximum == MAX_IO_WORKERS and processes.io_maximum == 3
+    assert threads.io_maximum == connection_cap() and processes.io_maximum == 3
+
+
+def test_a_low_open_file_limit_caps_the_reads_in_flight() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(100, hard), hard))
+        assert connection_cap() == min(100, hard) // 4
+        threads = tuner_for(process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)
+        assert threads.io_maximum == connection_cap()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert connection_cap() <= MAX_IO_WORKERS
 
 
 def test_blocked_workers_on_a_busy_cpu_grow_by_half_while_throughput_rises() -> None:
@@ -173,7 +214,7 @@ def test_slow_batches_close_a_window_after_two_batches_and_two_seconds() -> None
     clock.now += 1.4
     assert tuner.observe(1.4, 0, 1.4, 1.3) is None
     clock.now += 1.4
-    assert tuner.observe(1.4, 0, 1.4, 1.3) == 4
+    assert tuner.observe(1.4, 0, 1.4, 1.3) == 16  # blocked 93%: 2 + 1 / 0.07, capped x8
 
 
 def test_cpu_bound_growth_is_still_one_worker_per_window() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from prefetch import FileList, ImageFolder, Loader, storage
+from prefetch.autoscale import usable_cores
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.options import REMOTE_READER_THREADS
 from prefetch.sources import index_directory
@@ -309,3 +310,26 @@ def test_process_workers_read_urls_with_several_threads_each_by_default(local_ro
     with local:
         backend = local._session.backend
         assert backend is not None and backend.threads_per_worker == 1  # type: ignore[attr-defined]
+
+
+def test_default_workers_on_remote_urls_are_tuned_and_start_with_reader_threads_per_core(
+    local_root: Path, memory_root: str
+) -> None:
+    many = REMOTE_READER_THREADS * usable_cores()
+    with serve_folder(local_root.parent) as base:
+        loader = Loader(base + "train/", batch_size=2, image_size=SIZE, backend="thread", seed=2)
+        assert loader.autotune  # workers=None on a remote store: tuned like "auto"
+        with loader:
+            stream = iter(loader)
+            next(stream)  # no tuning window has closed yet: the starting count
+            assert loader.workers == many
+            assert loader._session.in_flight() == many  # two rows per worker, 2 rows a batch
+            stream.close()
+        fixed = Loader(base + "train/", batch_size=2, image_size=SIZE, workers=2, seed=2)
+        assert not fixed.autotune
+    for local in (local_root, memory_root):  # local disk, and memory:// which waits on nothing
+        loader = Loader(local, batch_size=2, image_size=SIZE, backend="thread", seed=2)
+        assert not loader.autotune
+        with loader:
+            next(iter(loader))
+            assert loader.workers == usable_cores() and loader._session.in_flight() == 2

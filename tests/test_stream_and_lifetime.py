@@ -22,8 +22,9 @@ import pytest
 import prefetch
 from prefetch import Batch, Loader, ProcessOptions, Stream
 from prefetch.backends.ring import KEPT_REFERENCED_SLOTS
+from prefetch.decode import get_decoder
 from prefetch.backends.shm import PREFIX, SHM_DIR
-from prefetch.testing import write_image_folder
+from prefetch.testing import assert_same_batches, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,7 +97,7 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
         from prefetch import Loader
         from prefetch.backends.ring import ring_capacity
         from prefetch.backends.shm import PREFIX, SHM_DIR
-        from prefetch.testing import write_image_folder
+        from prefetch.testing import assert_same_batches, write_image_folder
 
         if __name__ == "__main__":
             folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),
@@ -121,6 +122,44 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
     words = result.stdout.split()
     assert words[:2] == ["kept", "1200"]
     assert int(words[3]) < 100, result.stdout
+
+
+class ArrivalBarrier:
+    """The default decoder, once `parties` calls are in it at the same time (for the first
+    `parties` calls; later ones pass): proves that many samples are read concurrently. If
+    fewer are ever in flight, the barrier breaks after `timeout_s` and the read fails."""
+
+    releases_gil = True
+
+    def __init__(self, parties: int, timeout_s: float = 30.0) -> None:
+        self._barrier = threading.Barrier(parties, timeout=timeout_s)
+        self._lock = threading.Lock()
+        self._calls = 0
+
+    def __call__(self, path: str, options: prefetch.DecodeOptions) -> np.ndarray:
+        with self._lock:
+            self._calls += 1
+            first = self._calls <= self._barrier.parties
+        if first:
+            self._barrier.wait()
+        return get_decoder("auto")(path, options)
+
+
+def test_many_thread_workers_all_read_at_once_even_past_depth_times_batch(folder: Path) -> None:
+    # depth 2 x batch 2 = 4 rows, but 8 workers waiting on slow storage should all be reading:
+    # the stream keeps two rows per worker in flight (Session.in_flight)
+    loader = Loader(
+        folder,
+        batch_size=2,
+        depth=2,
+        workers=8,
+        backend="thread",
+        seed=4,
+        decoder=ArrivalBarrier(8),
+    )
+    got = [(b.images.copy(), b.labels.copy()) for b in loader]
+    want = [(b.images.copy(), b.labels.copy()) for b in Loader(folder, batch_size=2, seed=4)]
+    assert_same_batches(got, want)
 
 
 # --- dropped and exiting loaders ---------------------------------------------------------------
@@ -148,7 +187,7 @@ def test_a_script_that_exits_with_an_open_loader_exits_quietly(
         f"""
         import os
         from prefetch import Loader
-        from prefetch.testing import write_image_folder
+        from prefetch.testing import assert_same_batches, write_image_folder
 
         if __name__ == "__main__":
             folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),
