@@ -14,6 +14,7 @@ See docs/remote.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -45,6 +46,8 @@ INSTALL_HINT = "pip install 'prefetch[remote]' (fsspec and aiohttp)"
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _FILE_SCHEME = "file://"
+# Filesystems listed a folder page at a time (`walk_pages`): they have no bulk listing.
+_PAGED_PROTOCOLS = frozenset({"http", "https"})
 # HTTP statuses worth another attempt: the server's failures, throttling, a request timeout.
 _TRANSIENT_STATUS = frozenset({408, 429})
 # Exception class names (anywhere in the type's MRO) that mean the connection failed, not the
@@ -169,7 +172,9 @@ class RemoteTree:
     """A folder on an fsspec filesystem, listed once, read like `os.listdir`/`os.walk`.
 
     One `fs.find(..., withdirs=True, detail=True)` lists everything under `top` (retried like
-    `read_bytes`; on http(s) it reads the index pages, one per folder); the folder
+    `read_bytes`). Over http(s), which has no bulk listing, the index page of each folder is
+    read with `fs.ls` and retried on its own, so a flaky server costs a page, not the whole
+    listing (`walk_pages`); the folder
     strings it answers for are `os.path.join(top, ...)` of `top` as given (a URL), so
     `index_directory` builds the same path strings as for a local folder. A folder that does
     not exist (nothing listed under it) raises FileNotFoundError naming the URL.
@@ -180,7 +185,11 @@ class RemoteTree:
         self.top = top
         self._folders: dict[str, tuple[list[str], list[str]]] = {}
         try:
-            entries = _retrying(top, retries, lambda: fs.find(root, withdirs=True, detail=True))
+            protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+            if protocols & _PAGED_PROTOCOLS:
+                entries = walk_pages(fs, root, retries)
+            else:
+                entries = _retrying(top, retries, lambda: fs.find(root, withdirs=True, detail=True))
         except FileNotFoundError:
             entries = {}
         prefix = root.rstrip("/") + "/"
@@ -232,6 +241,24 @@ class RemoteTree:
             subdirs, files = self._entry(current)
             yield current, list(subdirs), list(files)
             pending.extend(os.path.join(current, name) for name in subdirs)
+
+
+def walk_pages(fs: Any, root: str, retries: int = READ_RETRIES) -> dict[str, dict[str, Any]]:
+    """Every entry under `root` as `fs.find(..., withdirs=True, detail=True)` gives them,
+    listed one folder at a time with `fs.ls(folder, detail=True)`, each folder retried like
+    `read_bytes`. Links that lead out of `root` are not followed."""
+    prefix = root.rstrip("/") + "/"
+    entries: dict[str, dict[str, Any]] = {}
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        for info in _retrying(folder, retries, functools.partial(fs.ls, folder, detail=True)):
+            name = str(info["name"]).rstrip("/")
+            if name.startswith(prefix) and name not in entries:
+                entries[name] = info
+                if info.get("type") == "directory":
+                    pending.append(str(info["name"]))  # as linked: "dir/" saves a redirect
+    return entries
 
 
 def list_images(root_url: str) -> list[str]:

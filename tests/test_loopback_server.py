@@ -72,6 +72,15 @@ def test_every_request_waits_the_latency(folder: Path) -> None:
             assert time.perf_counter() - start >= 0.1
 
 
+def test_a_slow_path_waits_longer_than_the_others(folder: Path) -> None:
+    slow, fast = sorted((folder / "cat").iterdir())[:2]
+    with serve_folder(folder, slow_paths={f"cat/{slow.name}": 0.3}) as url:
+        start = time.perf_counter()
+        assert _get(f"{url}cat/{slow.name}") == slow.read_bytes()
+        assert time.perf_counter() - start >= 0.3
+        assert _get(f"{url}cat/{fast.name}") == fast.read_bytes()
+
+
 def test_bandwidth_cap_slows_the_body(tmp_path: Path) -> None:
     (tmp_path / "blob.bin").write_bytes(b"x" * 100_000)
     with serve_folder(tmp_path, bandwidth_bytes_per_s=500_000) as url:

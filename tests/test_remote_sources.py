@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import prefetch
 from prefetch import FileList, ImageFolder, Loader, storage
 from prefetch.autoscale import usable_cores
 from prefetch.decode import DecodeOptions, decode_image
@@ -333,3 +334,46 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_with_reader_threads_
         with loader:
             next(iter(loader))
             assert loader.workers == usable_cores() and loader._session.in_flight() == 2
+
+
+@pytest.mark.timeout(120)  # one spawned worker, its replacement, and a 2 s sample limit
+def test_a_stuck_remote_read_is_bounded_by_the_sample_timeout_and_skipped(local_root: Path) -> None:
+    # the object answers after 60 s: longer than the read timeout's retries would take to give
+    # up, so only the Loader's per-sample limit ends it; the worker is replaced, the rest read
+    stuck = "train/circle/circle_0001.png"
+    with serve_folder(local_root.parent, slow_paths={stuck: 60.0}) as base:
+        loader = Loader(
+            base + "train/",
+            batch_size=4,
+            image_size=SIZE,
+            workers=1,
+            backend="process",
+            sample_timeout_s=2.0,
+            on_error="skip",
+            seed=3,
+        )
+        labels = np.concatenate([b.labels for b in loader])
+        stats = loader.stats()
+    assert list(stats.skipped_paths) == [base + stuck]
+    assert len(labels) == len(loader.source) - 1
+    with serve_folder(local_root.parent, slow_paths={stuck: 60.0}) as base:
+        loader = Loader(base + "train/", image_size=SIZE, backend="thread", sample_timeout_s=2.0)
+        with pytest.raises(prefetch.SampleTimeoutError, match=stuck):
+            list(loader)
+
+
+def test_an_http_listing_retries_each_folder_page_on_its_own(local_root: Path) -> None:
+    # every page (root, 3 classes, a nested folder) answers 500 twice: 3 retries per page pass,
+    # where retrying the whole listing 3 times would not
+    with serve_folder(local_root.parent, fail_first=2) as base:
+        remote = ImageFolder(base + "train/")
+        local = ImageFolder(local_root)
+        assert remote.class_names == local.class_names
+        assert relative(remote.paths.tolist(), base + "train/") == relative(
+            local.paths.tolist(), str(local_root)
+        )
+    with serve_folder(local_root.parent, fail_first=9) as base, pytest.raises(OSError) as raised:
+        ImageFolder(base + "train/")
+    assert f"cannot read '{base}train" in str(raised.value) and "after 4 attempts" in str(
+        raised.value
+    )

@@ -22,8 +22,8 @@ import pytest
 import prefetch
 from prefetch import Batch, Loader, ProcessOptions, Stream
 from prefetch.backends.ring import KEPT_REFERENCED_SLOTS
-from prefetch.decode import get_decoder
 from prefetch.backends.shm import PREFIX, SHM_DIR
+from prefetch.decode import get_decoder
 from prefetch.testing import assert_same_batches, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,8 +1,8 @@
 """A loopback HTTP server over an image folder, with injected latency and faults.
 
 `serve_folder` stands in for remote storage in tests and benchmarks (no internet): per-request
-latency, a bandwidth cap shared by all connections, 500 answers to the first requests of each
-path, and dropped connections. Re-exported from `prefetch.testing`.
+latency (and more for chosen paths), a bandwidth cap shared by all connections, 500 answers to
+the first requests of each path, and dropped connections. Re-exported from `prefetch.testing`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import contextlib
 import http.server
 import os
 import shutil
+import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 
@@ -27,8 +28,10 @@ class _Faults:
         bandwidth_bytes_per_s: float | None,
         fail_first: int,
         drop_paths: Collection[str],
+        slow_paths: Mapping[str, float],
     ) -> None:
         self.latency_s = latency_s
+        self.slow = {"/" + path.lstrip("/"): seconds for path, seconds in slow_paths.items()}
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self.fail_first = fail_first
         self.dropped = {"/" + path.lstrip("/") for path in drop_paths}
@@ -39,8 +42,9 @@ class _Faults:
 
     def verdict(self, path: str) -> tuple[str, int]:
         """After the latency: ("drop", 0), ("fail", n-th request of the path) or ("serve", n)."""
-        if self.latency_s > 0:
-            self.stopping.wait(self.latency_s)
+        latency_s = self.latency_s + self.slow.get(path, 0.0)
+        if latency_s > 0:
+            self.stopping.wait(latency_s)
         if path in self.dropped:
             return "drop", 0
         with self._lock:
@@ -70,6 +74,11 @@ class _LoopbackServer(http.server.ThreadingHTTPServer):
         self.faults = faults
         self.request_timeout_s = request_timeout_s
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a killed worker, a timed-out read) is no server error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -122,6 +131,7 @@ def serve_folder(
     bandwidth_bytes_per_s: float | None = None,
     fail_first: int = 0,
     drop_paths: Collection[str] = (),
+    slow_paths: Mapping[str, float] | None = None,
     request_timeout_s: float = 10.0,
 ) -> Iterator[str]:
     """Serve the files under `root` over HTTP on 127.0.0.1 and yield the base URL.
@@ -140,12 +150,14 @@ def serve_folder(
       requests are counted per path, GET and HEAD together.
     - `drop_paths`: paths relative to `root` (``"cat/a.jpg"``, a leading ``/`` optional) whose
       requests get the connection closed with no answer at all.
+    - `slow_paths`: paths relative to `root` and the seconds each waits on top of `latency_s`
+      (one stuck object among fast ones).
     - `request_timeout_s`: a connection that sends nothing for this long is closed.
 
     Connections are HTTP/1.0 (one request each). On exit the server stops, the requests in
     progress finish (latency sleeps are cut short), and every thread it started is joined.
     """
-    faults = _Faults(latency_s, bandwidth_bytes_per_s, fail_first, drop_paths)
+    faults = _Faults(latency_s, bandwidth_bytes_per_s, fail_first, drop_paths, slow_paths or {})
     server = _LoopbackServer(os.fspath(root), faults, request_timeout_s)
     thread = threading.Thread(
         target=server.serve_forever,
