@@ -302,21 +302,32 @@ def tuner_for(
     ring_bytes: int,
     memory_budget: int | None,
     row_bytes: int = 0,
+    batch_size: int = 1,
+    readers_per_worker: int = 1,
 ) -> WorkerTuner:
     """The tuner of a loader whose slot ring takes `ring_bytes` (rows of `row_bytes` each).
 
     The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
-    given); a process worker takes whole batches, so more than `depth` of them would idle.
-    Threads bound by I/O may grow to `connection_cap()` (`MAX_IO_WORKERS` at most), CPU-bound
-    ones to twice the cores; each thread also costs the two rows of batch it keeps in flight
-    (`Session.in_flight`).
+    given). Reads in flight, one per reader thread, may grow to `connection_cap()` when bound
+    by I/O: thread workers up to that many, worker processes with `readers_per_worker` threads
+    each up to that many over their readers (at least `depth`; processes reading one sample at
+    a time stay at most `depth`). CPU-bound threads grow to twice the cores, processes to
+    `depth`. Each worker also costs the batch memory it keeps in flight (`Session.in_flight`):
+    two rows per thread, a whole batch per process.
     """
     budget = memory_budget or available_memory_bytes() // 4
+    if process:
+        io_maximum = depth
+        if readers_per_worker > 1:
+            io_maximum = max(depth, connection_cap() // readers_per_worker)
+        worker_bytes = PROCESS_WORKER_BYTES + batch_size * row_bytes
+    else:
+        io_maximum, worker_bytes = connection_cap(), THREAD_WORKER_BYTES + 2 * row_bytes
     return WorkerTuner(
         start=workers,
         maximum=depth if process else 2 * usable_cores(),
         depth=depth,
-        worker_bytes=PROCESS_WORKER_BYTES if process else THREAD_WORKER_BYTES + 2 * row_bytes,
+        worker_bytes=worker_bytes,
         budget_bytes=max(budget - ring_bytes, 0),
-        io_maximum=depth if process else connection_cap(),
+        io_maximum=io_maximum,
     )

@@ -18,9 +18,11 @@ from prefetch.decode import COLOR_MODES, DecodeOptions
 from prefetch.labels import LABEL_MODES
 
 ON_ERROR = ("raise", "skip")
-# Reader threads per worker process for URL sources: enough requests in flight per process to
-# cover tens of milliseconds of latency at a few hundred images per second.
+# Thread workers per core that a loader of remote URLs starts with (then tuned): enough requests
+# in flight to cover tens of milliseconds of latency at a few hundred images per second.
 REMOTE_READER_THREADS = 8
+# Reader threads of a worker process on remote URLs: one per row of its batch, at most this many.
+MAX_REMOTE_READERS_PER_PROCESS = 32
 BACKENDS = ("thread", "process", "auto")
 START_METHODS = ("spawn", "forkserver")
 
@@ -58,8 +60,9 @@ class ProcessOptions:
       (TensorFlow's, the loader's) can deadlock the child.
     - `threads_per_worker`: reader threads in each worker process, which split its batch
       between them. 1 suits local disks; more let a process overlap reads that wait on
-      storage (a network mount, an object store) instead of the CPU. None (the default):
-      `REMOTE_READER_THREADS` when the source's files are URLs, else 1.
+      storage (a network mount, an object store) instead of the CPU. None (the default): on
+      remote URLs, one per row of the batch (at most `MAX_REMOTE_READERS_PER_PROCESS`), so a
+      process reads its whole batch at once; else 1.
     """
 
     max_restarts: int = 3

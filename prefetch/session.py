@@ -76,7 +76,7 @@ class Session:
                 self.reader,
                 workers=self.workers,
                 batch_size=options.batch_size,
-                depth=options.depth,
+                depth=self.in_flight(),
                 coordinator=self.coordinator,
                 process=options.process,
             )
@@ -91,20 +91,22 @@ class Session:
                     ring_bytes=ring_capacity(self.in_flight()) * options.batch_size * row_bytes,
                     memory_budget=options.memory_budget,
                     row_bytes=row_bytes,
+                    batch_size=options.batch_size,
+                    readers_per_worker=getattr(backend, "threads_per_worker", 1),
                 )
             self.backend, self.ring = backend, SlotRing(backend)
             _OPEN.add(self)
             return self.backend, self.ring
 
     def in_flight(self) -> int:
-        """Batches an epoch keeps submitted: `depth`, and with thread workers at least two rows
-        per worker, so that dozens of workers waiting on remote storage each have a sample to
-        read while the oldest batch's last rows finish (a process worker takes whole batches:
-        processes stay at most `depth`)."""
-        depth = self.options.depth
-        if self.backend_name != "thread":
-            return depth
-        return max(depth, -(-2 * self.workers // self.options.batch_size))
+        """Batches an epoch keeps submitted: `depth`, and more when there are more workers to
+        feed: a batch per worker process (each takes whole batches), and two rows per worker
+        thread, so that dozens of workers waiting on remote storage each have a sample to read
+        while the oldest batch's last rows finish."""
+        depth, workers = self.options.depth, self.workers
+        if self.backend_name == "process":
+            return max(depth, workers)
+        return max(depth, -(-2 * workers // self.options.batch_size))
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""

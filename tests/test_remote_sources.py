@@ -306,7 +306,7 @@ def test_process_workers_read_urls_with_several_threads_each_by_default(local_ro
             assert len(list(loader)) == len(loader)
             backend = loader._session.backend
             assert backend is not None
-            assert backend.threads_per_worker == REMOTE_READER_THREADS  # type: ignore[attr-defined]
+            assert backend.threads_per_worker == 5  # type: ignore[attr-defined]  # one per row
     local = Loader(local_root, batch_size=5, image_size=SIZE, workers=1, backend="process")
     with local:
         backend = local._session.backend

@@ -23,8 +23,7 @@ import prefetch
 from prefetch import Batch, Loader, ProcessOptions, Stream
 from prefetch.backends.ring import KEPT_REFERENCED_SLOTS
 from prefetch.backends.shm import PREFIX, SHM_DIR
-from prefetch.decode import get_decoder
-from prefetch.testing import assert_same_batches, write_image_folder
+from prefetch.testing import RendezvousDecoder, assert_same_batches, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,7 +96,7 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
         from prefetch import Loader
         from prefetch.backends.ring import ring_capacity
         from prefetch.backends.shm import PREFIX, SHM_DIR
-        from prefetch.testing import assert_same_batches, write_image_folder
+        from prefetch.testing import RendezvousDecoder, assert_same_batches, write_image_folder
 
         if __name__ == "__main__":
             folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),
@@ -124,38 +123,23 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
     assert int(words[3]) < 100, result.stdout
 
 
-class ArrivalBarrier:
-    """The default decoder, once `parties` calls are in it at the same time (for the first
-    `parties` calls; later ones pass): proves that many samples are read concurrently. If
-    fewer are ever in flight, the barrier breaks after `timeout_s` and the read fails."""
-
-    releases_gil = True
-
-    def __init__(self, parties: int, timeout_s: float = 30.0) -> None:
-        self._barrier = threading.Barrier(parties, timeout=timeout_s)
-        self._lock = threading.Lock()
-        self._calls = 0
-
-    def __call__(self, path: str, options: prefetch.DecodeOptions) -> np.ndarray:
-        with self._lock:
-            self._calls += 1
-            first = self._calls <= self._barrier.parties
-        if first:
-            self._barrier.wait()
-        return get_decoder("auto")(path, options)
-
-
-def test_many_thread_workers_all_read_at_once_even_past_depth_times_batch(folder: Path) -> None:
-    # depth 2 x batch 2 = 4 rows, but 8 workers waiting on slow storage should all be reading:
-    # the stream keeps two rows per worker in flight (Session.in_flight)
+@pytest.mark.parametrize(("backend", "workers"), [("thread", 8), ("process", 3)])
+def test_every_worker_reads_at_once_even_past_what_depth_alone_would_feed(
+    folder: Path, tmp_path: Path, backend: str, workers: int
+) -> None:
+    # depth 2 x batch 2 = 4 rows, 2 batches: too few for 8 threads or 3 processes that wait on
+    # slow storage. The stream keeps two rows per thread and a batch per process in flight
+    # (Session.in_flight), so all of them read at once.
+    arrivals = tmp_path / "arrivals"
+    arrivals.mkdir()
     loader = Loader(
         folder,
         batch_size=2,
         depth=2,
-        workers=8,
-        backend="thread",
+        workers=workers,
+        backend=backend,
         seed=4,
-        decoder=ArrivalBarrier(8),
+        decoder=RendezvousDecoder(arrivals, workers),
     )
     got = [(b.images.copy(), b.labels.copy()) for b in loader]
     want = [(b.images.copy(), b.labels.copy()) for b in Loader(folder, batch_size=2, seed=4)]
@@ -187,7 +171,7 @@ def test_a_script_that_exits_with_an_open_loader_exits_quietly(
         f"""
         import os
         from prefetch import Loader
-        from prefetch.testing import assert_same_batches, write_image_folder
+        from prefetch.testing import RendezvousDecoder, assert_same_batches, write_image_folder
 
         if __name__ == "__main__":
             folder = write_image_folder({str(tmp_path / "imgs")!r}, class_names=("a", "b"),

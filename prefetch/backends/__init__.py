@@ -15,8 +15,8 @@ from prefetch.backends.processes import ProcessBackend
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.threads import ThreadBackend
 from prefetch.coordinator import Coordinator
-from prefetch.options import REMOTE_READER_THREADS, ProcessOptions
-from prefetch.storage import source_scheme
+from prefetch.options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
+from prefetch.storage import reads_over_network
 
 
 def make_backend(
@@ -39,15 +39,18 @@ def make_backend(
             coordinator,
             process.max_restarts,
             process.method,
-            _reader_threads(process, reader),
+            reader_threads(process, reader, batch_size),
         )
     if name == "thread":
         return ThreadBackend(reader, workers, batch_size, coordinator)
     raise ValueError(f"backend must be 'thread' or 'process' here, got {name!r}")
 
 
-def _reader_threads(process: ProcessOptions, reader: SampleReader) -> int:
-    """The reader threads per worker process: as asked, else more for URL sources."""
+def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: int) -> int:
+    """The reader threads per worker process: as asked; else, on remote URLs, one per row of
+    the batch (at most `MAX_REMOTE_READERS_PER_PROCESS`); else 1."""
     if process.threads_per_worker is not None:
         return process.threads_per_worker
-    return REMOTE_READER_THREADS if source_scheme(reader.source) else 1
+    if reads_over_network(reader.source):
+        return min(batch_size, MAX_REMOTE_READERS_PER_PROCESS)
+    return 1

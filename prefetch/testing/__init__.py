@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -322,6 +323,36 @@ class CrashingDecoder:
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
         if self.marker in path and _first_time(self.once_flag):
             os._exit(self.exit_code)
+        return get_decoder("auto")(path, options)
+
+
+class RendezvousDecoder:
+    """The default decoder, whose first call in each process or thread first waits, up to
+    `timeout_s`, until `parties` of them have arrived (arrivals are files in `folder`).
+
+    It proves that `parties` workers read at the same time: when fewer ever get a sample, the
+    wait ends with a `TimeoutError` that the loader raises. Works across worker processes.
+    """
+
+    releases_gil = True
+
+    def __init__(self, folder: str | os.PathLike[str], parties: int, timeout_s: float = 30.0):
+        self.folder = os.fspath(folder)
+        self.parties = parties
+        self.timeout_s = timeout_s
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        me = os.path.join(self.folder, f"{os.getpid()}-{threading.get_ident()}")
+        if not os.path.exists(me):
+            open(me, "x").close()
+            deadline = time.monotonic() + self.timeout_s
+            while len(os.listdir(self.folder)) < self.parties:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"only {len(os.listdir(self.folder))} of {self.parties} workers "
+                        f"were reading at once after {self.timeout_s:g} s"
+                    )
+                time.sleep(0.01)
         return get_decoder("auto")(path, options)
 
 
