@@ -7,9 +7,10 @@ A new server starts for each latency, and every row below reads it for `--second
 
 - prefetch, as a user calls it on a URL: `prefetch.Loader(url, batch_size=32,
   image_size=(size, size), workers=W, seed=0)` with the default backend ("auto"), in a
-  `with loader:` block. Constructing the Loader lists the folder over HTTP (fsspec, one bulk
-  listing); each image is then one GET. Rows: `workers` 2, 8, 32, "auto" and "default"
-  (workers=None, the Loader's default, which on URL sources is tuned as "auto" is).
+  `with loader:` block. Constructing the Loader lists the folder over HTTP (one index
+  page per folder, 16 at a time); each image is then one GET. Rows: `workers` 2, 8, 32,
+  "auto" and "default" (workers=None, the Loader's default, which on URL sources is tuned as
+  "auto" is). `--backend process` measures the process backend instead.
 - tf.data, as a user writes it for HTTP URLs (TensorFlow's `tf.io.gfile` has no http
   filesystem): `Dataset.from_tensor_slices((urls, labels))` (the same listing, from
   `prefetch.sources.index_directory(url)`), `.shuffle(len(urls), seed=0)`, `.map(load,
@@ -47,6 +48,7 @@ The issue's targets (issue 12): at 20 ms, workers="auto" at >= 90% of its 0 ms r
     .venv/bin/python benchmarks/remote_latency.py [--images 300] [--size 64] [--seconds 8]
         [--latencies-ms 0,5,20,80] [--workers 2,8,32,auto,default]
         [--tf-parallel autotune,64] [--tf-threadpool N] [--mount] [--folder PATH]
+        [--backend auto|thread|process]
 
 (`--tf-parallel ""` leaves the tf.data rows out.) The server, and the FUSE daemon with
 `--mount`, share this machine's cores with the readers (a real store would not): their request
@@ -99,7 +101,9 @@ def time_epochs(epoch: Callable[[], Generator[int]], seconds: float) -> dict[str
     return {"times": np.array(times), "counts": np.array(counts)}
 
 
-def prefetch_row(source: str, workers: str, size: int, seconds: float) -> dict[str, Any]:
+def prefetch_row(
+    source: str, workers: str, size: int, seconds: float, backend: str = "auto"
+) -> dict[str, Any]:
     """A Loader on `source` as a user makes it; `workers` "default" passes None."""
     count: int | str | None = {"default": None, "auto": "auto"}.get(workers, workers)
     start = time.perf_counter()
@@ -108,6 +112,7 @@ def prefetch_row(source: str, workers: str, size: int, seconds: float) -> dict[s
         batch_size=BATCH,
         image_size=(size, size),
         workers=int(count) if isinstance(count, str) and count != "auto" else count,
+        backend=backend,
         seed=0,
     )
     listing = time.perf_counter() - start
@@ -237,6 +242,12 @@ def main() -> None:
         help="add a tf.data parallel=64 row on a private thread pool of this many threads",
     )
     parser.add_argument("--mount", action="store_true", help="add rows on a FUSE mount")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "thread", "process"),
+        help="the prefetch rows' backend on the URL (default: auto, as users get)",
+    )
     parser.add_argument("--folder", type=Path, help="an image folder to serve (else generated)")
     args = parser.parse_args()
     latencies = [float(v) for v in args.latencies_ms.split(",")]
@@ -280,7 +291,8 @@ def main() -> None:
             try:
                 url = urls.get(timeout=60)
                 for w, name in prefetch_names.items():
-                    results[(name, latency_ms)] = prefetch_row(url, w, size, seconds)
+                    row = prefetch_row(url, w, size, seconds, args.backend)
+                    results[(name, latency_ms)] = row
                     report(name, latency_ms, results[(name, latency_ms)], seconds)
                 for p, name in tf_names.items():
                     parallel, _, threads = p.partition("/")

@@ -15,12 +15,14 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   `workers + idle / (1 - blocked)`, at least x2 and at most x`MAX_IO_STEP` (with 20 ms reads
   and 2 idle cores that is x8 at once, not three doublings). On a busy CPU, whose extra share
   comes off other work, the step is x1.5 (at least +1). The window after such a step is
-  measured, not skipped: if the throughput fell (below `IO_LOSS` of the window before the
+  measured, not skipped (for threads; new processes take a while to start, so for them it
+  is): if the throughput fell (below `IO_LOSS` of the window before the
   step) the count steps back to where it was; if it rose by less than `IO_RISE` (x1.1) the
   count holds there (a decision with before == after); either way I/O growth never goes
   past that count again. Otherwise it steps again. The cap `io_maximum` is `MAX_IO_WORKERS`
   threads, fewer when the open-file limit is low (`connection_cap`: each read in flight holds
-  a connection), or `depth` processes, and always the memory budget;
+  a connection); `depth` processes, more when each has several reader threads (`tuner_for`);
+  and always the memory budget;
 - grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
   worker fits the memory budget and `maximum`, and there is CPU for it: at least
   `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
@@ -104,7 +106,11 @@ class CpuIdle:
 
 
 class WorkerTuner:
-    """Decides the worker count from consumer wait and CPU idle; see the module docstring."""
+    """Decides the worker count from consumer wait and CPU idle; see the module docstring.
+
+    `settle_io`: skip the window after an I/O step too (new workers that take a while to start,
+    such as processes, would make that window look like a loss).
+    """
 
     def __init__(
         self,
@@ -117,9 +123,11 @@ class WorkerTuner:
         clock: Callable[[], float] = time.perf_counter,
         io_maximum: int | None = None,
         cores: int | None = None,
+        settle_io: bool = False,
     ) -> None:
         self.workers = start
         self._cores = cores or usable_cores()
+        self._settle_io = settle_io
         fits = budget_bytes // max(worker_bytes, 1)
         self.maximum = max(1, min(maximum, fits))
         self.io_maximum = max(self.maximum, min(io_maximum or maximum, fits))
@@ -234,11 +242,13 @@ class WorkerTuner:
             cores = idle if idle is not None else float(self._cores)
             aim = self.workers + cores / max(1.0 - blocked, 1e-3)
             after = round(min(max(aim, 2 * self.workers), MAX_IO_STEP * self.workers))
+            after = min(after, self._io_ceiling)
             step = f"x{after / self.workers:.1f} towards {cores:.1f} idle cores"
         else:  # the extra workers' CPU comes off someone else's: a smaller step
-            after, step = max(self.workers + 1, self.workers * 3 // 2), "x1.5 on a busy CPU"
+            after = min(max(self.workers + 1, self.workers * 3 // 2), self._io_ceiling)
+            step = "x1.5 on a busy CPU"
         reason = f"I/O-bound, {step} at {rate:.1f} batches/s; {reason}"
-        return self._change(min(after, self._io_ceiling), reason, settle=False)
+        return self._change(after, reason, settle=self._settle_io)
 
     def _change(self, workers: int, reason: str, settle: bool = True) -> int:
         self.decisions.append(WorkerDecision(self._batches, self.workers, workers, reason))
@@ -330,4 +340,5 @@ def tuner_for(
         worker_bytes=worker_bytes,
         budget_bytes=max(budget - ring_bytes, 0),
         io_maximum=io_maximum,
+        settle_io=process,  # a spawned process starts in about a second
     )

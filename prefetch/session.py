@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.autoscale import WorkerTuner, tuner_for, usable_cores
+from prefetch.autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
 from prefetch.backends import make_backend
 from prefetch.backends.base import Backend
 from prefetch.backends.choose import choose_backend
@@ -70,7 +70,8 @@ class Session:
                 log.info("prefetch %s", choice.reason)
             options = self.options
             if self.tuned and self.remote and self.backend_name == "thread" and self.tuner is None:
-                self.workers = max(self.workers, REMOTE_READER_THREADS * usable_cores())
+                start = min(REMOTE_READER_THREADS * usable_cores(), connection_cap())
+                self.workers = max(self.workers, start)
             backend = make_backend(
                 self.backend_name,
                 self.reader,

@@ -176,12 +176,27 @@ def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock, io_maximum=6)
     assert io_window(tuner, clock, batches=4) == 6
+    assert "x3.0 towards" in tuner.decisions[0].reason  # the step taken, not the one aimed at
     assert io_window(tuner, clock, batches=12) is None
     tuner = WorkerTuner(2, 4, 2, worker_bytes=100, budget_bytes=1000, io_maximum=64)
     assert (tuner.maximum, tuner.io_maximum) == (4, 10)
     threads = tuner_for(process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)
     processes = tuner_for(process=True, workers=2, depth=3, ring_bytes=0, memory_budget=2**40)
     assert threads.io_maximum == connection_cap() and processes.io_maximum == 3
+
+
+def test_process_io_steps_are_judged_after_a_settling_window() -> None:
+    clock = Clock()
+    tuner = WorkerTuner(
+        2, 4, 2, 10, 10_000, idle_cores=lambda: 1.0, clock=clock, io_maximum=8, settle_io=True
+    )
+    assert io_window(tuner, clock, batches=4) == 8
+    for _ in range(2):  # new processes starting: a window at a quarter of the rate ...
+        clock.now += 1.0
+        assert tuner.observe(0.5, 0, 0.1, 0.09) is None  # ... is not judged (no step back)
+    assert io_window(tuner, clock, batches=4) is None  # judged now: +0%, holds
+    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 8), (8, 8)]
+    assert tuner_for(process=True, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)._settle_io
 
 
 def test_a_low_open_file_limit_caps_the_reads_in_flight() -> None:

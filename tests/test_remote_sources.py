@@ -377,3 +377,19 @@ def test_an_http_listing_retries_each_folder_page_on_its_own(local_root: Path) -
     assert f"cannot read '{base}train" in str(raised.value) and "after 4 attempts" in str(
         raised.value
     )
+
+
+def test_auto_reads_remote_urls_with_processes_unless_a_part_cannot_be_pickled(
+    local_root: Path,
+) -> None:
+    with serve_folder(local_root.parent) as base:
+        loader = Loader(base + "train/", batch_size=5, image_size=SIZE, seed=1)
+        remote = epoch(loader)
+        assert loader.backend_name == "process"
+        assert "remote URLs read faster from processes" in loader.stats().backend_reason
+        local = epoch(Loader(local_root, batch_size=5, image_size=SIZE, seed=1))
+        assert np.array_equal(remote[0], local[0]) and np.array_equal(remote[1], local[1])
+        kept = Loader(base + "train/", batch_size=5, image_size=SIZE, transform=lambda i, r: i)
+        epoch(kept)
+        assert kept.backend_name == "thread"
+        assert "cannot be pickled" in kept.stats().backend_reason

@@ -10,7 +10,10 @@ times the stages of a few samples on the calling thread:
 - time spent in everything else (the transform, a source's `__getitem__`, other decoders).
 
 If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
-otherwise threads, which start faster and copy nothing. Processes also need the decoder,
+otherwise threads, which start faster and copy nothing. Remote URLs (`reads_over_network`) go
+to processes whatever the share: reading them costs CPU in fsspec's event-loop thread, which
+the measurement does not see and which all threads of one process share (on a loopback server,
+processes read 1.2-1.4x more images/s, docs/performance.md). Processes also need the decoder,
 transform and source to pickle; when one does not (a lambda, a local function), the choice is
 threads and the reason says which part kept it there. The measurement runs in the training
 process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
@@ -27,7 +30,7 @@ import numpy as np
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.spawning import unpicklable_part
 from prefetch.decode import decode_image, to_target_size
-from prefetch.storage import source_scheme
+from prefetch.storage import reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
 # two threads already lose about a fifth of their speed-up to the GIL (Amdahl), which the
@@ -86,6 +89,12 @@ def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
         f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
         f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
     )
+    if name == "thread" and reads_over_network(reader.source):
+        name = "process"
+        reason += (
+            "; but remote URLs read faster from processes: each runs its own HTTP client "
+            "(fsspec's event loop), where threads share one"
+        )
     if name == "process":
         unpicklable = unpicklable_part(reader)
         if unpicklable:
