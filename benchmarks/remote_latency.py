@@ -48,7 +48,7 @@ The issue's targets (issue 12): at 20 ms, workers="auto" at >= 90% of its 0 ms r
     .venv/bin/python benchmarks/remote_latency.py [--images 300] [--size 64] [--seconds 8]
         [--latencies-ms 0,5,20,80] [--workers 2,8,32,auto,default]
         [--tf-parallel autotune,64] [--tf-threadpool N] [--mount] [--folder PATH]
-        [--backend auto|thread|process]
+        [--backend auto|thread|process] [--bandwidth-mbps MB_PER_S]
 
 (`--tf-parallel ""` leaves the tf.data rows out.) The server, and the FUSE daemon with
 `--mount`, share this machine's cores with the readers (a real store would not): their request
@@ -80,8 +80,8 @@ from prefetch.testing import serve_folder, write_image_folder
 BATCH = 32
 
 
-def _serve(root: str, latency_s: float, urls: Any, stop: Any) -> None:
-    with serve_folder(root, latency_s=latency_s) as url:
+def _serve(root: str, latency_s: float, bandwidth: float | None, urls: Any, stop: Any) -> None:
+    with serve_folder(root, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth) as url:
         urls.put(url)
         stop.wait()
 
@@ -243,6 +243,11 @@ def main() -> None:
     )
     parser.add_argument("--mount", action="store_true", help="add rows on a FUSE mount")
     parser.add_argument(
+        "--bandwidth-mbps",
+        type=float,
+        help="cap the server's responses, all connections together, at this many MB/s",
+    )
+    parser.add_argument(
         "--backend",
         default="auto",
         choices=("auto", "thread", "process"),
@@ -281,11 +286,14 @@ def main() -> None:
                 Path(tmp) / "images", per_class=per_class, size=(args.size, args.size)
             )
         size, seconds = args.size, args.seconds
+        bandwidth = args.bandwidth_mbps * 1e6 if args.bandwidth_mbps else None
         context = multiprocessing.get_context("spawn")
         for latency_ms in latencies:
             urls, stop = context.Queue(), context.Event()
             server = context.Process(
-                target=_serve, args=(str(folder), latency_ms / 1000, urls, stop), daemon=True
+                target=_serve,
+                args=(str(folder), latency_ms / 1000, bandwidth, urls, stop),
+                daemon=True,
             )
             server.start()
             try:

@@ -12,17 +12,17 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   storage, not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens.
   When at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown) the step aims
   at the count that would use the idle cores: each worker uses (1 - blocked) of a core, so
-  `workers + idle / (1 - blocked)`, at least x2 and at most x`MAX_IO_STEP` (with 20 ms reads
-  and 2 idle cores that is x8 at once, not three doublings). On a busy CPU, whose extra share
-  comes off other work, the step is x1.5 (at least +1). The window after such a step is
-  measured, not skipped (for threads; new processes take a while to start, so for them it
-  is): if the throughput fell (below `IO_LOSS` of the window before the
-  step) the count steps back to where it was; if it rose by less than `IO_RISE` (x1.1) the
-  count holds there (a decision with before == after); either way I/O growth never goes
-  past that count again. Otherwise it steps again. The cap `io_maximum` is `MAX_IO_WORKERS`
+  `workers + idle / (1 - blocked)`, at least x2 and at most x`MAX_IO_STEP` for threads (with
+  20 ms reads and 2 idle cores that is x8 at once, not three doublings) and x2 for processes,
+  which cost more each. On a busy CPU, whose extra share comes off other work, the step is
+  x1.5 (at least +1). The window after such a step is measured, not skipped (but no window is
+  judged while new workers are still starting, such as spawned processes importing): if the
+  throughput rose by less than `IO_RISE` (x1.1) over the window before the step, the count
+  steps back to where it was and I/O growth never goes past it again; otherwise it steps
+  again. The cap `io_maximum` is `MAX_IO_WORKERS`
   threads, fewer when the open-file limit is low (`connection_cap`: each read in flight holds
-  a connection); `depth` processes, more when each has several reader threads (`tuner_for`);
-  and always the memory budget;
+  a connection); `depth` processes, or `IO_PROCESSES_PER_CORE` per core when each has several
+  reader threads (`tuner_for`); and always the memory budget;
 - grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
   worker fits the memory budget and `maximum`, and there is CPU for it: at least
   `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
@@ -32,8 +32,8 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   training step can have their CPU;
 - otherwise keep the count. A window after a change is skipped, so each change is measured.
 
-Decisions that change the count, and holds after an I/O step that did not pay off, are kept
-(`decisions`) with their reason and reported in `LoaderStats.worker_decisions`.
+Decisions that change the count are kept (`decisions`) with their reason and reported in
+`LoaderStats.worker_decisions`.
 """
 
 from __future__ import annotations
@@ -44,17 +44,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prefetch.options import BATCHES_AT_ONCE
+
 GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01
 GROW_IDLE_CORES = 0.3
 GROW_BLOCKED = 0.3
 IO_BLOCKED = 0.6
 IO_RISE = 1.1
-IO_LOSS = 0.95
 MAX_IO_STEP = 8
 # Threads waiting on a remote store cost little CPU: at 80 ms per request a 2-core machine
 # needed about 128 reads in flight to reach 80% of its 0 ms rate (docs/performance.md).
 MAX_IO_WORKERS = 128
+# Worker processes with reader threads, per core, for I/O: each holds its own connections (its
+# own open-file limit), and each reads a batch at a time, so at 80 ms a 2-core machine needed 8
+# processes of 32 readers to reach 84% of its 0 ms rate (docs/performance.md).
+IO_PROCESSES_PER_CORE = 4
 WINDOW_S = 1.0
 WINDOW_BATCHES = 4
 # Slow batches (high latency, few workers: 1.4 s a batch at 80 ms, 2 workers, 32 images) close a
@@ -76,8 +81,6 @@ class WorkerDecision:
     reason: str
 
     def __str__(self) -> str:
-        if self.before == self.after:
-            return f"batch {self.batches}: holds {self.after} workers ({self.reason})"
         return f"batch {self.batches}: {self.before} -> {self.after} workers ({self.reason})"
 
 
@@ -106,11 +109,7 @@ class CpuIdle:
 
 
 class WorkerTuner:
-    """Decides the worker count from consumer wait and CPU idle; see the module docstring.
-
-    `settle_io`: skip the window after an I/O step too (new workers that take a while to start,
-    such as processes, would make that window look like a loss).
-    """
+    """Decides the worker count from consumer wait and CPU idle; see the module docstring."""
 
     def __init__(
         self,
@@ -123,11 +122,11 @@ class WorkerTuner:
         clock: Callable[[], float] = time.perf_counter,
         io_maximum: int | None = None,
         cores: int | None = None,
-        settle_io: bool = False,
+        max_io_step: int = MAX_IO_STEP,
     ) -> None:
         self.workers = start
+        self._max_io_step = max_io_step
         self._cores = cores or usable_cores()
-        self._settle_io = settle_io
         fits = budget_bytes // max(worker_bytes, 1)
         self.maximum = max(1, min(maximum, fits))
         self.io_maximum = max(self.maximum, min(io_maximum or maximum, fits))
@@ -152,12 +151,18 @@ class WorkerTuner:
         self._idle()  # the idle count restarts with the window
 
     def observe(
-        self, waited_s: float, ready_batches: int, busy_s: float, blocked_s: float
+        self,
+        waited_s: float,
+        ready_batches: int,
+        busy_s: float,
+        blocked_s: float,
+        starting: bool = False,
     ) -> int | None:
         """Record one delivered batch; returns the new worker count when it should change.
 
         `busy_s` is the workers' time on the batch, `blocked_s` the part of it they spent
-        neither on a CPU nor waiting for one.
+        neither on a CPU nor waiting for one. While `starting` (some workers are not ready:
+        spawned processes still importing, which also take CPU), windows are not judged.
         """
         self._batches += 1
         self._window_batches += 1
@@ -177,7 +182,7 @@ class WorkerTuner:
         blocked = self._blocked / self._busy if self._busy > 0 else 0.0
         rate = self._window_batches / elapsed
         self._open_window()
-        if self._settling:
+        if self._settling or starting:
             self._settling = False
             return None
         return self._decide(wait, ready, idle, blocked, rate)
@@ -220,35 +225,31 @@ class WorkerTuner:
         blocked: float,
     ) -> int | None:
         """Grow towards the idle cores (x1.5 on a busy CPU) while storage limits the rate and
-        the last step paid; step back after a step that lowered the rate."""
+        the last step paid; step back after a step that did not pay."""
         if doubled is not None and rate < doubled[1] * IO_RISE:
             before, before_rate = doubled
             gain = rate / before_rate - 1 if before_rate > 0 else 0.0
-            measured = (
-                f"{before} -> {self.workers} workers changed the rate {gain:+.0%} "
-                f"({before_rate:.1f} -> {rate:.1f} batches/s)"
+            self._io_ceiling = before
+            reason = (
+                f"stepping back: {before} -> {self.workers} workers changed the rate {gain:+.0%} "
+                f"({before_rate:.1f} -> {rate:.1f} batches/s), less than +{IO_RISE - 1:.0%}; "
+                f"{reason}"
             )
-            if rate < before_rate * IO_LOSS:
-                self._io_ceiling = before
-                return self._change(before, f"stepping back: {measured}; {reason}", settle=False)
-            self._io_ceiling = self.workers
-            reason = f"{measured}, less than {IO_RISE - 1:.0%}; {reason}"
-            self.decisions.append(WorkerDecision(self._batches, self.workers, self.workers, reason))
-            return None
+            return self._change(before, reason, settle=False)
         if self.workers >= self._io_ceiling:
             return None
         self._io_before = (self.workers, rate)
         if idle is None or idle >= GROW_IDLE_CORES:
             cores = idle if idle is not None else float(self._cores)
             aim = self.workers + cores / max(1.0 - blocked, 1e-3)
-            after = round(min(max(aim, 2 * self.workers), MAX_IO_STEP * self.workers))
+            after = round(min(max(aim, 2 * self.workers), self._max_io_step * self.workers))
             after = min(after, self._io_ceiling)
             step = f"x{after / self.workers:.1f} towards {cores:.1f} idle cores"
         else:  # the extra workers' CPU comes off someone else's: a smaller step
             after = min(max(self.workers + 1, self.workers * 3 // 2), self._io_ceiling)
             step = "x1.5 on a busy CPU"
         reason = f"I/O-bound, {step} at {rate:.1f} batches/s; {reason}"
-        return self._change(after, reason, settle=self._settle_io)
+        return self._change(after, reason, settle=False)
 
     def _change(self, workers: int, reason: str, settle: bool = True) -> int:
         self.decisions.append(WorkerDecision(self._batches, self.workers, workers, reason))
@@ -318,19 +319,20 @@ def tuner_for(
     """The tuner of a loader whose slot ring takes `ring_bytes` (rows of `row_bytes` each).
 
     The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
-    given). Reads in flight, one per reader thread, may grow to `connection_cap()` when bound
-    by I/O: thread workers up to that many, worker processes with `readers_per_worker` threads
-    each up to that many over their readers (at least `depth`; processes reading one sample at
-    a time stay at most `depth`). CPU-bound threads grow to twice the cores, processes to
-    `depth`. Each worker also costs the batch memory it keeps in flight (`Session.in_flight`):
-    two rows per thread, a whole batch per process.
+    given). When bound by I/O, thread workers may grow to `connection_cap()`, and worker
+    processes with several reader threads (`readers_per_worker`) to `IO_PROCESSES_PER_CORE`
+    per core (at least `depth`; each process has its own open-file limit); processes reading
+    one sample at a time stay at most `depth`. CPU-bound threads grow to twice the cores,
+    processes to `depth`. Each worker also costs the batch memory it keeps in flight
+    (`Session.in_flight`): two rows per thread, whole batches per process.
     """
     budget = memory_budget or available_memory_bytes() // 4
     if process:
         io_maximum = depth
         if readers_per_worker > 1:
-            io_maximum = max(depth, connection_cap() // readers_per_worker)
-        worker_bytes = PROCESS_WORKER_BYTES + batch_size * row_bytes
+            io_maximum = max(depth, IO_PROCESSES_PER_CORE * usable_cores())
+        in_flight = BATCHES_AT_ONCE if readers_per_worker > 1 else 1
+        worker_bytes = PROCESS_WORKER_BYTES + in_flight * batch_size * row_bytes
     else:
         io_maximum, worker_bytes = connection_cap(), THREAD_WORKER_BYTES + 2 * row_bytes
     return WorkerTuner(
@@ -340,5 +342,5 @@ def tuner_for(
         worker_bytes=worker_bytes,
         budget_bytes=max(budget - ring_bytes, 0),
         io_maximum=io_maximum,
-        settle_io=process,  # a spawned process starts in about a second
+        max_io_step=2 if process else MAX_IO_STEP,
     )

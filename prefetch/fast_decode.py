@@ -32,6 +32,7 @@ import math
 import multiprocessing
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -83,8 +84,22 @@ class _Unsupported(Exception):
     """This JPEG is decoded by `decode_image` instead (a colour space, a size, or damage)."""
 
 
-@functools.lru_cache(maxsize=1)
+_IMPORTING = threading.Lock()
+
+
 def _modules() -> tuple[ModuleType, ModuleType] | None:
+    """(simplejpeg, cv2), imported and configured once per process, or None if missing.
+
+    One thread imports them while the others wait: OpenCV's import replaces its own module
+    while it runs, and reader threads importing it at once in a fresh worker process hung or
+    crashed (SIGSEGV) there.
+    """
+    with _IMPORTING:
+        return _import_modules()
+
+
+@functools.lru_cache(maxsize=1)
+def _import_modules() -> tuple[ModuleType, ModuleType] | None:
     """(simplejpeg, cv2), imported and configured once per process, or None if missing.
 
     In a child process (a worker of the process backend) OpenCV's own thread pool is switched
@@ -120,6 +135,10 @@ class TurboDecoder:
     # The decode and the resize run without the GIL (read by backend="auto").
     releases_gil = True
     name = "turbo"
+
+    def prepare(self) -> None:
+        """Import libjpeg-turbo and OpenCV now (a worker process does, before its first task)."""
+        _modules()
 
     def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
         modules = _modules()

@@ -23,6 +23,9 @@ ON_ERROR = ("raise", "skip")
 REMOTE_READER_THREADS = 8
 # Reader threads of a worker process on remote URLs: one per row of its batch, at most this many.
 MAX_REMOTE_READERS_PER_PROCESS = 32
+# Batches a worker process with reader threads runs at once: the next one's reads wait on
+# storage while the current one's rows are decoded.
+BATCHES_AT_ONCE = 2
 BACKENDS = ("thread", "process", "auto")
 START_METHODS = ("spawn", "forkserver")
 

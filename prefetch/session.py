@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from prefetch.autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
-from prefetch.backends import make_backend
+from prefetch.backends import make_backend, reader_threads
 from prefetch.backends.base import Backend
 from prefetch.backends.choose import choose_backend
 from prefetch.backends.reader import SampleReader
 from prefetch.backends.ring import SlotRing, ring_capacity
 from prefetch.backends.shm import sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.options import REMOTE_READER_THREADS, LoaderOptions
+from prefetch.options import BATCHES_AT_ONCE, REMOTE_READER_THREADS, LoaderOptions
 from prefetch.storage import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
@@ -101,12 +101,15 @@ class Session:
 
     def in_flight(self) -> int:
         """Batches an epoch keeps submitted: `depth`, and more when there are more workers to
-        feed: a batch per worker process (each takes whole batches), and two rows per worker
-        thread, so that dozens of workers waiting on remote storage each have a sample to read
-        while the oldest batch's last rows finish."""
+        feed: a batch per worker process (each takes whole batches; `BATCHES_AT_ONCE` for one
+        with reader threads), and two rows per worker thread, so that dozens of workers
+        waiting on remote storage each have a sample to read while the oldest batch's last
+        rows finish."""
         depth, workers = self.options.depth, self.workers
         if self.backend_name == "process":
-            return max(depth, workers)
+            options = self.options
+            readers = reader_threads(options.process, self.reader, options.batch_size)
+            return max(depth, workers * (BATCHES_AT_ONCE if readers > 1 else 1))
         return max(depth, -(-2 * workers // self.options.batch_size))
 
     def owns(self, backend: Backend | None) -> bool:
@@ -119,7 +122,8 @@ class Session:
         if self.tuner is None or backend is None:
             return
         blocked_s = outcome.busy_s - outcome.cpu_s - outcome.runnable_s
-        count = self.tuner.observe(waited_s, ready, outcome.busy_s, blocked_s)
+        starting = backend.starting() > 0
+        count = self.tuner.observe(waited_s, ready, outcome.busy_s, blocked_s, starting)
         if count is not None:
             log.info("prefetch %s", self.tuner.decisions[-1])
             backend.set_workers(count)

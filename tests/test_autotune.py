@@ -11,12 +11,14 @@ import pytest
 
 import prefetch
 from prefetch.autoscale import (
+    IO_PROCESSES_PER_CORE,
     MAX_IO_WORKERS,
     WINDOW_BATCHES,
     WINDOW_S,
     WorkerTuner,
     connection_cap,
     tuner_for,
+    usable_cores,
 )
 from prefetch.testing import (
     SlowDecoder,
@@ -105,11 +107,11 @@ def test_the_memory_budget_caps_the_worker_count() -> None:
 def io_window(tuner: WorkerTuner, clock: Clock, batches: int, blocked: float = 0.9) -> int | None:
     """One window of `batches` batches in WINDOW_S, the consumer waiting half of it and the
     workers blocked `blocked` of their busy time: storage-bound. Returns the tuner's decision."""
-    decision = None
+    decisions = []
     for _ in range(batches):
-        clock.now += WINDOW_S / batches
-        decision = tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.1 * blocked)
-    return decision
+        clock.now += WINDOW_S / batches + 1e-9  # the window closes at its last batch, not after
+        decisions.append(tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.1 * blocked))
+    return next((d for d in decisions if d is not None), None)
 
 
 def make_io_tuner(clock: Clock, idle: float | None = 1.0, io_maximum: int = 64) -> WorkerTuner:
@@ -146,30 +148,20 @@ def test_one_io_step_is_at_most_eightfold_and_unknown_idle_means_all_cores() -> 
     assert "towards 2.0 idle cores" in tuner.decisions[0].reason
 
 
-def test_io_growth_holds_when_a_step_does_not_raise_throughput() -> None:
-    clock = Clock()
-    tuner = make_io_tuner(clock)
-    assert io_window(tuner, clock, batches=8) == 12
-    assert io_window(tuner, clock, batches=8) is None  # 12 workers gave nothing more: hold
-    hold = tuner.decisions[-1]
-    assert (hold.before, hold.after) == (12, 12) and "+0%" in hold.reason
-    assert str(hold).startswith("batch 16: holds 12 workers")
-    for _ in range(3):  # and stays held, storage-bound or not
-        assert io_window(tuner, clock, batches=8) is None
-    assert tuner.workers == 12 and len(tuner.decisions) == 2
-
-
-def test_io_growth_steps_back_after_a_step_that_lowered_throughput() -> None:
-    clock = Clock()
-    tuner = make_io_tuner(clock)
-    assert io_window(tuner, clock, batches=8) == 12
-    assert io_window(tuner, clock, batches=4) == 2  # half the rate: back to where it was
-    back = tuner.decisions[-1]
-    assert (back.before, back.after) == (12, 2)
-    assert back.reason.startswith("stepping back: 2 -> 12 workers changed the rate -50%")
-    for _ in range(3):  # and never past 2 again for I/O
-        assert io_window(tuner, clock, batches=4) is None
-    assert tuner.workers == 2 and len(tuner.decisions) == 2
+def test_io_growth_steps_back_when_a_step_did_not_raise_throughput_by_a_tenth() -> None:
+    for batches, gain in ((8, "0%"), (4, "-50%")):  # the same rate; half of it
+        clock = Clock()
+        tuner = make_io_tuner(clock)
+        assert io_window(tuner, clock, batches=8) == 12
+        assert io_window(tuner, clock, batches=batches) == 2  # back to where it was
+        back = tuner.decisions[-1]
+        assert (back.before, back.after) == (12, 2)
+        assert back.reason.startswith("stepping back: 2 -> 12 workers changed the rate ")
+        assert f"{gain} (8.0 -> " in back.reason
+        assert str(back).startswith(f"batch {8 + batches}: 12 -> 2 workers (stepping back")
+        for _ in range(3):  # and never past 2 again for I/O
+            assert io_window(tuner, clock, batches=8) is None
+        assert tuner.workers == 2 and len(tuner.decisions) == 2
 
 
 def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
@@ -185,18 +177,38 @@ def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
     assert threads.io_maximum == connection_cap() and processes.io_maximum == 3
 
 
-def test_process_io_steps_are_judged_after_a_settling_window() -> None:
+def test_no_window_is_judged_while_new_workers_are_starting() -> None:
     clock = Clock()
-    tuner = WorkerTuner(
-        2, 4, 2, 10, 10_000, idle_cores=lambda: 1.0, clock=clock, io_maximum=8, settle_io=True
-    )
+    tuner = make_io_tuner(clock, io_maximum=8)
+    for _ in range(4):  # processes still importing: a slow, busy window is not judged
+        clock.now += WINDOW_S / 4
+        assert tuner.observe(0.5 * WINDOW_S / 4, 0, 0.1, 0.09, starting=True) is None
     assert io_window(tuner, clock, batches=4) == 8
-    for _ in range(2):  # new processes starting: a window at a quarter of the rate ...
+    for _ in range(2):  # the 6 new ones starting: a window at a quarter of the rate ...
         clock.now += 1.0
-        assert tuner.observe(0.5, 0, 0.1, 0.09) is None  # ... is not judged (no step back)
-    assert io_window(tuner, clock, batches=4) is None  # judged now: +0%, holds
-    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 8), (8, 8)]
-    assert tuner_for(process=True, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)._settle_io
+        assert tuner.observe(0.5, 0, 0.1, 0.09, starting=True) is None  # ... is no step back
+    assert io_window(tuner, clock, batches=8) is None  # judged once they run: x2, kept
+    assert [(d.before, d.after) for d in tuner.decisions] == [(2, 8)]
+
+
+def test_processes_with_reader_threads_may_grow_past_depth_for_io() -> None:
+    def processes(readers: int) -> WorkerTuner:
+        return tuner_for(
+            process=True,
+            workers=2,
+            depth=3,
+            ring_bytes=0,
+            memory_budget=2**40,
+            readers_per_worker=readers,
+        )
+
+    assert processes(1).io_maximum == 3  # one sample at a time: a batch each, depth of them
+    assert processes(32).io_maximum == max(3, IO_PROCESSES_PER_CORE * usable_cores())
+    assert processes(32).maximum == 3  # CPU-bound growth still stops at depth
+    clock = Clock()
+    tuner = WorkerTuner(2, 4, 2, 10, 10_000, idle_cores=lambda: 1.0, clock=clock, max_io_step=2)
+    tuner.io_maximum = tuner._io_ceiling = 64
+    assert io_window(tuner, clock, batches=4) == 4  # costly processes: x2, not towards 12
 
 
 def test_a_low_open_file_limit_caps_the_reads_in_flight() -> None:
@@ -218,9 +230,9 @@ def test_blocked_workers_on_a_busy_cpu_grow_by_half_while_throughput_rises() -> 
     assert io_window(tuner, clock, batches=6) == 4  # measured at once: no settling window
     assert io_window(tuner, clock, batches=8) == 6
     assert "x1.5 on a busy CPU" in tuner.decisions[-1].reason
-    assert io_window(tuner, clock, batches=8) is None  # 6 gave nothing over 4: hold
+    assert io_window(tuner, clock, batches=8) == 4  # 6 gave nothing over 4: back to 4
     assert io_window(tuner, clock, batches=8) is None
-    assert tuner.workers == 6
+    assert tuner.workers == 4
 
 
 def test_slow_batches_close_a_window_after_two_batches_and_two_seconds() -> None:

@@ -333,7 +333,7 @@ def test_opencv_runs_single_threaded_in_worker_processes_only(
 
     original = cv2.getNumThreads()
     cv2.setNumThreads(3)
-    fast_decode._modules.cache_clear()
+    fast_decode._import_modules.cache_clear()
     try:
         fast_decode._modules()  # imports and configures again
         assert cv2.getNumThreads() == 3, "the main process keeps its own setting"

@@ -393,3 +393,26 @@ def test_auto_reads_remote_urls_with_processes_unless_a_part_cannot_be_pickled(
         epoch(kept)
         assert kept.backend_name == "thread"
         assert "cannot be pickled" in kept.stats().backend_reason
+
+
+def test_the_keras_drop_in_splits_a_remote_folder_as_the_local_one(
+    local_root: Path, memory_root: str
+) -> None:
+    pytest.importorskip("tensorflow")
+    import prefetch.tf
+
+    def split(root: str) -> list[list[str]]:
+        train, validation = prefetch.tf.image_dataset_from_directory(
+            root,
+            image_size=SIZE,
+            batch_size=4,
+            seed=7,
+            validation_split=0.3,
+            subset="both",
+            verbose=False,
+            backend="thread",
+        )
+        return [relative(train.file_paths, root), relative(validation.file_paths, root)]
+
+    remote, local = split(memory_root), split(str(local_root))
+    assert remote == local and len(remote[1]) > 0

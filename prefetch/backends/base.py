@@ -133,6 +133,11 @@ class Backend(Protocol):
 
     def set_workers(self, count: int) -> None: ...
 
+    def starting(self) -> int:
+        """Workers started but not ready yet (a spawned process that has not answered a batch:
+        it is still importing), which the tuner must not judge a worker count by."""
+        ...
+
     def forget_slot(self, slot: Slot) -> None: ...
 
     def time_out(self, pending: Any, row: int, error: BaseException, skip: bool) -> bool:

@@ -197,6 +197,11 @@ class ProcessBackend:
             worker.conn.send(Segment(name, path))
             send_handle(worker.conn, fd, worker.process.pid)
 
+    def starting(self) -> int:
+        """Live workers that have not answered a batch yet (spawning, importing)."""
+        with self._lock:
+            return sum(1 for w in self._workers if not w.retiring and w.answered == 0)
+
     def new_slot(self) -> Slot:
         with self._lock:
             slot = self._slots.create()
@@ -317,6 +322,9 @@ class ProcessBackend:
         if code == -signal.SIGBUS:
             reason += shm.exhausted_note(self._layout.nbytes)
         lost = list(worker.in_flight.items())
+        for _, (_, slot, _) in lost:  # rows it was reading stopped with it: no clock runs
+            if slot.started is not None:
+                slot.started[:] = 0.0
         worker.conn.close()
         worker.process.join()
         self._workers.remove(worker)

@@ -18,6 +18,7 @@ from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.decode import DecodeOptions, Decoder, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
+from prefetch.storage import filesystem_for, is_url
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
@@ -38,6 +39,17 @@ class SampleReader:
     skip_errors: bool
     labelled: bool
     num_classes: int | None = None
+
+    def prepare(self) -> None:
+        """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
+        it has one) and the filesystem of URL paths. A worker process calls this before its
+        first task, so that task's samples (and `sample_timeout_s`) do not pay for it."""
+        prepare = getattr(self.decoder, "prepare", None)
+        if callable(prepare):
+            prepare()
+        paths = getattr(self.source, "paths", None)
+        if paths is not None and len(paths) and is_url(str(paths[0])):
+            filesystem_for(str(paths[0]))
 
     def describe(self, index: int) -> str:
         """The file (or sample) behind `index`, for messages."""

@@ -107,6 +107,10 @@ class ThreadBackend:
             self._threads[i] = thread
             thread.start()
 
+    def starting(self) -> int:
+        """Threads are ready at once."""
+        return 0
+
     def new_slot(self) -> Slot:
         height, width, channels = self._reader.options.shape
         return Slot(
