@@ -146,6 +146,39 @@ def test_every_worker_reads_at_once_even_past_what_depth_alone_would_feed(
     assert_same_batches(got, want)
 
 
+def test_a_worker_process_with_reader_threads_reads_two_batches_at_once(
+    folder: Path, tmp_path: Path
+) -> None:
+    # one process, 4 reader threads, batches of 2: the next batch's rows are read while the
+    # current one's are, so 4 rows are in the readers at once (BATCHES_AT_ONCE)
+    arrivals = tmp_path / "arrivals"
+    arrivals.mkdir()
+    loader = Loader(
+        folder,
+        batch_size=2,
+        depth=1,
+        workers=1,
+        backend=ProcessOptions(threads_per_worker=4),
+        seed=4,
+        decoder=RendezvousDecoder(arrivals, 4),
+    )
+    got = [(b.images.copy(), b.labels.copy()) for b in loader]
+    want = [(b.images.copy(), b.labels.copy()) for b in Loader(folder, batch_size=2, seed=4)]
+    assert_same_batches(got, want)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_new_workers_count_as_starting_until_they_answer_a_batch(
+    folder: Path, backend: str
+) -> None:
+    loader = Loader(folder, batch_size=4, workers=1, backend=backend, image_size=(12, 12))
+    with loader:
+        started, _ = loader._start()
+        assert started.starting() == (1 if backend == "process" else 0)
+        next(iter(loader))
+        assert started.starting() == 0
+
+
 # --- dropped and exiting loaders ---------------------------------------------------------------
 
 
