@@ -177,9 +177,9 @@ def _pipeline(
         if isinstance(message, Stop):
             return True
         segments.pop(message.name, None)
-    if running:
-        futures = [f for batch in running for f in batch.futures]
-        wait(futures, timeout=POLL_S, return_when=FIRST_COMPLETED)
+    reading = [f for batch in running for f in batch.futures if not f.done()]
+    if reading:  # until a chunk finishes (or a message may have come): never a busy loop
+        wait(reading, timeout=POLL_S, return_when=FIRST_COMPLETED)
     return False
 
 
