@@ -65,7 +65,7 @@ class Session:
             self.coordinator.clear_stop()
             sweep_stale()  # segments of this user's loaders that died
             if self.backend_name == "auto":
-                choice = choose_backend(self.reader, first_batch)
+                choice = choose_backend(self.reader, first_batch, tuned=self.tuned)
                 self.backend_name, self.backend_reason = choice.name, choice.reason
                 log.info("prefetch %s", choice.reason)
             options = self.options

@@ -393,6 +393,9 @@ def test_auto_reads_remote_urls_with_processes_unless_a_part_cannot_be_pickled(
         epoch(kept)
         assert kept.backend_name == "thread"
         assert "cannot be pickled" in kept.stats().backend_reason
+        fixed = Loader(base + "train/", batch_size=5, image_size=SIZE, workers=4)
+        epoch(fixed)  # a count sized for threads: not 4 processes of a reader per row
+        assert fixed.backend_name == "thread" and fixed.workers == 4
 
 
 def test_the_keras_drop_in_splits_a_remote_folder_as_the_local_one(

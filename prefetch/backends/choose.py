@@ -11,9 +11,11 @@ times the stages of a few samples on the calling thread:
 
 If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
 otherwise threads, which start faster and copy nothing. Remote URLs (`reads_over_network`) go
-to processes whatever the share: reading them costs CPU in fsspec's event-loop thread, which
-the measurement does not see and which all threads of one process share (on a loopback server,
-processes read 1.2-1.4x more images/s, docs/performance.md). Processes also need the decoder,
+to processes whatever the share when the worker count is tuned (the default on URLs): reading
+them costs CPU in fsspec's event-loop thread, which the measurement does not see and which all
+threads of one process share (on a loopback server, processes read about 1.4x the images/s of
+threads, docs/performance.md). A fixed worker count keeps the measured choice: sized for
+threads, it would start that many processes. Processes also need the decoder,
 transform and source to pickle; when one does not (a lambda, a local function), the choice is
 threads and the reason says which part kept it there. The measurement runs in the training
 process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
@@ -57,10 +59,12 @@ def releases_gil(decoder: object) -> bool:
     return decoder is decode_image or getattr(decoder, "releases_gil", False) is True
 
 
-def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
+def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True) -> BackendChoice:
     """Time up to `MAX_SAMPLES` of `indices` (within `BUDGET_S`) and pick "thread" or "process".
 
-    Samples that fail to read are left out of the measurement (the epoch reports them).
+    Samples that fail to read are left out of the measurement (the epoch reports them). Remote
+    URLs go to processes when the worker count is `tuned` (a fixed count, sized for threads,
+    would start that many processes).
     """
     free_s = held_s = 0.0
     samples = 0
@@ -89,7 +93,7 @@ def choose_backend(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
         f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
         f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
     )
-    if name == "thread" and reads_over_network(reader.source):
+    if name == "thread" and tuned and reads_over_network(reader.source):
         name = "process"
         reason += (
             "; but remote URLs read faster from processes: each runs its own HTTP client "
