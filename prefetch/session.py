@@ -100,17 +100,17 @@ class Session:
             return self.backend, self.ring
 
     def in_flight(self) -> int:
-        """Batches an epoch keeps submitted: `depth`, and more when there are more workers to
-        feed: a batch per worker process (each takes whole batches; `BATCHES_AT_ONCE` for one
-        with reader threads), and two rows per worker thread, so that dozens of workers
-        waiting on remote storage each have a sample to read while the oldest batch's last
-        rows finish."""
-        depth, workers = self.options.depth, self.workers
+        """Batches an epoch keeps submitted: `depth`, and more when there are more workers
+        waiting on storage than that feeds: two rows per worker thread, and `BATCHES_AT_ONCE`
+        batches per worker process with reader threads, so that dozens of workers waiting on
+        remote storage each have a sample to read while the oldest batch's last rows finish.
+        (Processes reading one sample at a time stay at `depth` batches: the tuner keeps them
+        at most `depth`.)"""
+        depth, workers, options = self.options.depth, self.workers, self.options
         if self.backend_name == "process":
-            options = self.options
             readers = reader_threads(options.process, self.reader, options.batch_size)
-            return max(depth, workers * (BATCHES_AT_ONCE if readers > 1 else 1))
-        return max(depth, -(-2 * workers // self.options.batch_size))
+            return max(depth, workers * BATCHES_AT_ONCE) if readers > 1 else depth
+        return max(depth, -(-2 * workers // options.batch_size))
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""

@@ -123,13 +123,17 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
     assert int(words[3]) < 100, result.stdout
 
 
-@pytest.mark.parametrize(("backend", "workers"), [("thread", 8), ("process", 3)])
+@pytest.mark.parametrize(
+    ("backend", "workers", "readers"),
+    [("thread", 8, 8), (ProcessOptions(threads_per_worker=2), 3, 6)],
+    ids=["threads", "processes with reader threads"],
+)
 def test_every_worker_reads_at_once_even_past_what_depth_alone_would_feed(
-    folder: Path, tmp_path: Path, backend: str, workers: int
+    folder: Path, tmp_path: Path, backend: str | ProcessOptions, workers: int, readers: int
 ) -> None:
-    # depth 2 x batch 2 = 4 rows, 2 batches: too few for 8 threads or 3 processes that wait on
-    # slow storage. The stream keeps two rows per thread and a batch per process in flight
-    # (Session.in_flight), so all of them read at once.
+    # depth 2 x batch 2 = 4 rows, 2 batches: too few for 8 threads, or 3 processes of 2 reader
+    # threads, that wait on slow storage. The stream keeps two rows per thread and two batches
+    # per such process in flight (Session.in_flight), so all of them read at once.
     arrivals = tmp_path / "arrivals"
     arrivals.mkdir()
     loader = Loader(
@@ -139,7 +143,7 @@ def test_every_worker_reads_at_once_even_past_what_depth_alone_would_feed(
         workers=workers,
         backend=backend,
         seed=4,
-        decoder=RendezvousDecoder(arrivals, workers),
+        decoder=RendezvousDecoder(arrivals, readers),
     )
     got = [(b.images.copy(), b.labels.copy()) for b in loader]
     want = [(b.images.copy(), b.labels.copy()) for b in Loader(folder, batch_size=2, seed=4)]
