@@ -21,6 +21,8 @@ ON_ERROR = ("raise", "skip")
 # Thread workers per core that a loader of remote URLs starts with (then tuned): enough requests
 # in flight to cover tens of milliseconds of latency at a few hundred images per second.
 REMOTE_READER_THREADS = 8
+# Worker processes per core that a loader of remote URLs starts with (then tuned).
+REMOTE_PROCESSES_PER_CORE = 2
 # Reader threads of a worker process on remote URLs: one per row of its batch, at most this many.
 MAX_REMOTE_READERS_PER_PROCESS = 32
 # Batches a worker process with reader threads runs at once: the next one's reads wait on

@@ -23,7 +23,12 @@ from prefetch.backends.reader import SampleReader
 from prefetch.backends.ring import SlotRing, ring_capacity
 from prefetch.backends.shm import sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.options import BATCHES_AT_ONCE, REMOTE_READER_THREADS, LoaderOptions
+from prefetch.options import (
+    BATCHES_AT_ONCE,
+    REMOTE_PROCESSES_PER_CORE,
+    REMOTE_READER_THREADS,
+    LoaderOptions,
+)
 from prefetch.storage import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
@@ -35,8 +40,8 @@ class Session:
     `backend_name` is "thread" or "process" once started ("auto" before), `backend_reason` why,
     and `workers` the current worker count. `tuned` is whether a tuner changes it: for
     workers="auto", and for the default workers=None when the files are remote URLs, whose
-    reads are mostly waiting (`reads_over_network`); thread workers then start at
-    `REMOTE_READER_THREADS` per core instead of one.
+    reads are mostly waiting (`reads_over_network`); workers then start at more than one per
+    core (`remote_start`).
     """
 
     def __init__(self, options: LoaderOptions, reader: SampleReader, workers: int) -> None:
@@ -69,9 +74,8 @@ class Session:
                 self.backend_name, self.backend_reason = choice.name, choice.reason
                 log.info("prefetch %s", choice.reason)
             options = self.options
-            if self.tuned and self.remote and self.backend_name == "thread" and self.tuner is None:
-                start = min(REMOTE_READER_THREADS * usable_cores(), connection_cap())
-                self.workers = max(self.workers, start)
+            if self.tuned and self.remote and self.tuner is None:
+                self.workers = max(self.workers, remote_start(self.backend_name == "process"))
             backend = make_backend(
                 self.backend_name,
                 self.reader,
@@ -139,6 +143,16 @@ class Session:
         self.coordinator.request_stop()
         backend.close()
         self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
+
+
+def remote_start(process: bool) -> int:
+    """The worker count a tuned loader of remote URLs starts at: `REMOTE_READER_THREADS`
+    threads per core (within `connection_cap`), or `REMOTE_PROCESSES_PER_CORE` processes per
+    core (each reads a batch per reader thread): reads wait, so one per core is too few, and
+    processes started later cost a spawn each while the tuner waits for them."""
+    if process:
+        return REMOTE_PROCESSES_PER_CORE * usable_cores()
+    return min(REMOTE_READER_THREADS * usable_cores(), connection_cap())
 
 
 def close_quietly(session: Session) -> None:

@@ -23,7 +23,7 @@ import prefetch
 from prefetch import FileList, ImageFolder, Loader, storage
 from prefetch.autoscale import usable_cores
 from prefetch.decode import DecodeOptions, decode_image
-from prefetch.options import REMOTE_READER_THREADS
+from prefetch.options import REMOTE_PROCESSES_PER_CORE, REMOTE_READER_THREADS
 from prefetch.sources import index_directory
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -313,7 +313,7 @@ def test_process_workers_read_urls_with_several_threads_each_by_default(local_ro
         assert backend is not None and backend.threads_per_worker == 1  # type: ignore[attr-defined]
 
 
-def test_default_workers_on_remote_urls_are_tuned_and_start_with_reader_threads_per_core(
+def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
     local_root: Path, memory_root: str
 ) -> None:
     many = REMOTE_READER_THREADS * usable_cores()
@@ -328,6 +328,13 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_with_reader_threads_
             stream.close()
         fixed = Loader(base + "train/", batch_size=2, image_size=SIZE, workers=2, seed=2)
         assert not fixed.autotune
+        processes = Loader(base + "train/", batch_size=2, image_size=SIZE, seed=2)
+        with processes:
+            stream = iter(processes)
+            next(stream)
+            assert processes.backend_name == "process"
+            assert processes.workers == REMOTE_PROCESSES_PER_CORE * usable_cores()
+            stream.close()
     for local in (local_root, memory_root):  # local disk, and memory:// which waits on nothing
         loader = Loader(local, batch_size=2, image_size=SIZE, backend="thread", seed=2)
         assert not loader.autotune
