@@ -78,8 +78,8 @@ def source_scheme(source: Any) -> str:
 
 def reads_over_network(source: Any) -> bool:
     """Whether a file source's reads wait on a network: URLs other than `memory://`. Such a
-    loader's `workers=None` is tuned like "auto", starting at `REMOTE_READER_THREADS` threads
-    per core (`prefetch.session`)."""
+    loader's `workers=None` is tuned like "auto", starting above one worker per core
+    (`prefetch.session.remote_start`)."""
     return source_scheme(source) not in ("", "memory")
 
 
