@@ -343,6 +343,7 @@ class Loader:
             decisions,
             decoder_name(self._session.reader.decoder),
             sum(stream.reads_in_flight() for stream in list(self._running)),
+            self._session.in_flight(),
         )
 
     def reset_stats(self) -> None:

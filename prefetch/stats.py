@@ -29,7 +29,9 @@ class LoaderStats:
       keeps up). Large: input-bound (add workers, or make decode cheaper).
     - `producer_busy_s`: worker time spent reading samples, summed over workers.
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
-      `depth` in flight); near `depth` means the producers are ahead.
+      `window` in flight); near `window` means the producers are ahead.
+    - `window`: batches an epoch keeps submitted to the workers: `depth`, and more when many
+      workers wait on remote storage (two rows per thread, two batches per reader process).
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
     - `worker_decisions`: with `workers="auto"`, each change (or hold) of the worker count and why.
     - `decoder`: the decoder that ran ("turbo", "pillow", or a callable's own name).
@@ -60,19 +62,21 @@ class LoaderStats:
     read_p50_s: float = 0.0
     read_p90_s: float = 0.0
     read_p99_s: float = 0.0
+    window: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
         return asdict(self)
 
     def __str__(self) -> str:
+        reads = f"{self.reads_in_flight} reads in flight; " if self.reads_in_flight else ""
         return (
             f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s; "
             f"consumer waited {self.consumer_wait_s:.2f} s ({self.consumer_wait_fraction:.1%}); "
             f"{self.backend} backend, {self.decoder or 'own'} decoder, "
             f"{self.workers} workers busy {self.producer_busy_s:.2f} s; "
-            f"{self.mean_ready_batches:.1f}/{self.depth} batches ready on request; "
-            f"a sample took {1000 * self.read_p50_s:.1f} ms (p50), "
+            f"{self.mean_ready_batches:.1f}/{self.window or self.depth} batches ready on request; "
+            f"{reads}a sample took {1000 * self.read_p50_s:.1f} ms (p50), "
             f"{1000 * self.read_p99_s:.1f} ms (p99); {self.skipped} skipped"
         )
 
@@ -105,6 +109,7 @@ class StatsRecorder:
         worker_decisions: tuple[str, ...] = (),
         decoder: str = "",
         reads_in_flight: int = 0,
+        window: int = 0,
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         p50, p90, p99 = (
@@ -134,4 +139,5 @@ class StatsRecorder:
             read_p50_s=float(p50),
             read_p90_s=float(p90),
             read_p99_s=float(p99),
+            window=window or depth,
         )

@@ -20,8 +20,9 @@ import pytest
 from prefetch.cli import ProgressBar, main
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import fast_available
-from prefetch.testing import SlowDecoder
-from prefetch.tools import bench
+from prefetch.testing import SlowDecoder, serve_folder
+from prefetch.tools import bench, bench_loaders
+from prefetch.tools.bench_machine import local_sample
 from prefetch.tools.timeline import Timeline
 
 pytestmark = pytest.mark.timeout(60)
@@ -221,12 +222,53 @@ def test_thread_pool_batches_stacks_every_file_in_order_and_stops_early_cleanly(
 def test_pool_row_is_skipped_when_its_unbounded_read_ahead_would_not_fit(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bench, "available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(bench_loaders, "available_memory_bytes", lambda: 1000)
     report = bench.run(folder, loaders=["loop", "pool"], step_ms=1, **TINY)
 
     assert [row.key for row in report.loaders] == ["loop"]
     assert "decodes ahead without bound" in report.skipped["pool"]
     assert "skipped thread pool (15 lines): its map decodes ahead" in report.format_table()
+
+
+@pytest.fixture(scope="module")  # module scope: set up before each test's leak check
+def fsspec_io_thread() -> None:
+    """fsspec's HTTP filesystem runs on one daemon event-loop thread per process, started once
+    and kept: start it before the leak check looks."""
+    asyn = pytest.importorskip("fsspec.asyn", reason="the remote extra is not installed")
+    asyn.get_loop()
+
+
+def test_a_remote_decode_sample_is_copied_once_to_local_files(
+    folder: Path, tmp_path: Path, fsspec_io_thread: None
+) -> None:
+    local = sorted(str(path) for path in folder.rglob("*.jpg"))[:5]
+    assert local_sample(local, str(tmp_path)) == local  # local files stay where they are
+    assert list(tmp_path.iterdir()) == []
+    with serve_folder(folder) as base:
+        urls = [base + Path(path).relative_to(folder).as_posix() for path in local]
+        copies = local_sample(urls, str(tmp_path))
+    assert [Path(copy).parent for copy in copies] == [tmp_path] * 5
+    assert all(copy.endswith(".jpg") for copy in copies)  # decoders may go by the extension
+    assert [Path(copy).read_bytes() for copy in copies] == [Path(p).read_bytes() for p in local]
+
+
+@pytest.mark.timeout(240)  # imports TensorFlow (see the first test)
+def test_bench_on_a_url_measures_prefetch_and_skips_what_tensorflow_cannot_read(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsspec_io_thread: None
+) -> None:
+    monkeypatch.setattr(bench.tempfile, "tempdir", str(tmp_path))  # where the sample is copied
+    with serve_folder(folder) as base:
+        report = bench.run(base, loaders=["loop", "default", "tf.data", "keras"], **TINY)
+
+    assert [row.key for row in report.loaders] == ["loop", "default"]
+    assert all(row.images_per_s > 0 for row in report.loaders)
+    assert set(report.skipped) == {"tf.data", "keras"}
+    for reason in report.skipped.values():  # TensorFlow has no http filesystem; or no TF here
+        assert f"tf.io.gfile cannot read {base!r}" in reason or "pip install" in reason
+    assert report.config.root == base and report.config.images == 16
+    assert all(rate.images_per_s > 0 for rate in report.decoders)
+    assert "(local copies of the sample)" in report.format_table()
+    assert list(tmp_path.iterdir()) == []  # the copies are gone with the run
 
 
 def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(

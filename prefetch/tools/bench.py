@@ -7,7 +7,10 @@ pool, `prefetch.Loader` by default, with threads and with processes, and tf.data
 torch where installed). It returns a `BenchReport` (`bench_report`: table, JSON, chart) and,
 when the `fast` extra is missing, an estimate of what installing it would gain (`bench_hint`).
 Rounds are interleaved (every loader once per round, medians over rounds) so that a busy machine
-slows all rows alike. This module re-exports the public names of its `bench_*` siblings.
+slows all rows alike. `root` may be an fsspec URL (a bucket, a web server): the decode limit is
+then measured on local copies of the decode sample (the CPU's limit, without the storage's
+latency), and the TensorFlow rows are skipped when `tf.io.gfile` cannot read the URL. This
+module re-exports the public names of its `bench_*` siblings.
 
 Contract: runs in the calling thread; every loader it opens (threads, processes) is closed
 before `run` returns or raises. TensorFlow, Keras and torch are imported only to measure their
@@ -21,12 +24,13 @@ import inspect
 import math
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefetch.autoscale import available_memory_bytes, usable_cores
+from prefetch.autoscale import usable_cores
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.options import positive
@@ -39,6 +43,7 @@ from prefetch.tools.bench_loaders import (
     missing_requirement,
     python_loop_batches,
     thread_pool_batches,
+    unavailable,
 )
 from prefetch.tools.bench_machine import (
     DECODER_PROVIDERS,
@@ -47,6 +52,7 @@ from prefetch.tools.bench_machine import (
     available_decoders,
     decoder_name,
     default_decoder,
+    local_sample,
     machine_info,
     write_sample_folder,
 )
@@ -203,6 +209,9 @@ def run(
     - `antialias=False` resizes like tf.data and Keras (bilinear, no antialiasing, at full
       decoded size), so every loader does the same work per image; None means the Loader's
       default.
+    - `root` may be an fsspec URL: the decode sample is copied to a temporary folder first
+      (`local_sample`), and "tf.data" and "keras" are skipped where TensorFlow cannot read
+      the URL (`tensorflow_cannot_read`).
     """
     batch_size = positive("batch_size", batch_size)
     repeats = positive("repeats", repeats)
@@ -213,17 +222,26 @@ def run(
     folder = _checked_folder(root, batch_size)
     decoders = _checked_decoders(decoders)
     options = _decode_options(image_size, antialias)
-    sample = [str(p) for p in folder.paths[: min(decode_sample, len(folder))]]
     decoder = decoder if decoder is not None else default_decoder()
-    _warm(sample, {*decoders.values(), decoder}, options)
-    name = decoder_name(decoder, decoders)
-    setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name)
-    skipped = _skipped(keys, setup, step_ms)
-    keys = [key for key in keys if key not in skipped]
-    plan = _Plan(
-        setup, decoders, sample, keys, skipped, repeats, step_ms, timeline_batches, timeline_backend
-    )
-    return _report(plan, _measure(plan, progress))
+    with tempfile.TemporaryDirectory(prefix="prefetch-bench-sample-") as copies:
+        sample = local_sample(folder.paths[: min(decode_sample, len(folder))], copies)
+        _warm(sample, {*decoders.values(), decoder}, options)
+        name = decoder_name(decoder, decoders)
+        setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name)
+        skipped = unavailable(keys, setup, step_ms)
+        keys = [key for key in keys if key not in skipped]
+        plan = _Plan(
+            setup,
+            decoders,
+            sample,
+            keys,
+            skipped,
+            repeats,
+            step_ms,
+            timeline_batches,
+            timeline_backend,
+        )
+        return _report(plan, _measure(plan, progress))
 
 
 def _checked_keys(
@@ -276,20 +294,6 @@ def _warm(sample: Sequence[str], decoders: Collection[Decoder], options: DecodeO
     for path in sample:
         for candidate in decoders:
             candidate(path, options)
-
-
-def _skipped(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, str]:
-    """Loader key -> why it is skipped: a missing package, or "pool" when it would not fit."""
-    skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
-    if "pool" in keys and step_ms > 0:
-        decoded = len(setup.folder) * math.prod(setup.options.shape)
-        memory = available_memory_bytes()
-        if decoded > memory // 2:
-            skipped["pool"] = (
-                f"its map decodes ahead without bound: {decoded / 2**30:.1f} GiB of decoded "
-                f"images, over half of the {memory / 2**30:.1f} GiB available"
-            )
-    return skipped
 
 
 def _measure(plan: _Plan, progress: Progress | None) -> _Runs:
@@ -401,6 +405,3 @@ def _config(plan: _Plan) -> BenchConfig:
         timeline_backend=plan.timeline_backend,
         antialias=setup.options.antialias,
     )
-
-
-# ---- the timeline ------------------------------------------------------------------------

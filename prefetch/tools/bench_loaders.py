@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import math
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from prefetch import storage
+from prefetch.autoscale import available_memory_bytes
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.plan import epoch_order
@@ -291,3 +294,40 @@ def batch_sizes(loader: Loader) -> Generator[int, None, None]:
         count = len(batch.images)
         del batch  # a held view would keep its slot from being reused
         yield count
+
+
+def tensorflow_cannot_read(url: str) -> str | None:
+    """Why TensorFlow's `tf.io.gfile` (what tf.data's `read_file` and Keras's lister use)
+    cannot read the folder `url`, or None when it can (`gs://` with TensorFlow's own
+    filesystem, `s3://` with tensorflow-io)."""
+    import tensorflow as tf  # the TensorFlow rows import it anyway
+
+    try:
+        if tf.io.gfile.isdir(url):
+            return None
+        problem = "it sees no folder there; it has no http(s):// filesystem"
+    except Exception as error:  # tf.errors.UnimplementedError for an unknown scheme, ...
+        problem = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    return f"TensorFlow's tf.io.gfile cannot read {url!r} ({problem})"
+
+
+def unavailable(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, str]:
+    """Loader key -> why it cannot be measured here: a missing package, a URL that TensorFlow
+    cannot read (the "tf.data" and "keras" rows), or, when a step is simulated (`step_ms`),
+    "pool" when its unbounded read-ahead would not fit in half the available memory."""
+    skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
+    root = str(setup.folder.root)
+    tensorflow_rows = [key for key in ("tf.data", "keras") if key in keys and key not in skipped]
+    if tensorflow_rows and storage.is_url(root):
+        reason = tensorflow_cannot_read(root)
+        if reason is not None:
+            skipped.update(dict.fromkeys(tensorflow_rows, reason))
+    if "pool" in keys and step_ms > 0:
+        decoded = len(setup.folder) * math.prod(setup.options.shape)
+        memory = available_memory_bytes()
+        if decoded > memory // 2:
+            skipped["pool"] = (
+                f"its map decodes ahead without bound: {decoded / 2**30:.1f} GiB of decoded "
+                f"images, over half of the {memory / 2**30:.1f} GiB available"
+            )
+    return skipped

@@ -1,4 +1,5 @@
-"""What `prefetch bench` measures with and on: the decoders, the machine, a sample folder."""
+"""What `prefetch bench` measures with and on: the decoders, the machine, a sample folder, and
+local copies of a remote folder's decode sample."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from prefetch import storage
 from prefetch.autoscale import usable_cores
 from prefetch.decode import Decoder, decode_image, get_decoder
 from prefetch.decode import decoder_name as short_decoder_name
@@ -125,3 +128,26 @@ def write_sample_folder(
                 seed=seed + index,
             )
     return root
+
+
+# Objects of a remote decode sample read at once (`local_sample`): the reads wait on storage.
+SAMPLE_READERS = 32
+
+
+def local_sample(paths: Sequence[str], folder: str) -> list[str]:
+    """The files of a decode sample on local disk: local paths as they are; URLs read once
+    (`SAMPLE_READERS` at a time, with `storage.read_bytes`) into `folder`, keeping their
+    extensions, so that a single-core decode rate measures the CPU, not the storage."""
+    paths = [str(path) for path in paths]
+    if not any(storage.is_url(path) for path in paths):
+        return [storage.local_path(path) for path in paths]
+
+    def copy(numbered: tuple[int, str]) -> str:
+        number, url = numbered
+        local = os.path.join(folder, f"{number:06d}{os.path.splitext(url)[1]}")
+        with open(local, "wb") as file:
+            file.write(storage.read_bytes(url))
+        return local
+
+    with ThreadPoolExecutor(SAMPLE_READERS, thread_name_prefix="prefetch-bench-sample") as pool:
+        return list(pool.map(copy, enumerate(paths)))

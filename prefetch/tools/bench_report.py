@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefetch import storage
 from prefetch.tools.bench_hint import FastHint
 from prefetch.tools.bench_loaders import LOADER_NAMES
 from prefetch.tools.timeline import Timeline, import_matplotlib
@@ -176,7 +177,8 @@ class BenchReport:
             f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
             f"Python {m['python']}, {m['platform']}",
             "",
-            f"{'single-core decode + resize':36s} {'images/s':>9s}",
+            f"{'single-core decode + resize':36s} {'images/s':>9s}"
+            + ("  (local copies of the sample)" if storage.is_url(c.root) else ""),
         ]
         lines += [f"{rate.name:36s} {rate.images_per_s:9.0f}" for rate in self.decoders]
         limit_name = f"decode limit ({m['usable_cores']} cores x {self.limit_decoder})"
