@@ -28,6 +28,7 @@ from prefetch.autoscale import usable_cores
 from prefetch.backends.base import Backend
 from prefetch.backends.reader import SampleReader, Transform
 from prefetch.backends.ring import SlotRing
+from prefetch.cache import cache_for
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder, decoder_name, get_decoder
 from prefetch.labels import check_label_mode
@@ -88,6 +89,7 @@ class Loader:
         start_method: str | None = None,
         memory_budget: int | None = None,
         sample_timeout_s: float | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.source = as_source(source)
         self._options = LoaderOptions(
@@ -136,6 +138,7 @@ class Loader:
             skip_errors=on_error == "skip",
             labelled=label_mode is not None,
             num_classes=len(self.class_names) or None,
+            cache=cache_for(self.source, cache_dir),
         )
         count = usable_cores() if workers in ("auto", None) else int(workers)
         self._session = Session(self._options, reader, count)
@@ -166,6 +169,10 @@ class Loader:
     memory_budget = property(lambda self: self._options.memory_budget, doc="Tuner budget.")
     sample_timeout_s = property(
         lambda self: self._options.sample_timeout_s, doc="The per-sample time limit, or None."
+    )
+    cache_dir = property(
+        lambda self: self._session.reader.cache and self._session.reader.cache.folder,
+        doc="The folder of local copies of remote objects, or None.",
     )
     max_restarts = property(
         lambda self: self._options.process.max_restarts, doc="Process worker restarts allowed."

@@ -15,6 +15,7 @@ import numpy as np
 
 from prefetch.autoscale import thread_clocks
 from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.cache import ObjectCache
 from prefetch.decode import DecodeOptions, Decoder, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
@@ -27,9 +28,10 @@ Transform = Callable[[np.ndarray, np.random.Generator], Any]
 class SampleReader:
     """Reads samples of `source` into slots: decode, transform, write. Picklable.
 
-    For file sources (with `paths` and `labels` arrays) it decodes files with `decoder`; for
-    any other source it calls `source[index] -> (image, label)` (or just `image` when
-    `labelled` is False) and converts the image to the target size.
+    For file sources (with `paths` and `labels` arrays) it decodes files with `decoder` (remote
+    objects from their local copies in `cache`, when given); for any other source it calls
+    `source[index] -> (image, label)` (or just `image` when `labelled` is False) and converts
+    the image to the target size.
     """
 
     source: Any
@@ -39,6 +41,7 @@ class SampleReader:
     skip_errors: bool
     labelled: bool
     num_classes: int | None = None
+    cache: ObjectCache | None = None
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -98,7 +101,10 @@ class SampleReader:
     def _read(self, index: int, task: BatchTask) -> tuple[np.ndarray, int]:
         paths = getattr(self.source, "paths", None)
         if paths is not None:
-            image = self.decoder(str(paths[index]), self.options)
+            path = str(paths[index])
+            if self.cache is not None:
+                path = self.cache.local_copy(path)
+            image = self.decoder(path, self.options)
             label = int(self.source.labels[index])
         else:
             item = self.source[index]
