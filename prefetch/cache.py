@@ -60,7 +60,8 @@ class ObjectCache:
         owns it, or its group or other users may write to it.
         """
         path = os.path.abspath(os.fspath(folder))
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # a file there is refused below
+            os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
         if not stat.S_ISDIR(info.st_mode):
             raise ValueError(f"cache_dir {path!r} is not a folder: give a folder of your own")
