@@ -95,19 +95,20 @@ class ObjectCache:
         suffix = os.path.splitext(urllib.parse.urlsplit(url).path)[1].lower()
         return os.path.join(self.folder, key + (suffix if len(suffix) <= MAX_SUFFIX else ""))
 
-    def local_copy(self, url: str) -> str:
-        """A local path with the bytes of `url`: the kept copy, else a new one. When the copy
-        cannot be written, `url` itself (the caller reads it from storage)."""
+    def local_copy(self, url: str) -> tuple[str, bool]:
+        """`(path, kept)`: a local path with the bytes of `url`, and whether the copy was kept
+        already (False: it was read from storage just now). When a new copy cannot be written,
+        the path is `url` itself (the caller reads it from storage)."""
         path = self.path_for(url)
         if os.path.exists(path):
-            return path
+            return path, True
         data = read_bytes(url)
         try:
             self._write(path, data)
         except OSError as error:
             _warn_once(self.folder, error)
-            return url
-        return path
+            return url, False
+        return path, False
 
     def _write(self, path: str, data: bytes) -> None:
         handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=PARTIAL_PREFIX)  # mode 0600

@@ -39,6 +39,8 @@ class LoaderStats:
       workers, or workers x threads_per_worker): with remote storage, how many requests wait.
     - `read_p50_s`, `read_p90_s`, `read_p99_s`: percentiles of the time one sample took to
       read, decode and transform, over the latest `READ_TIMES_KEPT` samples (0 before any).
+    - `cache_hits`, `cache_misses`: with `cache_dir`, samples read from a kept local copy, and
+      samples whose object was read from storage (and copied) first.
     """
 
     backend: str
@@ -63,6 +65,8 @@ class LoaderStats:
     read_p90_s: float = 0.0
     read_p99_s: float = 0.0
     window: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -70,6 +74,8 @@ class LoaderStats:
 
     def __str__(self) -> str:
         reads = f"{self.reads_in_flight} reads in flight; " if self.reads_in_flight else ""
+        cache = self.cache_hits + self.cache_misses
+        cached = f"; cache: {self.cache_hits} of {cache} read from local copies" if cache else ""
         return (
             f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s; "
             f"consumer waited {self.consumer_wait_s:.2f} s ({self.consumer_wait_fraction:.1%}); "
@@ -77,7 +83,7 @@ class LoaderStats:
             f"{self.workers} workers busy {self.producer_busy_s:.2f} s; "
             f"{self.mean_ready_batches:.1f}/{self.window or self.depth} batches ready on request; "
             f"{reads}a sample took {1000 * self.read_p50_s:.1f} ms (p50), "
-            f"{1000 * self.read_p99_s:.1f} ms (p99); {self.skipped} skipped"
+            f"{1000 * self.read_p99_s:.1f} ms (p99); {self.skipped} skipped{cached}"
         )
 
 
@@ -99,6 +105,8 @@ class StatsRecorder:
         self.skipped = 0
         self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
         self.read_s: deque[float] = deque(maxlen=READ_TIMES_KEPT)
+        self.cache_hits = 0
+        self.cache_misses = 0
 
     def snapshot(
         self,
@@ -140,4 +148,6 @@ class StatsRecorder:
             read_p90_s=float(p90),
             read_p99_s=float(p99),
             window=window or depth,
+            cache_hits=self.cache_hits,
+            cache_misses=self.cache_misses,
         )

@@ -153,6 +153,8 @@ class Stream:
             loader._cursor.advance(self.epoch or 0)
             stats.producer_busy_s += outcome.busy_s
             stats.read_s.extend(outcome.read_s)
+            stats.cache_hits += outcome.cache_hits
+            stats.cache_misses += outcome.cache_misses
             loader._skips.count(outcome.skipped, stats)
             if outcome.count == 0:
                 self._ring_of().release(slot)

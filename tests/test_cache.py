@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import ImageFolder, Loader
+from prefetch import ImageFolder, Loader, LoaderStats
 from prefetch.cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -54,19 +54,28 @@ def memory_root(local_root: Path) -> Iterator[str]:
         fs.rm(url, recursive=True)
 
 
-def epochs(loader: Loader, count: int, between: object = None) -> list[np.ndarray]:
-    """`count` epochs' images, each concatenated; `between()` runs after the first."""
-    images = []
+def epochs(
+    loader: Loader, count: int, between: object = None
+) -> tuple[list[np.ndarray], list[LoaderStats]]:
+    """`count` epochs' images (each concatenated) and statistics; `between()` runs after the
+    first epoch."""
+    images, stats = [], []
     with loader:
         for number in range(count):
             images.append(np.concatenate([batch.images.copy() for batch in loader]))
+            stats.append(loader.stats())
+            loader.reset_stats()
             if number == 0 and callable(between):
                 between()
-    return images
+    return images, stats
+
+
+def hits_and_misses(stats: list[LoaderStats]) -> list[tuple[int, int]]:
+    return [(epoch.cache_hits, epoch.cache_misses) for epoch in stats]
 
 
 def reference(local_root: Path, count: int) -> list[np.ndarray]:
-    return epochs(Loader(local_root, batch_size=4, image_size=SIZE, seed=3, workers=2), count)
+    return epochs(Loader(local_root, batch_size=4, image_size=SIZE, seed=3, workers=2), count)[0]
 
 
 def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
@@ -77,11 +86,13 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
         memory_root, batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir
     )
     fs = fsspec.filesystem("memory")
-    first, second = epochs(loader, 2, between=lambda: fs.rm(memory_root, recursive=True))
+    (first, second), stats = epochs(loader, 2, lambda: fs.rm(memory_root, recursive=True))
 
     expected = reference(local_root, 2)
     np.testing.assert_array_equal(first, expected[0])
     np.testing.assert_array_equal(second, expected[1])  # the store was empty by then
+    assert hits_and_misses(stats) == [(0, 12), (12, 0)]
+    assert loader.cache_dir == str(cache_dir)
     copies = sorted(cache_dir.iterdir())
     assert len(copies) == len(loader.source) == 12
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
@@ -97,10 +108,13 @@ def test_worker_processes_share_the_copies_and_a_later_loader_needs_no_server(
     with serve_folder(local_root.parent) as base:
         source = ImageFolder(base + "train/")
         options = dict(batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir)
-        first = epochs(Loader(source, backend="process", **options), 1)  # type: ignore[arg-type]
+        first, stats = epochs(Loader(source, backend="process", **options), 1)  # type: ignore[arg-type]
     assert len(list(cache_dir.iterdir())) == len(source)
+    assert hits_and_misses(stats) == [(0, len(source))]
     # The server is gone: a new loader over the same listing reads every object from its copy.
-    again = epochs(Loader(source, backend="process", **options), 2)  # type: ignore[arg-type]
+    again, stats = epochs(Loader(source, backend="process", **options), 2)  # type: ignore[arg-type]
+    assert hits_and_misses(stats) == [(len(source), 0)] * 2
+    assert f"cache: {len(source)} of {len(source)} read from local copies" in str(stats[1])
 
     expected = reference(local_root, 2)
     np.testing.assert_array_equal(first[0], expected[0])
@@ -136,7 +150,8 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     url = f"{memory_root}/a/a_0000.jpg"
     assert cache.path_for(url) == cache.path_for(url) != cache.path_for(url + "x")
     assert cache.path_for(url).endswith(".jpg")
-    assert cache.local_copy(url) == cache.path_for(url)
+    assert cache.local_copy(url) == (cache.path_for(url), False)  # read, then copied
+    assert cache.local_copy(url) == (cache.path_for(url), True)
     with pytest.raises(FileNotFoundError, match=r"missing\.jpg"):
         cache.local_copy(f"{memory_root}/a/missing.jpg")
     assert os.listdir(cache.folder) == [os.path.basename(cache.path_for(url))]

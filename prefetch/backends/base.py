@@ -59,13 +59,16 @@ class Skipped:
 
 @dataclass
 class ChunkOutcome:
-    """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample."""
+    """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample;
+    `cache_hits`, `cache_misses`: samples read from a kept local copy, or copied first."""
 
     skipped: list[Skipped] = field(default_factory=list)
     busy_s: float = 0.0
     cpu_s: float = 0.0
     runnable_s: float = 0.0
     read_s: list[float] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     @classmethod
     def merged(cls, chunks: list[ChunkOutcome]) -> ChunkOutcome:
@@ -76,6 +79,8 @@ class ChunkOutcome:
             sum(chunk.cpu_s for chunk in chunks),
             sum(chunk.runnable_s for chunk in chunks),
             [seconds for chunk in chunks for seconds in chunk.read_s],
+            sum(chunk.cache_hits for chunk in chunks),
+            sum(chunk.cache_misses for chunk in chunks),
         )
 
 
@@ -89,11 +94,16 @@ class BatchOutcome:
     cpu_s: float = 0.0
     runnable_s: float = 0.0
     read_s: list[float] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     @classmethod
     def of(cls, chunk: ChunkOutcome, count: int, skipped: list[Skipped]) -> BatchOutcome:
         """A finished batch of `count` valid rows from its (merged) chunk outcome."""
-        return cls(count, skipped, chunk.busy_s, chunk.cpu_s, chunk.runnable_s, chunk.read_s)
+        c = chunk
+        return cls(
+            count, skipped, c.busy_s, c.cpu_s, c.runnable_s, c.read_s, c.cache_hits, c.cache_misses
+        )
 
 
 def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:

@@ -77,7 +77,7 @@ class SampleReader:
             try:
                 if started is not None:
                     started[position] = began_sample
-                slot.images[position], label = self._read(index, task)
+                slot.images[position], label = self._read(index, task, outcome)
                 slot.labels[position] = label
                 outcome.read_s.append(time.monotonic() - began_sample)
             except Exception as error:
@@ -98,12 +98,16 @@ class SampleReader:
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
         return outcome
 
-    def _read(self, index: int, task: BatchTask) -> tuple[np.ndarray, int]:
+    def _read(self, index: int, task: BatchTask, outcome: ChunkOutcome) -> tuple[np.ndarray, int]:
         paths = getattr(self.source, "paths", None)
         if paths is not None:
             path = str(paths[index])
             if self.cache is not None:
-                path = self.cache.local_copy(path)
+                path, kept = self.cache.local_copy(path)
+                if kept:
+                    outcome.cache_hits += 1
+                else:
+                    outcome.cache_misses += 1
             image = self.decoder(path, self.options)
             label = int(self.source.labels[index])
         else:
