@@ -1,6 +1,7 @@
 """What `cache_dir` buys: images/s per epoch of a remote folder, with and without local copies.
 
-A loopback HTTP server (`prefetch.testing.serve_folder`, in a spawned child process) serves an
+A loopback HTTP server (`prefetch.testing.serve_folder`, in a spawned child process:
+`remote_latency.served_in_child`) serves an
 image folder with a latency per request and a bandwidth cap (one link shared by all requests:
 a store reached over a network, where bytes cost time, not only requests). Two loaders, each a
 user's `prefetch.Loader(url, batch_size=32, image_size=(size, size), seed=0)` with the default
@@ -15,23 +16,16 @@ starting the workers), and the folder's size after the cached run.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+
+from remote_latency import served_in_child
 
 import prefetch
-from prefetch.testing import serve_folder
-
-
-def _serve(root: str, latency_s: float, bandwidth: float | None, urls: Any, stop: Any) -> None:
-    with serve_folder(root, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth) as url:
-        urls.put(url)
-        stop.wait()
 
 
 def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list[float]:
@@ -62,14 +56,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     bandwidth = args.bandwidth_mbps * 1e6 if args.bandwidth_mbps > 0 else None
-    context = multiprocessing.get_context("spawn")
-    urls, stop = context.Queue(), context.Event()
-    server = context.Process(
-        target=_serve, args=(str(args.folder), args.latency_ms / 1000, bandwidth, urls, stop)
-    )
-    server.start()
-    try:
-        url = urls.get(timeout=60)
+    with served_in_child(args.folder, args.latency_ms / 1000, bandwidth) as url:
         print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
         link = f"a {args.bandwidth_mbps:g} MB/s link" if bandwidth else "no bandwidth cap"
         print(f"# {args.latency_ms:g} ms per request, {link}\n")
@@ -84,9 +71,6 @@ def main() -> None:
             row = " | ".join(f"{rate:.0f}" for rate in cached)
             print(f"| Loader(url, cache_dir=...) | {row} |")
             print(f"\ncache_dir holds {folder_bytes(cache_dir) / 2**20:.1f} MiB")
-    finally:
-        stop.set()
-        server.join(timeout=30)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,25 @@ def _serve(root: str, latency_s: float, bandwidth: float | None, urls: Any, stop
     with serve_folder(root, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth) as url:
         urls.put(url)
         stop.wait()
+
+
+@contextlib.contextmanager
+def served_in_child(
+    root: str | os.PathLike[str], latency_s: float, bandwidth: float | None
+) -> Iterator[str]:
+    """`serve_folder(root)` in a spawned child process (so that the server does not share
+    the readers' GIL); yields its base URL and stops it on exit."""
+    context = multiprocessing.get_context("spawn")
+    urls, stop = context.Queue(), context.Event()
+    server = context.Process(
+        target=_serve, args=(str(root), latency_s, bandwidth, urls, stop), daemon=True
+    )
+    server.start()
+    try:
+        yield urls.get(timeout=60)
+    finally:
+        stop.set()
+        server.join(10)
 
 
 def time_epochs(epoch: Callable[[], Generator[int]], seconds: float) -> dict[str, Any]:
@@ -287,17 +306,8 @@ def main() -> None:
             )
         size, seconds = args.size, args.seconds
         bandwidth = args.bandwidth_mbps * 1e6 if args.bandwidth_mbps else None
-        context = multiprocessing.get_context("spawn")
         for latency_ms in latencies:
-            urls, stop = context.Queue(), context.Event()
-            server = context.Process(
-                target=_serve,
-                args=(str(folder), latency_ms / 1000, bandwidth, urls, stop),
-                daemon=True,
-            )
-            server.start()
-            try:
-                url = urls.get(timeout=60)
+            with served_in_child(folder, latency_ms / 1000, bandwidth) as url:
                 for w, name in prefetch_names.items():
                     row = prefetch_row(url, w, size, seconds, args.backend)
                     results[(name, latency_ms)] = row
@@ -307,9 +317,6 @@ def main() -> None:
                     row = tf_row(url, parallel, size, seconds, int(threads or 0))
                     results[(name, latency_ms)] = row
                     report(name, latency_ms, results[(name, latency_ms)], seconds)
-            finally:
-                stop.set()
-                server.join(10)
             if args.mount:
                 mountpoint = os.path.join(tmp, "mount")
                 os.makedirs(mountpoint, exist_ok=True)

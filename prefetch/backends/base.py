@@ -100,9 +100,15 @@ class BatchOutcome:
     @classmethod
     def of(cls, chunk: ChunkOutcome, count: int, skipped: list[Skipped]) -> BatchOutcome:
         """A finished batch of `count` valid rows from its (merged) chunk outcome."""
-        c = chunk
         return cls(
-            count, skipped, c.busy_s, c.cpu_s, c.runnable_s, c.read_s, c.cache_hits, c.cache_misses
+            count,
+            skipped,
+            chunk.busy_s,
+            chunk.cpu_s,
+            chunk.runnable_s,
+            chunk.read_s,
+            chunk.cache_hits,
+            chunk.cache_misses,
         )
 
 

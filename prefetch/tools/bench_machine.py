@@ -15,6 +15,7 @@ from typing import Any
 
 from prefetch import storage
 from prefetch.autoscale import usable_cores
+from prefetch.cache import ObjectCache
 from prefetch.decode import Decoder, decode_image, get_decoder
 from prefetch.decode import decoder_name as short_decoder_name
 from prefetch.testing import SHAPES, write_image_folder
@@ -135,19 +136,12 @@ SAMPLE_READERS = 32
 
 
 def local_sample(paths: Sequence[str], folder: str) -> list[str]:
-    """The files of a decode sample on local disk: local paths as they are; URLs read once
-    (`SAMPLE_READERS` at a time, with `storage.read_bytes`) into `folder`, keeping their
-    extensions, so that a single-core decode rate measures the CPU, not the storage."""
+    """The files of a decode sample on local disk: local paths as they are; URLs copied once
+    (`SAMPLE_READERS` at a time) into `folder` by an `ObjectCache`, keeping their extensions,
+    so that a single-core decode rate measures the CPU, not the storage."""
     paths = [str(path) for path in paths]
     if not any(storage.is_url(path) for path in paths):
         return [storage.local_path(path) for path in paths]
-
-    def copy(numbered: tuple[int, str]) -> str:
-        number, url = numbered
-        local = os.path.join(folder, f"{number:06d}{os.path.splitext(url)[1]}")
-        with open(local, "wb") as file:
-            file.write(storage.read_bytes(url))
-        return local
-
+    cache = ObjectCache.open(folder)
     with ThreadPoolExecutor(SAMPLE_READERS, thread_name_prefix="prefetch-bench-sample") as pool:
-        return list(pool.map(copy, enumerate(paths)))
+        return [path for path, _ in pool.map(cache.local_copy, paths)]
