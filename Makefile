@@ -11,7 +11,7 @@ ARGS ?=
 
 .PHONY: demo test docs clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py prefetch/_jpegwindow.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs,remote]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from prefetch.augment import CenterCrop, RandomResizedCrop
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decode_image
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Background",
     "Batch",
+    "CenterCrop",
     "ClosedError",
     "Coordinator",
     "DecodeOptions",
@@ -43,6 +45,7 @@ __all__ = [
     "LoaderStats",
     "PrefetchError",
     "ProcessOptions",
+    "RandomResizedCrop",
     "SampleTimeoutError",
     "Source",
     "StopTimeoutError",

@@ -24,6 +24,7 @@ from types import TracebackType
 
 import numpy as np
 
+from prefetch.augment import Augment, Crop
 from prefetch.autoscale import usable_cores
 from prefetch.backends.base import Backend
 from prefetch.backends.reader import SampleReader, Transform
@@ -35,6 +36,7 @@ from prefetch.labels import check_label_mode
 from prefetch.options import (
     LoaderOptions,
     ProcessOptions,
+    check_crop,
     check_shard,
     decode_options,
     process_options,
@@ -77,6 +79,8 @@ class Loader:
         crop_to_aspect_ratio: bool = False,
         pad_to_aspect_ratio: bool = False,
         antialias: bool = False,
+        crop: Crop | None = None,
+        flip: bool = False,
         on_error: str = "raise",
         max_skipped: int | None = None,
         transform: Transform | None = None,
@@ -130,6 +134,9 @@ class Loader:
                 f"drop_remainder=True with {len(self.source)} samples and batch_size "
                 f"{batch_size} leaves no batch; lower batch_size"
             )
+        augment = Augment(crop=crop, flip=flip)
+        if crop is not None:
+            check_crop(self.options, decoder)
         reader = SampleReader(
             source=self.source,
             decoder=get_decoder(decoder),
@@ -139,6 +146,8 @@ class Loader:
             labelled=label_mode is not None,
             num_classes=len(self.class_names) or None,
             cache=cache_for(self.source, cache_dir),
+            augment=augment,
+            window_engine="pillow" if decoder == "pillow" else "turbo",
         )
         count = usable_cores() if workers in ("auto", None) else int(workers)
         self._session = Session(self._options, reader, count)
@@ -176,6 +185,14 @@ class Loader:
     )
     max_restarts = property(
         lambda self: self._options.process.max_restarts, doc="Process worker restarts allowed."
+    )
+    crop = property(
+        lambda self: self._session.reader.augment.crop,
+        doc="The crop drawn per sample (`RandomResizedCrop`, `CenterCrop`) or None.",
+    )
+    flip = property(
+        lambda self: bool(self._session.reader.augment.flip),
+        doc="Whether samples are flipped left-right at random (probability 0.5).",
     )
     start_method = property(
         lambda self: self._options.process.method, doc="Process workers' start method."

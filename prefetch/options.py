@@ -162,6 +162,22 @@ def process_options(
     return ProcessOptions(max_restarts=restarts, start_method=start_method)
 
 
+def check_crop(options: DecodeOptions, decoder: object) -> None:
+    """Refuse what cannot go with `crop=`: Keras's crop or padding (the crop replaces them) and
+    a decoder of your own (it decodes whole images; crops are decoded by prefetch's own)."""
+    if options.crop_to_aspect_ratio or options.pad_to_aspect_ratio:
+        raise ValueError(
+            "crop= replaces crop_to_aspect_ratio and pad_to_aspect_ratio; leave them False "
+            "(CenterCrop keeps the target's aspect ratio)"
+        )
+    if decoder not in (None, "auto", "pillow", "turbo"):
+        raise ValueError(
+            f"crop= decodes its window with prefetch's own decoders; decoder={decoder!r} decodes "
+            'whole images. Pass decoder="auto", "turbo" or "pillow", or crop inside your own '
+            "Source's __getitem__"
+        )
+
+
 def decode_options(
     image_size: tuple[int, int],
     color_mode: str,

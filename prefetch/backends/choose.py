@@ -115,9 +115,12 @@ def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarr
     start = time.perf_counter()
     paths = getattr(reader.source, "paths", None)
     if paths is not None:
-        image = reader.decoder(str(paths[index]), reader.options)
+        rng = reader.augment.rng(0, 0, index) if reader.augment else None
+        image = reader.decode_file(str(paths[index]), rng)
         spent = time.perf_counter() - start
-        return (spent, 0.0, image) if releases_gil(reader.decoder) else (0.0, spent, image)
+        # The crop path (libjpeg-turbo, OpenCV or Pillow) decodes without the GIL.
+        free = releases_gil(reader.decoder) or reader.augment.crop is not None
+        return (spent, 0.0, image) if free else (0.0, spent, image)
     item = reader.source[index]
     fetched = time.perf_counter()
     image = to_target_size(item[0] if reader.labelled else item, reader.options)

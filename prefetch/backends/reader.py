@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from prefetch.augment import Augment
 from prefetch.autoscale import thread_clocks
 from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.cache import ObjectCache
@@ -20,6 +21,7 @@ from prefetch.decode import DecodeOptions, Decoder, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
 from prefetch.storage import filesystem_for, is_url
+from prefetch.window_decode import crop_image, decode_window
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
@@ -31,7 +33,9 @@ class SampleReader:
     For file sources (with `paths` and `labels` arrays) it decodes files with `decoder` (remote
     objects from their local copies in `cache`, when given); for any other source it calls
     `source[index] -> (image, label)` (or just `image` when `labelled` is False) and converts
-    the image to the target size.
+    the image to the target size. With `augment` (a crop, a flip) the crop's window is drawn
+    from the image's size and decoded alone (`prefetch.window_decode`, by `window_engine`),
+    or cut from the source's image; the flip is a view; then `transform` runs.
     """
 
     source: Any
@@ -42,6 +46,8 @@ class SampleReader:
     labelled: bool
     num_classes: int | None = None
     cache: ObjectCache | None = None
+    augment: Augment = field(default_factory=Augment)
+    window_engine: str = "turbo"
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -98,7 +104,16 @@ class SampleReader:
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
         return outcome
 
+    def decode_file(self, path: str, rng: np.random.Generator | None) -> np.ndarray:
+        """The image file at `path` at the target size: the crop's window when there is a
+        crop (drawn from `rng`, the sample's `Augment.rng`), else the whole image."""
+        if self.augment.crop is not None and rng is not None:
+            return decode_window(path, self.augment.crop, rng, self.options, self.window_engine)
+        return self.decoder(path, self.options)
+
     def _read(self, index: int, task: BatchTask, outcome: ChunkOutcome) -> tuple[np.ndarray, int]:
+        augment = self.augment
+        rng = augment.rng(task.seed, task.epoch, index) if augment else None
         paths = getattr(self.source, "paths", None)
         if paths is not None:
             path = str(paths[index])
@@ -108,17 +123,23 @@ class SampleReader:
                     outcome.cache_hits += 1
                 else:
                     outcome.cache_misses += 1
-            image = self.decoder(path, self.options)
+            image = self.decode_file(path, rng)
             label = int(self.source.labels[index])
         else:
             item = self.source[index]
             image, label = item if self.labelled else (item, 0)
             label = check_label(label, self.num_classes)
-            image = to_target_size(image, self.options)
+            crop = augment.crop
+            if crop is not None and rng is not None:
+                image = crop_image(image, crop, rng, self.options)
+            else:
+                image = to_target_size(image, self.options)
         _check_image(image, self.options, "decoder")
+        if rng is not None and augment.flipped(rng):
+            image = image[:, ::-1]
         if self.transform is not None:
-            rng = np.random.default_rng([task.seed, task.epoch, index])
-            image = self.transform(image, rng)
+            transform_rng = np.random.default_rng([task.seed, task.epoch, index])
+            image = self.transform(image, transform_rng)
             _check_image(image, self.options, "transform")
         return image, label
 

@@ -1,0 +1,230 @@
+/* prefetch._jpegwindow: decode one window of a JPEG at a DCT scale with libjpeg-turbo.
+ *
+ * The crop path of the loader (prefetch.window_decode) asks for "this window of this file at
+ * 1/N of full size". libjpeg-turbo can do exactly that without decoding the rest of the image:
+ * scale_denom = N picks its scaled inverse DCTs (N = 1, 2, 4, 8), jpeg_crop_scanline() limits
+ * the decoded columns to the iMCU columns that cover the window, and jpeg_skip_scanlines()
+ * skips the rows above it; decoding stops after the window's last row. This is what
+ * tf.io.decode_and_crop_jpeg and DALI do.
+ *
+ *   header(data) -> (width, height, components, colorspace)
+ *   decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray
+ *
+ * `decode` returns height * width * channels bytes, rows of RGB (channels=3) or gray
+ * (channels=1) pixels; the window is in the coordinates of the scaled image, whose size is
+ * ceil(full / scale_denom) on each axis. Every libjpeg error and warning (corrupt or truncated
+ * data) is a ValueError: the caller then hands the file to a decoder that reports it in its own
+ * words. The GIL is released while libjpeg works; nothing here keeps state between calls.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+typedef struct {
+    struct jpeg_error_mgr base;
+    jmp_buf escape;
+    char message[JMSG_LENGTH_MAX];
+} strict_errors;
+
+static void fail(j_common_ptr cinfo) {
+    strict_errors *errors = (strict_errors *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, errors->message);
+    longjmp(errors->escape, 1);
+}
+
+/* Warnings (corrupt data, premature end of data) are errors here: strict, like simplejpeg. */
+static void warn_or_trace(j_common_ptr cinfo, int level) {
+    if (level < 0) {
+        fail(cinfo);
+    }
+}
+
+static void strict(struct jpeg_decompress_struct *cinfo, strict_errors *errors) {
+    cinfo->err = jpeg_std_error(&errors->base);
+    errors->base.error_exit = fail;
+    errors->base.emit_message = warn_or_trace;
+    errors->message[0] = '\0';
+}
+
+static const char *colorspace_name(J_COLOR_SPACE space) {
+    switch (space) {
+    case JCS_GRAYSCALE:
+        return "Gray";
+    case JCS_YCbCr:
+        return "YCbCr";
+    case JCS_RGB:
+        return "RGB";
+    case JCS_CMYK:
+        return "CMYK";
+    case JCS_YCCK:
+        return "YCCK";
+    default:
+        return "unknown";
+    }
+}
+
+static PyObject *header(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:header", &data)) {
+        return NULL;
+    }
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    strict(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", errors.message);
+    }
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    PyObject *result = Py_BuildValue("(IIis)", cinfo.image_width, cinfo.image_height,
+                                     cinfo.num_components,
+                                     colorspace_name(cinfo.jpeg_color_space));
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* Decode rows [top, top + height) and columns [left, left + width) of the image scaled by
+ * 1/scale_denom into `out` (height * width * channels bytes). Returns 0, or -1 with a message in
+ * errors->message (set by libjpeg, or here for a window outside the scaled image). */
+static int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *errors,
+                         const unsigned char *data, size_t size, JDIMENSION top,
+                         JDIMENSION left, JDIMENSION height, JDIMENSION width,
+                         unsigned int scale_denom, int channels, int fast_dct,
+                         unsigned char *out) {
+    volatile JSAMPROW row = NULL; /* volatile: read after a longjmp back into this frame */
+    if (setjmp(errors->escape)) {
+        free(row);
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = scale_denom;
+    cinfo->dct_method = fast_dct ? JDCT_IFAST : JDCT_ISLOW;
+    jpeg_calc_output_dimensions(cinfo);
+    if (left + width > cinfo->output_width || top + height > cinfo->output_height ||
+        width == 0 || height == 0) {
+        snprintf(errors->message, sizeof errors->message,
+                 "window %ux%u at (%u, %u) is outside the %ux%u image at 1/%u",
+                 (unsigned)width, (unsigned)height, (unsigned)left, (unsigned)top,
+                 (unsigned)cinfo->output_width, (unsigned)cinfo->output_height, scale_denom);
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    jpeg_start_decompress(cinfo);
+    /* Columns: libjpeg widens the window to whole iMCU columns and moves its start left. */
+    JDIMENSION first_column = left, columns = width;
+    if (width < cinfo->output_width) {
+        jpeg_crop_scanline(cinfo, &first_column, &columns);
+    }
+    size_t row_bytes = (size_t)columns * (size_t)channels;
+    size_t skip_bytes = (size_t)(left - first_column) * (size_t)channels;
+    size_t out_bytes = (size_t)width * (size_t)channels;
+    row = malloc(row_bytes);
+    if (row == NULL) {
+        snprintf(errors->message, sizeof errors->message, "out of memory for a row");
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    if (top > 0) {
+        JDIMENSION skipped = jpeg_skip_scanlines(cinfo, top);
+        if (skipped != top) {
+            snprintf(errors->message, sizeof errors->message, "skipped %u of %u rows",
+                     (unsigned)skipped, (unsigned)top);
+            free(row);
+            jpeg_abort_decompress(cinfo);
+            return -1;
+        }
+    }
+    for (JDIMENSION y = 0; y < height; y++) {
+        JSAMPROW rows[1] = {(JSAMPROW)row};
+        if (jpeg_read_scanlines(cinfo, rows, 1) != 1) {
+            snprintf(errors->message, sizeof errors->message, "no data for row %u",
+                     (unsigned)(top + y));
+            free(row);
+            jpeg_abort_decompress(cinfo);
+            return -1;
+        }
+        memcpy(out + (size_t)y * out_bytes, (JSAMPROW)row + skip_bytes, out_bytes);
+    }
+    free(row);
+    row = NULL;
+    jpeg_abort_decompress(cinfo); /* the rows below the window are never decoded */
+    return 0;
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int top, left, height, width, scale_denom;
+    int channels, fast_dct;
+    if (!PyArg_ParseTuple(args, "y*IIIIIip:decode", &data, &top, &left, &height, &width,
+                          &scale_denom, &channels, &fast_dct)) {
+        return NULL;
+    }
+    if (channels != 1 && channels != 3) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "channels must be 1 or 3, got %d", channels);
+    }
+    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %u",
+                            scale_denom);
+    }
+    if (height == 0 || width == 0 || (size_t)height * width > (size_t)1 << 31) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "window %ux%u is empty or too large", width,
+                            height);
+    }
+    PyObject *result =
+        PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)height * width * channels);
+    if (result == NULL) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(result);
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    strict(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_window(&cinfo, &errors, (const unsigned char *)data.buf, (size_t)data.len,
+                           top, left, height, width, scale_denom, channels, fast_dct, out);
+    Py_END_ALLOW_THREADS
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    if (status != 0) {
+        Py_DECREF(result);
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", errors.message);
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"header", header, METH_VARARGS,
+     "header(data) -> (width, height, components, colorspace) of a JPEG's header."},
+    {"decode", decode, METH_VARARGS,
+     "decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray: "
+     "the window's rows of pixels in the image scaled by 1/scale_denom."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "prefetch._jpegwindow",
+    "Decode one window of a JPEG at a DCT scale with libjpeg-turbo (see the C source).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__jpegwindow(void) { return PyModule_Create(&module); }
