@@ -124,10 +124,19 @@ static int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *er
         return -1;
     }
     jpeg_start_decompress(cinfo);
-    /* Columns: libjpeg widens the window to whole iMCU columns and moves its start left. */
-    JDIMENSION first_column = left, columns = width;
-    if (width < cinfo->output_width) {
+    /* Columns: a margin of up to 16 columns on each side, then libjpeg widens that to whole
+     * iMCU columns (moving its start left). Chroma upsampling at the edge of a cropped
+     * scanline repeats the edge pixel, where a full decode blends in its neighbour: with the
+     * margin, the window's own columns equal a full decode's. */
+    JDIMENSION left_margin = left < 16 ? left : 16;
+    JDIMENSION right_room = cinfo->output_width - (left + width);
+    JDIMENSION first_column = left - left_margin;
+    JDIMENSION columns = left_margin + width + (right_room < 16 ? right_room : 16);
+    if (columns < cinfo->output_width) {
         jpeg_crop_scanline(cinfo, &first_column, &columns);
+    } else {
+        first_column = 0;
+        columns = cinfo->output_width;
     }
     size_t row_bytes = (size_t)columns * (size_t)channels;
     size_t skip_bytes = (size_t)(left - first_column) * (size_t)channels;

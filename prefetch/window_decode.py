@@ -178,7 +178,8 @@ def _pillow_window(
         full = (opened.height, opened.width)
         scale = dct_scale(box, options.image_size) if opened.format == "JPEG" else 1
         if scale > 1:
-            opened.draft(None, (-(-full[1] // scale), -(-full[0] // scale)))
+            # Pillow picks min(full // requested) as its scale: ask for full // scale.
+            opened.draft(None, (full[1] // scale, full[0] // scale))
             # Pillow scales by what it decided; derive the factor from the size it gives.
             scale = max(1, round(full[0] / opened.height))
         opened.load()
