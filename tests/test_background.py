@@ -21,7 +21,9 @@ import prefetch
 pytestmark = pytest.mark.timeout(20)
 
 # The producer re-checks its stop flag every 0.1 s, so "promptly" means well within this.
-PROMPT_S = 1.0
+# Generous on purpose (30 polls), for a machine busy with other work; still below close()'s
+# CLOSE_TIMEOUT_S (5 s), so a producer that ignored the stop and made close() wait it out fails.
+PROMPT_S = 3.0
 
 # How long a wait for something that must happen may take before the test calls it a hang:
 # generous, so that a machine busy with other work never trips it.
@@ -175,22 +177,32 @@ def test_leaving_a_with_block_by_an_exception_stops_the_producer() -> None:
 
 
 def test_a_slow_consumer_keeps_the_producer_at_most_depth_items_ahead() -> None:
-    depth = 3
+    # Slow by counts, not by time: holding item i, the consumer waits until the producer has
+    # made item i + depth + 1 (it fills the queue, then blocks putting that one), so the queue
+    # is full at every step however the threads are scheduled. HANG_S only bounds a producer
+    # that never gets there.
+    depth, count = 3, 30
     consumed = 0
     leads: list[int] = []
+    changed = threading.Condition()
 
     def produce() -> Iterator[int]:
-        for i in range(30):
+        for i in range(count):
             # Items 0 .. i-1 have left the generator; at most `depth` sit in the queue and one
             # may be in the consumer's hand, taken but not yet counted.
-            leads.append(i - consumed)
+            with changed:
+                leads.append(i - consumed)
+                changed.notify_all()
             yield i
 
     with prefetch.background(produce(), depth=depth) as items:
         for item in items:
             consumed += 1
             assert item == consumed - 1
-            time.sleep(0.01)
+            wanted = min(item + depth + 2, count)  # items 0 .. item + depth + 1
+            with changed:
+                ahead = changed.wait_for(lambda n=wanted: len(leads) >= n, timeout=HANG_S)
+            assert ahead, f"holding item {item}, the producer made only {len(leads)} items"
 
     assert consumed == 30
     assert max(leads) <= depth + 1, f"the producer ran {max(leads)} items ahead: {leads}"

@@ -251,7 +251,9 @@ def test_join_after_a_stop_waits_within_the_grace_period_for_threads_that_end() 
     coord = Coordinator()
     worker = _start(lambda: (coord.wait_for_stop(5.0), time.sleep(0.1)), "slow-to-stop")
     coord.request_stop()
-    coord.join([worker], stop_grace_period_secs=1.0)
+    # Generous on purpose (100 times the thread's 0.1 s): join returns as soon as the thread
+    # ends, so only a machine too busy to run it for seconds would reach the end of the grace.
+    coord.join([worker], stop_grace_period_secs=10.0)
     assert not worker.is_alive()
 
 

@@ -241,6 +241,10 @@ def test_join_raises_stop_timeout_error_naming_threads_that_ignore_the_stop() ->
         thread.start()
     try:
         coord.request_stop()
+        # The prompt thread has ended before join looks, however busy the machine: the short
+        # grace then only times the stubborn one, which never ends within it.
+        prompt.join(REACH_TIMEOUT_S)
+        assert not prompt.is_alive()
         with pytest.raises(StopTimeoutError) as raised:
             coord.join(stop_grace_period_secs=0.05)
     finally:

@@ -33,8 +33,10 @@ LEVEL_STEP = 10
 NUMBERED_SIZE = (20, 12)
 # A small target size keeps decoding cheap; not the file size, so every image is resized.
 SMALL = (8, 8)
-# How long the workers of a dropped iterator may take to go (they poll every 0.1 s).
-THREADS_GONE_S = 2.0
+# How long the workers of a dropped iterator may take to go (they poll every 0.1 s). Generous
+# on purpose, for a machine busy with other work: the wait ends as soon as they have gone, and
+# workers that are never told to go stay for good.
+THREADS_GONE_S = 10.0
 # Bad kinds that prefetch.testing.write_bad_files writes.
 BAD_KINDS = ("corrupt", "truncated", "zero_byte", "text")
 
@@ -800,15 +802,21 @@ def test_a_stalled_consumer_bounds_the_decoded_samples_by_the_window(tmp_path: P
         decoder=decoder,
         backend="thread",  # backend="auto" would decode a few samples to choose
     )
+    window = (depth + 1) * batch_size  # the batch the consumer holds and `depth` behind it
     iterator = iter(loader)
     try:
         first = next(iterator)
         assert len(first.images) == batch_size
-        time.sleep(0.5)  # a stalled consumer: the workers must stop once the window is full
+        # A stalled consumer: the workers fill the window, however slowly (30 s: generous on
+        # purpose, for a busy machine), and then must stop; in 0.5 s more, two workers that did
+        # not stop would decode up to 50 more samples.
+        filled = wait_until(lambda: decoder.calls >= window, timeout_s=30.0)
+        assert filled, f"{decoder.calls} samples decoded, fewer than the window's {window}"
+        time.sleep(0.5)
         decoded = decoder.calls
     finally:
         iterator.close()
-    assert batch_size <= decoded <= (depth + 1) * batch_size
+    assert decoded == window
 
 
 # --- stats --------------------------------------------------------------------------------------
@@ -831,13 +839,17 @@ def test_stats_after_an_epoch_count_images_batches_and_time(shapes_root: Path) -
 def test_a_slow_consumer_waits_little_for_fast_decoding(shapes_root: Path) -> None:
     loader = Loader(shapes_root, batch_size=3, image_size=SMALL, workers=2, depth=2)
     for _ in loader:
-        time.sleep(0.05)
+        # Generous on purpose: 0.2 s a step is about a hundred times what decoding a batch of
+        # three small JPEGs takes, so even the first batch's wait on a busy machine stays short.
+        time.sleep(0.2)
     assert loader.stats().consumer_wait_fraction < 0.5
 
 
 def test_an_instant_consumer_waits_most_of_the_time_for_slow_decoding(shapes_root: Path) -> None:
+    # Generous on purpose: each batch takes its workers 0.1 s of sleep, far more than a busy
+    # machine adds to the consumer's own empty loop between batches.
     loader = Loader(
-        shapes_root, batch_size=4, image_size=SMALL, workers=2, decoder=SlowDecoder(0.01)
+        shapes_root, batch_size=4, image_size=SMALL, workers=2, decoder=SlowDecoder(0.05)
     )
     for _ in loader:
         pass
