@@ -85,14 +85,18 @@ class RandomResizedCrop:
         window does not depend on the output size)."""
         area = height * width
         log_low, log_high = math.log(self.ratio[0]), math.log(self.ratio[1])
-        for _ in range(ATTEMPTS):
-            target_area = area * rng.uniform(self.scale[0], self.scale[1])
-            aspect = math.exp(rng.uniform(log_low, log_high))
+        # Every attempt's two draws at once (one call: a loader draws a box per sample).
+        draws = rng.random((ATTEMPTS, 2)).tolist()
+        for area_draw, ratio_draw in draws:
+            target_area = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * area_draw)
+            aspect = math.exp(log_low + (log_high - log_low) * ratio_draw)
             crop_w = round(math.sqrt(target_area * aspect))
             crop_h = round(math.sqrt(target_area / aspect))
             if 0 < crop_w <= width and 0 < crop_h <= height:
-                top = int(rng.integers(0, height - crop_h + 1))
-                left = int(rng.integers(0, width - crop_w + 1))
+                # Uniform positions: top in [0, height - crop_h], left in [0, width - crop_w].
+                row, column = rng.random(2).tolist()
+                top = min(int(row * (height - crop_h + 1)), height - crop_h)
+                left = min(int(column * (width - crop_w + 1)), width - crop_w)
                 return Box(top, left, crop_h, crop_w)
         # The fallback: the whole image, its aspect ratio clamped into `ratio`, centred.
         aspect = width / height

@@ -19,12 +19,15 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
+from prefetch.augment import CenterCrop, Crop, RandomResizedCrop
 from prefetch.backends.shm import sweep_stale
 from prefetch.tools import bench, tune
 from prefetch.tools.timeline import MATPLOTLIB_HINT
 
 # Width of the progress bar, in characters.
 BAR_WIDTH = 30
+# `prefetch bench --crop`: the training and evaluation shapes of the work.
+CROP_CHOICES: dict[str, Crop] = {"random-resized": RandomResizedCrop(), "center": CenterCrop()}
 # The progress bar redraws at most this often (and at the end).
 BAR_REDRAW_S = 0.1
 
@@ -155,6 +158,13 @@ def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--crop",
+        choices=tuple(CROP_CHOICES),
+        help="the training shape of the work (random-resized: RandomResizedCrop() and a random "
+        "flip; tf.data runs TF Model Garden's decode_and_crop_jpeg recipe) or the evaluation "
+        "shape (center: CenterCrop(0.875)); default: whole images resized",
+    )
+    parser.add_argument(
         "--antialias",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -204,6 +214,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 timeline_backend=args.timeline_backend,
                 progress=bar,
                 antialias=args.antialias,
+                crop=CROP_CHOICES[args.crop] if args.crop else None,
             )
         except (ValueError, FileNotFoundError) as error:
             bar.close()

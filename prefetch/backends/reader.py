@@ -21,7 +21,7 @@ from prefetch.decode import DecodeOptions, Decoder, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
 from prefetch.storage import filesystem_for, is_url
-from prefetch.window_decode import crop_image, decode_window
+from prefetch.window_decode import crop_image, decode_window, flip_left_right
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
@@ -136,7 +136,7 @@ class SampleReader:
                 image = to_target_size(image, self.options)
         _check_image(image, self.options, "decoder")
         if rng is not None and augment.flipped(rng):
-            image = image[:, ::-1]
+            image = flip_left_right(image)
         if self.transform is not None:
             transform_rng = np.random.default_rng([task.seed, task.epoch, index])
             image = self.transform(image, transform_rng)

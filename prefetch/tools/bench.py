@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefetch.augment import Crop
 from prefetch.autoscale import usable_cores
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
@@ -38,6 +39,7 @@ from prefetch.sources import ImageFolder
 from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fast_hint
 from prefetch.tools.bench_loaders import (
     LOADER_NAMES,
+    CroppingDecoder,
     Setup,
     make_contender,
     missing_requirement,
@@ -185,6 +187,7 @@ def run(
     timeline_backend: str = "thread",
     progress: Progress | None = None,
     antialias: bool | None = None,
+    crop: Crop | None = None,
 ) -> BenchReport:
     """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
 
@@ -212,6 +215,10 @@ def run(
     - `root` may be an fsspec URL: the decode sample is copied to a temporary folder first
       (`local_sample`), and "tf.data" and "keras" are skipped where TensorFlow cannot read
       the URL (`tensorflow_cannot_read`).
+    - `crop`: the training (`RandomResizedCrop`, with a random flip) or evaluation
+      (`CenterCrop`) shape of the work: every row decodes a window per image (the hand-written
+      rows and the decode limit through `CroppingDecoder`), tf.data runs TF Model Garden's
+      recipe (`decode_and_crop_jpeg`), and "keras" is skipped (it has no such crop).
     """
     batch_size = positive("batch_size", batch_size)
     repeats = positive("repeats", repeats)
@@ -223,11 +230,14 @@ def run(
     decoders = _checked_decoders(decoders)
     options = _decode_options(image_size, antialias)
     decoder = decoder if decoder is not None else default_decoder()
+    if crop is not None:
+        decoders = {name: CroppingDecoder(crop, engine) for name, engine in _crop_engines()}
+        decoder = decoders["turbo"] if "turbo" in decoders else decoders["pillow"]
     with tempfile.TemporaryDirectory(prefix="prefetch-bench-sample-") as copies:
         sample = local_sample(folder.paths[: min(decode_sample, len(folder))], copies)
         _warm(sample, {*decoders.values(), decoder}, options)
         name = decoder_name(decoder, decoders)
-        setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name)
+        setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name, crop)
         skipped = unavailable(keys, setup, step_ms)
         keys = [key for key in keys if key not in skipped]
         plan = _Plan(
@@ -280,6 +290,15 @@ def _checked_decoders(decoders: Mapping[str, Decoder] | None) -> dict[str, Decod
     if not decoders:
         raise ValueError("decoders is empty: give at least one name -> decoder")
     return decoders
+
+
+def _crop_engines() -> list[tuple[str, str]]:
+    """(name, window_decode engine) of the window decoders this machine has."""
+    from prefetch.fast_decode import fast_available
+    from prefetch.window_decode import compiled_available
+
+    fast = compiled_available() or fast_available()
+    return [("pillow", "pillow"), *([("turbo", "turbo")] if fast else [])]
 
 
 def _decode_options(image_size: tuple[int, int], antialias: bool | None) -> DecodeOptions:
@@ -404,4 +423,5 @@ def _config(plan: _Plan) -> BenchConfig:
         timeline_batches=plan.timeline_batches,
         timeline_backend=plan.timeline_backend,
         antialias=setup.options.antialias,
+        crop=repr(setup.crop) if setup.crop is not None else "",
     )

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import importlib.util
 import math
+import zlib
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,11 +22,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from prefetch import storage
+from prefetch.augment import Augment, CenterCrop, Crop
 from prefetch.autoscale import available_memory_bytes
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.plan import epoch_order
 from prefetch.sources import ImageFolder
+from prefetch.window_decode import decode_window, flip_left_right
 
 # Loader keys in the order they run in each round, with their display names.
 LOADER_NAMES: dict[str, str] = {
@@ -68,6 +71,24 @@ class Setup:
     seed: int
     decoder: Decoder
     decoder_name: str = ""
+    crop: Crop | None = None  # the training or evaluation shape of the work (`--crop`)
+
+
+class CroppingDecoder:
+    """A `Decoder` that decodes the window `crop` draws (and flips it like `flip=True`), for the
+    rows a user writes by hand and for the decode limit of the training shape of the work.
+    Each path draws from its own generator (seeded by the path), so every row and every round
+    decodes the same windows. Picklable; `engine` as in `prefetch.window_decode`."""
+
+    def __init__(self, crop: Crop, engine: str = "turbo") -> None:
+        self.crop, self.engine = crop, engine
+        self.augment = Augment(crop, flip=not isinstance(crop, CenterCrop))
+        self.name = f"{engine} window"
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        rng = Augment.rng(0, 0, zlib.crc32(path.encode()))
+        image = decode_window(path, self.crop, rng, options, self.engine)
+        return flip_left_right(image) if self.augment.flipped(rng) else image
 
 
 def python_loop_batches(
@@ -135,9 +156,13 @@ class _PrefetchLoader:
         s = setup
         self.setup = setup
         tuning: dict[str, Any] = {}
+        if s.crop is not None:
+            tuning.update(crop=s.crop, flip=not isinstance(s.crop, CenterCrop))
         if backend is not None:
-            tuning = {"workers": s.workers, "depth": s.depth, "decoder": s.decoder}
-            tuning.update(backend=backend, antialias=s.options.antialias)
+            tuning.update(workers=s.workers, depth=s.depth, backend=backend)
+            tuning.update(antialias=s.options.antialias)
+            if s.crop is None:  # crops are decoded by the loader's own window decoder
+                tuning.update(decoder=s.decoder)
         self.loader = Loader(
             s.folder,
             batch_size=s.batch_size,
@@ -182,6 +207,8 @@ class _TfData:
 
         def load(path: Any, label: Any) -> tuple[Any, Any]:
             data = tf.io.read_file(path)
+            if s.crop is not None:
+                return model_garden_crop(tf, data, s.crop, s.options), label
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
             return tf.image.resize(image, s.options.image_size), label
 
@@ -199,6 +226,42 @@ class _TfData:
 
     def describe(self) -> dict[str, Any]:
         return {"decoder": None, "antialias": False}  # tf.image.resize's default, and Keras's
+
+
+def model_garden_crop(tf: Any, data: Any, crop: Crop, options: DecodeOptions) -> Any:
+    """TF Model Garden's ImageNet input for one JPEG: `tf.io.decode_and_crop_jpeg` of a
+    `sample_distorted_bounding_box` window (RandomResizedCrop's area and ratio ranges, 10
+    attempts; whole image when none fits) and a random flip, or of the central window
+    (CenterCrop: `int(fraction x short side)` for square targets), then a bilinear resize."""
+    shape = tf.io.extract_jpeg_shape(data)
+    height, width = shape[0], shape[1]
+    if isinstance(crop, CenterCrop):
+        target_h, target_w = options.image_size
+        full_h = tf.minimum(
+            tf.cast(height, tf.float32), tf.cast(width * target_h / target_w, tf.float32)
+        )
+        full_w = tf.minimum(
+            tf.cast(width, tf.float32), tf.cast(height * target_w / target_h, tf.float32)
+        )
+        crop_h = tf.cast(crop.fraction * full_h, tf.int32)
+        crop_w = tf.cast(crop.fraction * full_w, tf.int32)
+        window = tf.stack([(height - crop_h + 1) // 2, (width - crop_w + 1) // 2, crop_h, crop_w])
+    else:
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape,
+            bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+            min_object_covered=0.1,  # Model Garden's
+            aspect_ratio_range=crop.ratio,
+            area_range=crop.scale,
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
+        window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.io.decode_and_crop_jpeg(data, window, channels=options.channels)
+    image = tf.image.resize(image, options.image_size)
+    if not isinstance(crop, CenterCrop):
+        image = tf.image.random_flip_left_right(image)
+    return image
 
 
 class _Keras(_TfData):
@@ -316,6 +379,8 @@ def unavailable(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, 
     cannot read (the "tf.data" and "keras" rows), or, when a step is simulated (`step_ms`),
     "pool" when its unbounded read-ahead would not fit in half the available memory."""
     skipped = {key: reason for key in keys if (reason := missing_requirement(key)) is not None}
+    if setup.crop is not None and "keras" in keys:
+        skipped["keras"] = "image_dataset_from_directory has no crop of the original image"
     root = str(setup.folder.root)
     tensorflow_rows = [key for key in ("tf.data", "keras") if key in keys and key not in skipped]
     if tensorflow_rows and storage.is_url(root):

@@ -26,7 +26,8 @@ SCHEMA_VERSION = 2
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What was measured: the folder, the batch shape, the workers and the simulated step."""
+    """What was measured: the folder, the batch shape, the workers and the simulated step;
+    `crop` is the crop every row decodes ("" for whole images resized; `prefetch bench --crop`)."""
 
     root: str
     images: int
@@ -43,6 +44,7 @@ class BenchConfig:
     timeline_batches: int
     timeline_backend: str
     antialias: bool = True
+    crop: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,8 @@ class BenchReport:
             f"  -> {height}x{width}, batch {c.batch_size}, {c.workers} workers, depth {c.depth}, "
             f"step {c.step_ms:g} ms, median of {c.repeats} round(s); loaders decode with "
             f"{c.loader_decoder}"
-            + ("" if c.antialias else ", resizing without antialiasing like tf.data"),
+            + ("" if c.antialias else ", resizing without antialiasing like tf.data")
+            + (f"; each image cropped: {c.crop}" if c.crop else ""),
             f"machine: {m['cpu']}, {m['usable_cores']} usable cores ({m['cpu_count']} in all); "
             f"Python {m['python']}, {m['platform']}",
             "",
