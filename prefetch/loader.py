@@ -46,6 +46,7 @@ from prefetch.session import Session, close_quietly, forget_dummy_thread
 from prefetch.sources import Source, as_source
 from prefetch.stats import LoaderStats, StatsRecorder
 from prefetch.stream import Batch, SkipCounter, Stream
+from prefetch.window_decode import window_engine_name
 
 __all__ = ["Batch", "Loader", "Stream"]
 
@@ -365,10 +366,17 @@ class Loader:
             self.depth,
             self.backend_reason,
             decisions,
-            decoder_name(self._session.reader.decoder),
+            self._decoder_name(),
             sum(stream.reads_in_flight() for stream in list(self._running)),
             self._session.in_flight(),
         )
+
+    def _decoder_name(self) -> str:
+        """What decodes: the decoder's name, or with a crop the window decoder's."""
+        reader = self._session.reader
+        if reader.augment.crop is not None:
+            return window_engine_name(reader.window_engine)
+        return decoder_name(reader.decoder)
 
     def reset_stats(self) -> None:
         """Start counting afresh (for example at the start of each epoch)."""
