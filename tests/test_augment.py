@@ -364,6 +364,25 @@ def test_resuming_gives_the_crops_of_an_uninterrupted_run(photos: Path, backend:
         np.testing.assert_array_equal(images, want)
 
 
+def test_shards_hold_the_crops_of_the_unsharded_epoch(photos: Path) -> None:
+    """tf.distribute's shards: each sample's window depends on its index, not on the shard."""
+    options = {**TRAIN, "batch_size": 4, "workers": 2}
+    whole = prefetch.Loader(photos, **options)
+    by_index = {
+        int(index): image
+        for (images, _), indices in zip(batches(whole), whole.batch_indices(0), strict=True)
+        for image, index in zip(images, indices, strict=True)
+    }
+    seen = 0
+    for shard_index in range(2):
+        shard = prefetch.Loader(photos, num_shards=2, shard_index=shard_index, **options)
+        for (images, _), indices in zip(batches(shard), shard.batch_indices(0), strict=True):
+            for image, index in zip(images, indices, strict=True):
+                np.testing.assert_array_equal(image, by_index[int(index)])
+                seen += 1
+    assert seen == len(by_index)
+
+
 def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
     plain = batches(prefetch.Loader(photos, batch_size=24, image_size=TARGET, shuffle=False))
     flips = batches(

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import FileList, Loader, SampleTimeoutError
+from prefetch import FileList, Loader, RandomResizedCrop, SampleTimeoutError
 from prefetch.testing import write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,11 +78,12 @@ def test_a_process_loader_kills_the_stuck_worker_and_raises_naming_file_and_work
         assert backend is not None and backend.restarts == 0  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("crop", [None, RandomResizedCrop()], ids=["whole", "crop"])
 def test_a_process_loader_skips_the_stuck_sample_under_on_error_skip(
-    files_with_a_fifo: tuple[FileList, str],
+    files_with_a_fifo: tuple[FileList, str], crop: RandomResizedCrop | None
 ) -> None:
     files, fifo = files_with_a_fifo
-    loader = loader_for(files, backend="process", workers=2, on_error="skip")
+    loader = loader_for(files, backend="process", workers=2, on_error="skip", crop=crop)
     with loader:
         (batch,) = list(loader)
         backend = loader._session.backend
