@@ -215,7 +215,7 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
     """
     if isinstance(image, np.ndarray):
         image = _array_to_pil(image)
-    image = _convert_mode(image, _PIL_MODES[options.channels])
+    image = convert_mode(image, _PIL_MODES[options.channels])
     if not options.antialias:
         return _resize_image_like_keras(image, options)
     if options.pad_to_aspect_ratio:
@@ -295,7 +295,9 @@ def _array_to_pil(array: np.ndarray) -> Image.Image:
     return Image.fromarray(array)
 
 
-def _convert_mode(image: Image.Image, mode: str) -> Image.Image:
+def convert_mode(image: Image.Image, mode: str) -> Image.Image:
+    """`image` in Pillow mode `mode` ("L", "RGB", "RGBA"), converted as `tf.io.decode_image`
+    would (see `to_target_size`)."""
     if image.mode == mode:
         return image
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):

@@ -35,7 +35,7 @@ from PIL import Image
 
 from prefetch import storage
 from prefetch.augment import Box, Crop
-from prefetch.decode import DecodeOptions, _convert_mode, to_target_size
+from prefetch.decode import DecodeOptions, convert_mode, to_target_size
 
 
 def _compiled() -> ModuleType | None:
@@ -103,7 +103,7 @@ def crop_image(
     """The window `crop` draws of an already decoded image (a source's `__getitem__`),
     resized to `options.shape`."""
     if isinstance(image, Image.Image):
-        image = np.asarray(_convert_mode(image, _PIL_MODES[options.channels]))
+        image = np.asarray(convert_mode(image, _PIL_MODES[options.channels]))
     if image.ndim == 2:
         image = image[:, :, None]
     height, width = image.shape[:2]
@@ -194,7 +194,7 @@ def _pillow_window(
             # Pillow scales by what it decided; derive the factor from the size it gives.
             scale = max(1, round(full[0] / opened.height))
         opened.load()
-        pixels = np.asarray(_convert_mode(opened, _PIL_MODES[options.channels]))
+        pixels = np.asarray(convert_mode(opened, _PIL_MODES[options.channels]))
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     top, left, height, width = scaled_box(box, full, scale)
