@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -20,6 +23,32 @@ import prefetch
 from prefetch.testing import small_cnn, write_image_folder
 
 SAMPLE_CLASSES = ("circle", "square", "triangle", "cross")
+# Above this share of step time spent waiting for data, the demo says what to try next.
+INPUT_BOUND_WAIT = 0.2
+
+
+def import_keras_quietly() -> ModuleType:
+    """Import Keras and start TensorFlow's devices with TensorFlow's C++ start-up log (absl
+    lines, a CUDA `cuInit` error on machines without a GPU) kept out of the output; the log is
+    printed only if the import fails."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)  # the C++ side writes to file descriptor 2, not sys.stderr
+        try:
+            import keras
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # device discovery logs now, not during fit
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return keras
 
 
 def sample_folders(where: Path, per_class: int) -> tuple[Path, Path]:
@@ -44,12 +73,20 @@ def split(folder: prefetch.ImageFolder, fraction: float) -> tuple[prefetch.FileL
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?", help="image folder (default: generate a sample)")
-    parser.add_argument("--sample-dir", default="sample-data", help="where samples are made")
-    parser.add_argument("--per-class", type=int, default=400, help="sample images per class")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=None, help="default: usable cores")
+    parser.add_argument(
+        "--sample-dir", default="sample-data", help="where samples are made (default sample-data)"
+    )
+    parser.add_argument(
+        "--per-class", type=int, default=400, help="sample images per class (default 400)"
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per batch (default 32)")
+    parser.add_argument(
+        "--image-size", type=int, default=64, help="side of the square input, pixels (default 64)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="loader workers (default: usable cores)"
+    )
     args = parser.parse_args()
 
     if args.root:
@@ -64,8 +101,7 @@ def main() -> None:
         f"classes {classes}; chance accuracy {1 / len(classes):.0%}"
     )
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    keras = import_keras_quietly()
 
     keras.utils.set_random_seed(0)
     size = (args.image_size, args.image_size)
@@ -101,6 +137,12 @@ def main() -> None:
         f"waiting for data: {stats.consumer_wait_fraction:.1%} of step time"
     )
     print(f"validation accuracy: {accuracy:.3f} (chance {1 / len(classes):.3f})")
+    if stats.consumer_wait_fraction > INPUT_BOUND_WAIT:
+        folder = args.root or str(Path(args.sample_dir) / "train")
+        print(
+            f"training was input-bound: try `prefetch bench {folder}` (this machine's decode "
+            'limit and other loaders), more --workers, or processes (backend="process")'
+        )
 
 
 if __name__ == "__main__":
