@@ -502,3 +502,31 @@ def test_keras_fit_trains_on_crops_and_evaluates_on_centre_crops(photos: Path) -
     assert len(history.history["loss"]) == 2
     assert np.isfinite(loss)
     del keras
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("crop", [RandomResizedCrop(), CenterCrop()], ids=["random", "center"])
+def test_bench_measures_the_training_shape_of_the_work(photos: Path, crop: Any) -> None:
+    """`prefetch bench --crop`: every row decodes windows, tf.data runs Model Garden's recipe,
+    and Keras (which has no such crop) is skipped with the reason."""
+    from prefetch.tools import bench
+
+    report = bench.run(
+        photos,
+        batch_size=8,
+        image_size=TARGET,
+        workers=2,
+        repeats=1,
+        decode_sample=8,
+        loaders=["pool", "default", "processes", "tf.data", "keras"],
+        crop=crop,
+    )
+    assert [row.key for row in report.loaders] == ["pool", "default", "processes", "tf.data"]
+    assert all(row.images_per_s > 0 for row in report.loaders)
+    assert "no crop of the original image" in report.skipped["keras"]
+    assert report.config.crop == repr(crop)
+    assert f"each image cropped: {crop!r}" in report.format_table()
+    default = next(row for row in report.loaders if row.key == "default")
+    assert default.decoder == window_decode.window_engine_name("turbo")
+    assert {rate.name for rate in report.decoders} >= {"pillow"}
