@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
+import prefetch
 from prefetch.augment import CenterCrop, Crop, RandomResizedCrop
 from prefetch.backends.shm import sweep_stale
 from prefetch.tools import bench, tune
@@ -104,7 +105,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "wait of a Python loop, a 15-line thread pool, prefetch.Loader with its defaults, "
             "prefetch threads and processes, and tf.data AUTOTUNE, Keras "
             "image_dataset_from_directory and torch DataLoader where installed. Without the "
-            "fast extra, it estimates what installing it would gain."
+            "fast extra, it estimates what installing it would gain. On a terminal a progress "
+            "bar runs on stderr; when the output is not a terminal (a pipe, a file), each "
+            "round's figures are printed as they are measured, then the table."
         ),
     )
     _add_bench_folder_arguments(parser)
@@ -123,27 +126,44 @@ def _add_bench_folder_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="first write N sample JPEGs of {}x{} into ROOT (kept), or into a temporary "
-        "folder (removed) when ROOT is not given".format(*bench.SAMPLE_SIZE),
+        "folder (removed) when ROOT is not given (default: none; ROOT is measured as it "
+        "is)".format(*bench.SAMPLE_SIZE),
     )
 
 
 def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
     """Register what `prefetch bench` measures and how: --batch-size to --antialias."""
-    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument(
-        "--image-size", type=image_size, default=(224, 224), metavar="HxW", help="default 224x224"
+        "--batch-size", type=positive_int, default=32, help="images per batch (default 32)"
     )
     parser.add_argument(
-        "--workers", type=positive_int, help="workers per loader (default: usable cores)"
+        "--image-size",
+        type=image_size,
+        default=(224, 224),
+        metavar="HxW",
+        help="size every image is decoded to: SIZE or HEIGHTxWIDTH (default 224x224)",
     )
-    parser.add_argument("--depth", type=positive_int, default=2, help="prefetch window (batches)")
+    parser.add_argument(
+        "--workers", type=positive_int, help="workers per loader (default: the usable cores)"
+    )
+    parser.add_argument(
+        "--depth",
+        type=positive_int,
+        default=2,
+        help="batches in flight for the prefetch threads and processes rows (default 2)",
+    )
     parser.add_argument(
         "--step-ms",
         type=float,
         default=0.0,
         help="simulated training step per batch, in ms (default 0: the loaders alone)",
     )
-    parser.add_argument("--repeats", type=positive_int, default=3, help="rounds (medians)")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="rounds: every loader runs one epoch per round; medians are reported (default 3)",
+    )
     parser.add_argument(
         "--loaders",
         default=",".join(bench.LOADER_NAMES),
@@ -154,9 +174,11 @@ def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=bench.DECODE_SAMPLE,
         metavar="N",
-        help="images per single-core decode measurement",
+        help=f"images per single-core decode measurement (default {bench.DECODE_SAMPLE})",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of every loader's shuffle (default 0)"
+    )
     parser.add_argument(
         "--crop",
         choices=tuple(CROP_CHOICES),
@@ -176,17 +198,36 @@ def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_bench_output_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `prefetch bench`'s outputs: --json, --plot, the timeline's options, --quiet."""
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="draw images/s per loader (matplotlib)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON (default: none)")
     parser.add_argument(
-        "--timeline", metavar="PNG", help="record a timeline; draw its Gantt chart (matplotlib)"
+        "--plot", metavar="PNG", help="draw images/s per loader (matplotlib; default: none)"
+    )
+    parser.add_argument(
+        "--timeline",
+        metavar="PNG",
+        help="record a timeline; draw its Gantt chart (matplotlib; default: none)",
     )
     parser.add_argument(
         "--timeline-text", action="store_true", help="record a timeline; print it as text only"
     )
-    parser.add_argument("--timeline-batches", type=positive_int, default=8, metavar="N")
-    parser.add_argument("--timeline-backend", choices=("thread", "process"), default="thread")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    parser.add_argument(
+        "--timeline-batches",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="batches the timeline records (default 8)",
+    )
+    parser.add_argument(
+        "--timeline-backend",
+        choices=("thread", "process"),
+        default="thread",
+        help="backend of the loader the timeline records (default thread)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar, notes or rows as measured: the table only",
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -195,6 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
     loaders = _checked_bench_loaders(args, parser)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
+    rows = print_measurement if _prints_rows(args) else None
     with ExitStack() as stack:
         root = _bench_root(args, parser, stack)
         timeline_batches = args.timeline_batches if args.timeline or args.timeline_text else 0
@@ -215,6 +257,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 progress=bar,
                 antialias=args.antialias,
                 crop=CROP_CHOICES[args.crop] if args.crop else None,
+                on_measured=rows,
             )
         except (ValueError, FileNotFoundError) as error:
             bar.close()
@@ -223,6 +266,17 @@ def run_bench(args: argparse.Namespace) -> int:
             bar.close()
     _write_bench_outputs(args, report)
     return 0
+
+
+def _prints_rows(args: argparse.Namespace) -> bool:
+    """Whether `prefetch bench` prints each round's figures as measured: when stdout is not
+    a terminal (where the progress bar shows progress instead) and not --quiet."""
+    return not args.quiet and not sys.stdout.isatty()
+
+
+def print_measurement(measurement: bench.Measurement) -> None:
+    """Print one round's figure on stdout at once (a pipe or a file buffers it otherwise)."""
+    print(measurement.text(), flush=True)
 
 
 def _checked_bench_loaders(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -260,6 +314,8 @@ def _bench_root(args: argparse.Namespace, parser: argparse.ArgumentParser, stack
 
 def _write_bench_outputs(args: argparse.Namespace, report: bench.BenchReport) -> None:
     """Print the table, write --json, --plot and --timeline, and say what was written."""
+    if _prints_rows(args):
+        print()  # after the rows printed as measured
     print(report.format_table())
     written = []
     if args.json:
@@ -269,7 +325,7 @@ def _write_bench_outputs(args: argparse.Namespace, report: bench.BenchReport) ->
         report.plot(args.plot)
         written.append(args.plot)
     if args.timeline and report.timeline is not None:
-        report.timeline.plot(args.timeline, title=f"prefetch bench timeline: {report.config.root}")
+        report.timeline.plot(args.timeline, title=report.timeline_title())
         written.append(args.timeline)
     if written and not args.quiet:
         print(f"wrote {', '.join(written)}", file=sys.stderr)
@@ -282,33 +338,93 @@ def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="find the smallest loader configuration that keeps up with a training step",
         description=(
             "Run short Loader trials on an image folder over backend x depth x workers, with a "
-            "simulated training step of --step-ms per batch, stopping early along workers; "
-            "print the table and the smallest configuration within --tolerance of the best."
+            "simulated training step of --step-ms per batch, stopping early along workers, and "
+            "measure each configuration found in --repeats rounds; print the table (medians "
+            "and the spread of the rounds) and the smallest configuration within --tolerance "
+            "of the best. No configuration is recommended when the figures are noise: the "
+            "load average before the search above the usable cores, or the rounds of a "
+            "configuration that could be chosen spread over --max-spread."
         ),
     )
+    _add_tune_work_arguments(parser)
+    _add_tune_search_arguments(parser)
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON (default: none)")
+    parser.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw images/s against workers (matplotlib; default: none)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    parser.set_defaults(handler=run_tune, parser=parser)
+
+
+def _add_tune_work_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register what `prefetch tune` loads and the step: ROOT, --step-ms to --image-size."""
     parser.add_argument("root", help="image folder (root/<class>/<image>)")
     parser.add_argument(
-        "--step-ms", type=float, required=True, help="your training step per batch, in ms"
+        "--step-ms",
+        type=float,
+        default=None,
+        help="your training step per batch, in ms (default: none: the loader alone, which "
+        "needs more workers than a step that takes time). To measure it, time a few hundred "
+        "steps of model.train_on_batch on one batch held in memory, or read Keras's ms/step "
+        "from a fit on data already in memory",
     )
-    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument(
-        "--image-size", type=image_size, default=(224, 224), metavar="HxW", help="default 224x224"
+        "--batch-size", type=positive_int, default=32, help="images per batch (default 32)"
     )
     parser.add_argument(
-        "--backends", default="thread,process", help="comma-separated (default thread,process)"
+        "--image-size",
+        type=image_size,
+        default=(224, 224),
+        metavar="HxW",
+        help="size every image is decoded to: SIZE or HEIGHTxWIDTH (default 224x224)",
     )
-    parser.add_argument("--depths", default="1,2,4", help="comma-separated (default 1,2,4)")
+
+
+def _add_tune_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register what `prefetch tune` tries and how it judges: --backends to --max-spread."""
     parser.add_argument(
-        "--max-workers", type=positive_int, help="most workers tried (default 2 x cores)"
+        "--backends",
+        default="thread,process",
+        help="comma-separated backends to try (default thread,process)",
     )
-    parser.add_argument("--trial-batches", type=positive_int, default=tune.TRIAL_BATCHES)
     parser.add_argument(
-        "--tolerance", type=float, default=tune.TOLERANCE, help="share of the best (0.05)"
+        "--depths", default="1,2,4", help="comma-separated depths to try (default 1,2,4)"
     )
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="draw images/s against workers")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run_tune, parser=parser)
+    parser.add_argument(
+        "--max-workers",
+        type=positive_int,
+        help="most workers tried (default: 2 x the usable cores)",
+    )
+    parser.add_argument(
+        "--trial-batches",
+        type=positive_int,
+        default=tune.TRIAL_BATCHES,
+        help=f"batches timed per trial, after a warm-up batch (default {tune.TRIAL_BATCHES})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=tune.REPEATS,
+        help=f"rounds per configuration; medians and spread are reported (default "
+        f"{tune.REPEATS}; 1 cannot tell noise)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=tune.TOLERANCE,
+        help="the recommendation is the smallest configuration within this share of the best "
+        f"(default {tune.TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--max-spread",
+        type=float,
+        metavar="SHARE",
+        help="largest (highest - lowest) / median of a configuration's rounds that counts as "
+        f"steady (default: {tune.SPREAD_PER_TOLERANCE:g} x --tolerance, "
+        f"{tune.SPREAD_PER_TOLERANCE * tune.TOLERANCE:g})",
+    )
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -325,11 +441,17 @@ def run_tune(args: argparse.Namespace) -> int:
         depths = []
     if not depths or min(depths) < 1:
         parser.error(f"--depths: give ints >= 1 like 1,2,4; got {args.depths!r}")
+    if args.step_ms is None and not args.quiet:
+        print(
+            "prefetch tune: no --step-ms: measuring the loader alone, without a training step; "
+            f"to size the loader for your training, {tune.STEP_HOW_TO}",
+            file=sys.stderr,
+        )
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
     try:
         report = tune.tune(
             args.root,
-            step_ms=args.step_ms,
+            step_ms=0.0 if args.step_ms is None else args.step_ms,
             batch_size=args.batch_size,
             image_size=args.image_size,
             backends=backends,
@@ -338,6 +460,8 @@ def run_tune(args: argparse.Namespace) -> int:
             trial_batches=args.trial_batches,
             tolerance=args.tolerance,
             progress=bar,
+            repeats=args.repeats,
+            max_spread=args.max_spread,
         )
     except (ValueError, FileNotFoundError) as error:
         bar.close()
@@ -357,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The `prefetch` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="prefetch", description="prefetch: keep GPUs fed. Tools to measure and tune loading."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"prefetch {prefetch.__version__}",
+        help="print the version and exit",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_bench_parser(subparsers)

@@ -27,7 +27,9 @@ class LoaderStats:
     - `consumer_wait_s`, `consumer_wait_fraction`: time the consumer spent blocked waiting for
       a batch, absolute and as a fraction of iteration time. Near 0: compute-bound (the loader
       keeps up). Large: input-bound (add workers, or make decode cheaper).
-    - `producer_busy_s`: worker time spent reading samples, summed over workers.
+    - `producer_busy_s`: worker time spent reading samples, summed over workers (and over
+      reader threads, so with remote storage it can be many times `elapsed_s`); printed as
+      samples read at once on average, `producer_busy_s / elapsed_s`.
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
       `window` in flight); near `window` means the producers are ahead.
     - `window`: batches an epoch keeps submitted to the workers: `depth`, and more when many
@@ -73,18 +75,45 @@ class LoaderStats:
         return asdict(self)
 
     def __str__(self) -> str:
-        reads = f"{self.reads_in_flight} reads in flight; " if self.reads_in_flight else ""
-        cache = self.cache_hits + self.cache_misses
-        cached = f"; cache: {self.cache_hits} of {cache} read from local copies" if cache else ""
-        return (
-            f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s; "
-            f"consumer waited {self.consumer_wait_s:.2f} s ({self.consumer_wait_fraction:.1%}); "
-            f"{self.backend} backend, {self.decoder or 'own'} decoder, "
-            f"{self.workers} workers busy {self.producer_busy_s:.2f} s; "
-            f"{self.mean_ready_batches:.1f}/{self.window or self.depth} batches ready on request; "
-            f"{reads}a sample took {1000 * self.read_p50_s:.1f} ms (p50), "
-            f"{1000 * self.read_p99_s:.1f} ms (p99); {self.skipped} skipped{cached}"
+        """One line in plain words: what was delivered, how long the consumer waited, how
+        busy the workers were (on average, over the iteration time), how many batches were
+        ready when asked for, a sample's typical and slow read time, what was skipped.
+
+        Worker time is given as samples read at once on average, not as seconds summed over
+        workers and reader threads (which, on remote storage, can be many times the run).
+        """
+        parts = [
+            f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s",
+            f"the consumer waited {self.consumer_wait_s:.2f} s for batches "
+            f"({self.consumer_wait_fraction:.1%} of the time)",
+            f"{self.backend} backend, {self.decoder or 'own'} decoder, {self._busy_words()}",
+            f"when a batch was asked for, {self.mean_ready_batches:.1f} of the "
+            f"{self.window or self.depth} in flight were ready (average)",
+        ]
+        if self.reads_in_flight:
+            parts.append(f"{self.reads_in_flight} samples being read now")
+        parts.append(
+            f"reading and decoding a sample took typically {1000 * self.read_p50_s:.1f} ms "
+            f"(p50), 1 in 100 over {1000 * self.read_p99_s:.1f} ms (p99)"
         )
+        skipped = f"{self.skipped} {'sample' if self.skipped == 1 else 'samples'} skipped"
+        return "; ".join([*parts, skipped + self._cache_words()])
+
+    def _busy_words(self) -> str:
+        """The workers and how busy they were, as in "4 workers reading 3.6 samples at once
+        on average": `producer_busy_s / elapsed_s`. A worker reads one sample at a time, so
+        up to the workers this is how many were busy; worker processes with reader threads
+        (remote storage) read many at once, and the figure can exceed the workers."""
+        workers = f"{self.workers} {'worker' if self.workers == 1 else 'workers'}"
+        if self.elapsed_s <= 0:
+            return workers
+        busy = self.producer_busy_s / self.elapsed_s
+        return f"{workers} reading {busy:.1f} samples at once on average"
+
+    def _cache_words(self) -> str:
+        """The cache's hits, as in "; cache: 5 of 12 read from local copies"; "" without one."""
+        cache = self.cache_hits + self.cache_misses
+        return f"; cache: {self.cache_hits} of {cache} read from local copies" if cache else ""
 
 
 class StatsRecorder:

@@ -22,6 +22,7 @@ from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import fast_available
 from prefetch.testing import SlowDecoder, serve_folder
 from prefetch.tools import bench, bench_loaders
+from prefetch.tools import timeline as tools_timeline
 from prefetch.tools.bench_machine import local_sample
 from prefetch.tools.timeline import Timeline
 
@@ -387,7 +388,7 @@ def test_overlapping_spans_of_a_lane_stack_into_rows() -> None:
 
     rows = timeline.rows()
 
-    assert [name for name, _ in rows] == ["in flight", ""]
+    assert [name for name, _ in rows] == ["in flight 1", "in flight 2"]  # every row labelled
     assert [[span.batch for span in row] for _, row in rows] == [[0, 2], [1]]
     assert [span["start_s"] for span in timeline.as_dicts()] == [0.0, 0.25, 0.5]
     with pytest.raises(ValueError, match=r"ends .* before it starts"):
@@ -414,7 +415,8 @@ def test_recorded_timeline_has_worker_decodes_batches_in_flight_and_consumer_spa
         assert produce.start_s == min(s.start_s for s in mine)
         assert produce.end_s == max(s.end_s for s in mine)
     text = timeline.render_text()
-    assert "in flight |" in text and "consumer |" in text
+    assert "in flight" in text and "consumer |" in text
+    assert all(name for name, _ in timeline.rows())
 
 
 def test_plots_are_written_as_png(folder: Path, tmp_path: Path) -> None:
@@ -448,3 +450,57 @@ def test_cli_asks_for_matplotlib_before_measuring_when_a_chart_is_wanted(
             main(["bench", str(folder), option, "out.png"])
         assert exit_info.value.code == 2
         assert f"{option} needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+
+
+def hand_built_report(step_ms: float, timeline: Timeline | None = None) -> bench.BenchReport:
+    """A report with chosen figures (no timing): two loaders, a 1,500 images/s decode limit."""
+    config = bench.BenchConfig(
+        root="/data/photos", images=1000, classes=10, image_size=(224, 224), batch_size=64,
+        workers=2, depth=2, step_ms=step_ms, repeats=3, seed=0, decode_sample=200,
+        loader_decoder="turbo", timeline_batches=8, timeline_backend="process",
+    )  # fmt: skip
+    rows = [
+        bench.LoaderResult(
+            key, bench.LOADER_NAMES[key], rate, 0.5, rate / 1500, None, (rate,), (0.5,)
+        )
+        for key, rate in (("loop", 700.0), ("threads", 1400.0))
+    ]
+    machine = {"cpu": "test CPU", "usable_cores": 2, "cpu_count": 2, "python": "3", "platform": "x"}
+    rate = bench.DecoderRate("turbo", 750.0, (750.0,))
+    return bench.BenchReport(config, machine, [rate], 1500.0, "turbo", rows, {}, timeline)
+
+
+def test_bench_chart_draws_the_step_ceiling_only_where_the_axis_shows_it() -> None:
+    pytest.importorskip("matplotlib")
+    near = hand_built_report(step_ms=40).figure().axes[0]  # ceiling 1,600/s: on the axis
+    far = hand_built_report(step_ms=10).figure().axes[0]  # ceiling 6,400/s: far beyond
+
+    assert "step ceiling 1600/s" in near.get_legend_handles_labels()[1]
+    assert near.get_xlim()[1] >= 1600
+    assert not any("step ceiling" in label for label in far.get_legend_handles_labels()[1])
+    assert "step ceiling 6400/s is beyond this chart" in far.get_xlabel()
+    assert far.get_xlim()[1] < 6400
+    assert "median of 3 round(s)" in far.get_title()
+
+
+def test_timeline_chart_names_the_loader_and_labels_every_row_in_its_legends_words() -> None:
+    pytest.importorskip("matplotlib")
+    timeline = Timeline()
+    timeline.record("decode", 0.0, 0.1, 0, lane="prefetch-worker-0")
+    timeline.record("produce", 0.0, 0.3, 0, lane="in flight")
+    timeline.record("produce", 0.1, 0.4, 1, lane="in flight")
+    timeline.record("wait", 0.0, 0.3, 0)
+    timeline.record("step", 0.3, 0.5, 0)
+    report = hand_built_report(step_ms=100, timeline=timeline)
+
+    title = report.timeline_title()
+    axes = timeline.figure(title).axes[0]
+
+    assert title.startswith("prefetch processes (2 workers, depth 2): the first 8 batches of 64")
+    assert axes.get_title() == title
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    assert labels == ["prefetch-worker-0", "in flight 1", "in flight 2", "consumer"]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == [tools_timeline.KIND_LABELS[kind] for kind in tools_timeline.KIND_LABELS]
+    assert legend[1].startswith("in flight")  # the rows' word, not the span kind "produce"
+    assert f"timeline: {title}" in report.format_table()

@@ -64,6 +64,7 @@ from prefetch.tools.bench_report import (
     BenchReport,
     DecoderRate,
     LoaderResult,
+    Measurement,
 )
 from prefetch.tools.bench_timeline import record_setup_timeline, record_timeline, step
 from prefetch.tools.timeline import Timeline
@@ -82,6 +83,7 @@ __all__ = [
     "DecoderRate",
     "FastHint",
     "LoaderResult",
+    "Measurement",
     "Progress",
     "available_decoders",
     "decoder_name",
@@ -101,6 +103,8 @@ DECODE_SAMPLE = 200
 
 Progress = Callable[[int, int, str], None]
 """`progress(done, total, label)`: called as work advances (units: batches of images)."""
+OnMeasured = Callable[[Measurement], None]
+"""`on_measured(measurement)`: called with each round's figure as soon as it is measured."""
 
 
 def _measure_epoch(
@@ -188,6 +192,7 @@ def run(
     progress: Progress | None = None,
     antialias: bool | None = None,
     crop: Crop | None = None,
+    on_measured: OnMeasured | None = None,
 ) -> BenchReport:
     """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
 
@@ -208,7 +213,9 @@ def run(
     - `decode_sample`: images per single-core decode measurement (at most the folder's).
     - `timeline_batches` > 0: afterwards, record a `Timeline` of the first that many batches of
       a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
-    - `progress(done, total, label)` is called after every batch.
+    - `progress(done, total, label)` is called after every batch; `on_measured(measurement)`
+      with each round's decoder rate and loader epoch (a `Measurement`) as soon as it is
+      measured, so that a caller can show rows before the medians are known.
     - `antialias=False` resizes like tf.data and Keras (bilinear, no antialiasing, at full
       decoded size), so every loader does the same work per image; None means the Loader's
       default.
@@ -251,7 +258,7 @@ def run(
             timeline_batches,
             timeline_backend,
         )
-        return _report(plan, _measure(plan, progress))
+        return _report(plan, _measure(plan, progress, on_measured))
 
 
 def _checked_keys(
@@ -315,8 +322,9 @@ def _warm(sample: Sequence[str], decoders: Collection[Decoder], options: DecodeO
             candidate(path, options)
 
 
-def _measure(plan: _Plan, progress: Progress | None) -> _Runs:
-    """Run the rounds, then the timeline, calling `progress` after every batch."""
+def _measure(plan: _Plan, progress: Progress | None, on_measured: OnMeasured | None) -> _Runs:
+    """Run the rounds, then the timeline, calling `progress` after every batch and
+    `on_measured` after every decoder rate and loader epoch."""
     setup, repeats = plan.setup, plan.repeats
     epoch_batches = math.ceil(len(setup.folder) / setup.batch_size)
     decode_ticks = len(plan.sample) // setup.batch_size
@@ -343,12 +351,25 @@ def _measure(plan: _Plan, progress: Progress | None) -> _Runs:
                 every = setup.batch_size
                 rate = _decode_rate(candidate, plan.sample, setup.options, tick, every)
                 decode_runs[name].append(rate)
+                if on_measured is not None:
+                    on_measured(Measurement(round_index + 1, repeats, name, name, rate))
             for key, contender in contenders.items():
                 label = f"round {round_index + 1}/{repeats}: {LOADER_NAMES[key]}"
                 images, elapsed, waited = _measure_epoch(
                     contender.epoch(round_index), plan.step_ms / 1000, tick
                 )
                 load_runs[key].append((images / elapsed, waited / elapsed))
+                if on_measured is not None:
+                    on_measured(
+                        Measurement(
+                            round_index + 1,
+                            repeats,
+                            key,
+                            LOADER_NAMES[key],
+                            images / elapsed,
+                            waited / elapsed,
+                        )
+                    )
         described = {key: contender.describe() for key, contender in contenders.items()}
     timeline = None
     if plan.timeline_batches:

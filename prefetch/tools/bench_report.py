@@ -20,6 +20,9 @@ from prefetch.tools.bench_hint import FastHint
 from prefetch.tools.bench_loaders import LOADER_NAMES
 from prefetch.tools.timeline import Timeline, import_matplotlib
 
+# The step ceiling is drawn as a line when it is at most this many times the chart's right
+# edge (the axis is then stretched to it); further off, the axis label names it instead.
+CEILING_ON_AXIS = 2.0
 # Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
 SCHEMA_VERSION = 2
 
@@ -54,6 +57,28 @@ class DecoderRate:
     name: str
     images_per_s: float
     runs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One figure as it is measured: a decoder's single-core rate (`wait_fraction` None) or a
+    loader's epoch, in round `round` (from 1) of `rounds`. `run(on_measured=...)` passes each
+    one on at once; `prefetch bench` prints them when its output is not a terminal."""
+
+    round: int
+    rounds: int
+    key: str  # the decoder's name, or the loader's key ("threads", "tf.data", ...)
+    name: str  # as the table names it
+    images_per_s: float
+    wait_fraction: float | None = None
+
+    def text(self) -> str:
+        """The measurement as one line, in the table's columns."""
+        name = f"decode {self.name} (1 core)" if self.wait_fraction is None else self.name
+        line = f"round {self.round}/{self.rounds}: {name:36s} {self.images_per_s:9.0f} images/s"
+        if self.wait_fraction is not None:
+            line += f", wait {self.wait_fraction:.1%}"
+        return line
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,16 @@ class BenchReport:
         if self.config.step_ms <= 0:
             return math.inf
         return self.config.batch_size / (self.config.step_ms / 1000)
+
+    def timeline_title(self) -> str:
+        """The loader the timeline recorded, and its settings: the timeline chart's title."""
+        c = self.config
+        backend = "threads" if c.timeline_backend == "thread" else "processes"
+        return (
+            f"prefetch {backend} ({c.workers} workers, depth {c.depth}): the first "
+            f"{c.timeline_batches} batches of {c.batch_size} from {c.root} -> "
+            f"{c.image_size[0]}x{c.image_size[1]}, step {c.step_ms:g} ms"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data; `to_json` writes it.
@@ -212,15 +247,22 @@ class BenchReport:
         if self.fast_hint is not None:
             lines += ["", self.fast_hint.text()]
         if self.timeline is not None:
-            backend = "threads" if c.timeline_backend == "thread" else "processes"
-            lines += ["", f"timeline: prefetch {backend}, the first {c.timeline_batches} batches"]
+            lines += ["", f"timeline: {self.timeline_title()}"]
             lines.append(self.timeline.render_text())
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str]) -> None:
-        """Draw images/s per loader (wait % on each bar) and the decode limit into `path` (PNG).
+        """Draw `figure()` into `path` (PNG).
 
         Needs matplotlib; raises ImportError saying how to install it when it is missing.
+        """
+        self.figure().savefig(os.fspath(path), dpi=110)
+
+    def figure(self) -> Any:
+        """A matplotlib `Figure` of images/s per loader (wait % on each bar), the decode limit
+        and, with a step, the step ceiling. A ceiling far beyond every bar (over
+        `CEILING_ON_AXIS` times the chart's width) is named under the axis instead of a line
+        off it. Needs matplotlib (ImportError saying how to install it).
         """
         figure_class, _ = import_matplotlib("BenchReport.plot")
         c = self.config
@@ -242,24 +284,29 @@ class BenchReport:
             linestyle="--",
             label=f"decode limit {self.decode_limit:.0f}/s",
         )
-        if math.isfinite(self.step_ceiling):
+        right = max([*rates, self.decode_limit]) * 1.35
+        ceiling = self.step_ceiling
+        if math.isfinite(ceiling) and ceiling <= right * CEILING_ON_AXIS:
+            right = max(right, ceiling * 1.05)
             axes.axvline(
-                self.step_ceiling,
-                color="tab:orange",
-                linestyle=":",
-                label=f"step ceiling {self.step_ceiling:.0f}/s",
+                ceiling, color="tab:orange", linestyle=":", label=f"step ceiling {ceiling:.0f}/s"
             )
         axes.legend(loc="lower right", fontsize="small")
         axes.invert_yaxis()
-        axes.set_xlim(0, max([*rates, self.decode_limit]) * 1.35)
-        axes.set_xlabel("images/s")
+        axes.set_xlim(0, right)
+        far = math.isfinite(ceiling) and ceiling > right
+        axes.set_xlabel(
+            f"images/s (step ceiling {ceiling:.0f}/s is beyond this chart: the step limits no row)"
+            if far
+            else "images/s"
+        )
         axes.set_title(
             f"{c.images} images -> {c.image_size[0]}x{c.image_size[1]}, batch {c.batch_size}, "
             f"{c.workers} workers, step {c.step_ms:g} ms, "
-            f"{self.machine['usable_cores']} cores"
+            f"{self.machine['usable_cores']} cores; median of {c.repeats} round(s)"
         )
         figure.tight_layout()
-        figure.savefig(os.fspath(path), dpi=110)
+        return figure
 
 
 def _how(row: LoaderResult, antialias: bool) -> str:

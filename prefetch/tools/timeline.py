@@ -35,6 +35,14 @@ KIND_COLOURS = {
     "step": "tab:orange",
     "wait": "tab:red",
 }
+# What the Gantt chart's legend calls each span kind, in the rows' own words (other kinds
+# are shown by their name).
+KIND_LABELS = {
+    "decode": "decode: a worker decodes one image",
+    "produce": "in flight: a batch, from its first decode to its last",
+    "wait": "consumer waits for a batch",
+    "step": "consumer step (works on a batch)",
+}
 MATPLOTLIB_HINT = "pip install matplotlib (or, in a checkout, pip install '.[plot]')"
 
 
@@ -97,8 +105,9 @@ class Timeline:
         """One row per lane; a lane whose spans overlap (batches in flight) takes several rows.
 
         Spans go to the first row of their lane that is free at their start (greedy interval
-        partitioning, so a lane takes as many rows as it has spans overlapping at once). Rows
-        after a lane's first are labelled with an empty name.
+        partitioning, so a lane takes as many rows as it has spans overlapping at once). A
+        lane with one row is labelled with its name; a lane with several, "<lane> 1",
+        "<lane> 2", ... (for "in flight": how many batches were in flight at once).
         """
         rows: list[tuple[str, list[Span]]] = []
         spans = self.spans
@@ -111,7 +120,10 @@ class Timeline:
                         break
                 else:
                     lane_rows.append([span])
-            rows.extend((lane if i == 0 else "", row) for i, row in enumerate(lane_rows))
+            if len(lane_rows) == 1:
+                rows.append((lane, lane_rows[0]))
+            else:
+                rows.extend((f"{lane} {i}", row) for i, row in enumerate(lane_rows, 1))
         return rows
 
     def render_text(self, width: int = TEXT_WIDTH) -> str:
@@ -148,9 +160,16 @@ class Timeline:
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str], title: str = "prefetch timeline") -> None:
-        """Draw the rows as a Gantt chart into the image file `path` (PNG by its extension).
+        """Draw `figure(title)` into the image file `path` (PNG by its extension).
 
         Needs matplotlib; raises ImportError saying how to install it when it is missing.
+        """
+        self.figure(title).savefig(os.fspath(path), dpi=110)
+
+    def figure(self, title: str = "prefetch timeline") -> Any:
+        """A matplotlib `Figure`: the rows as a Gantt chart titled `title` (name the loader
+        there), every row labelled (`rows`), and a legend naming each kind in the rows' words
+        (`KIND_LABELS`). ValueError when there are no spans; ImportError without matplotlib.
         """
         figure_class, rectangle_class = import_matplotlib("Timeline.plot")
         spans = self.spans
@@ -161,25 +180,35 @@ class Timeline:
         figure = figure_class(figsize=(12, 1.0 + 0.35 * len(rows)))
         axes = figure.subplots()
         for index, (_, row) in enumerate(rows):
-            for span in row:
+            for kind in dict.fromkeys(span.kind for span in row):
                 axes.broken_barh(
-                    [((span.start_s - origin) * 1000, (span.end_s - span.start_s) * 1000)],
+                    [
+                        ((span.start_s - origin) * 1000, (span.end_s - span.start_s) * 1000)
+                        for span in row
+                        if span.kind == kind
+                    ],
                     (index - 0.4, 0.8),
-                    facecolors=KIND_COLOURS.get(span.kind, "tab:gray"),
-                    edgecolor="white",
-                    linewidth=0.3,
+                    facecolors=KIND_COLOURS.get(kind, "tab:gray"),
+                    # A worker's images are too short to outline: back to back they read as
+                    # one busy bar, gaps as idle time. Longer spans are outlined apart.
+                    edgecolor="none" if kind == "decode" else "white",
+                    linewidth=0.5,
                 )
         axes.set_yticks(range(len(rows)), [name for name, _ in rows])
         axes.invert_yaxis()
         axes.set_xlabel("time (ms)")
         axes.set_title(title)
-        kinds = list(dict.fromkeys(span.kind for span in spans))
+        kinds = sorted(
+            dict.fromkeys(span.kind for span in spans),
+            key=lambda kind: list(KIND_LABELS).index(kind) if kind in KIND_LABELS else 99,
+        )  # in the order of the rows: workers, batches in flight, consumer
         handles = [
             rectangle_class((0, 0), 1, 1, color=KIND_COLOURS.get(k, "tab:gray")) for k in kinds
         ]
-        axes.legend(handles, kinds, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        labels = [KIND_LABELS.get(kind, kind) for kind in kinds]
+        axes.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
         figure.tight_layout()
-        figure.savefig(os.fspath(path), dpi=110)
+        return figure
 
 
 def import_matplotlib(needed_by: str) -> tuple[Any, Any]:

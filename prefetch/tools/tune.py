@@ -1,165 +1,104 @@
 """`prefetch tune`: find the smallest loader configuration that keeps up with a training step.
 
 `tune(root, step_ms=...)` runs short trials of the Loader on a folder, with a simulated training
-step of `step_ms` per batch (a sleep, like a device step that leaves the CPU free), over
-backend x depth x workers:
+step of `step_ms` per batch (a sleep, like a device step that leaves the CPU free; 0: the
+loader alone), over backend x depth x workers, in `repeats` rounds:
 
-- for each backend and depth, workers go up from 1; the search along workers stops early once
-  the consumer no longer waits (`KEPT_UP_WAIT`), or once two more workers in a row gained less
-  than `tolerance` over the best so far;
+- round 1 searches: for each backend and depth, workers go up from 1; the search along workers
+  stops early once the consumer no longer waits (`KEPT_UP_WAIT`), or once two more workers in
+  a row gained less than `tolerance` over the best so far;
+- the other rounds measure the same configurations again, in the same order, so that a machine
+  that gets busier for a while slows every configuration alike; each configuration reports
+  the median of its rounds and their spread, (max - min) / median;
 - each trial takes `trial_batches` batches after one warm-up batch (start-up and the first
   window are not timed);
-- the recommendation is the smallest configuration (fewest workers, then the shallowest window,
-  then threads before processes) within `tolerance` of the best throughput.
+- the candidate is the smallest configuration (fewest workers, then the shallowest window,
+  then threads before processes) within `tolerance` of the best median.
 
-The report prints as a table with the recommendation and its expected consumer wait, and draws
-throughput against workers (`plot`, needs matplotlib).
+The candidate is recommended only when the figures are not noise (`TuneReport.noise`): the
+machine's load average before the search was at most its usable cores, and no configuration
+that could be chosen (one with a round within `tolerance` of the best median) spread over
+`max_spread` (default `SPREAD_PER_TOLERANCE` x `tolerance`: the median of 3 rounds is
+uncertain by about 0.4 times their range, so over twice the tolerance, noise would decide what
+lies within the tolerance). The report prints as a table and draws throughput against workers
+(`plot`, needs matplotlib). Runs in the calling thread; every loader is closed before the
+trial returns.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from prefetch.autoscale import usable_cores
 from prefetch.decode import Decoder
 from prefetch.loader import Loader
+from prefetch.options import positive
 from prefetch.sources import ImageFolder
-from prefetch.tools.timeline import import_matplotlib
+from prefetch.tools.tune_report import (
+    SPREAD_PER_TOLERANCE,
+    STEP_HOW_TO,
+    TRIAL_BATCHES,
+    Trial,
+    TuneReport,
+)
+
+__all__ = [
+    "KEPT_UP_WAIT",
+    "REPEATS",
+    "SPREAD_PER_TOLERANCE",
+    "STEP_HOW_TO",
+    "TOLERANCE",
+    "TRIAL_BATCHES",
+    "Trial",
+    "TuneReport",
+    "load_average",
+    "tune",
+]
 
 # The consumer waiting less than this share of the time means the loader keeps up.
 KEPT_UP_WAIT = 0.01
+# Share of the best throughput within which the smallest configuration is chosen.
 TOLERANCE = 0.05
-TRIAL_BATCHES = 12
+# Rounds per configuration: a median of 3 survives one disturbed round, and their spread
+# shows whether the machine was steady.
+REPEATS = 3
+
+
+def load_average() -> float | None:
+    """The machine's load average over the last minute, or None where the system has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not on Unix
+        return None
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One measured configuration."""
+class _Config:
+    """What one trial runs, and how."""
 
-    backend: str
-    workers: int
-    depth: int
-    images_per_s: float
-    consumer_wait_fraction: float
-
-    @property
-    def size(self) -> tuple[int, int, int]:
-        """What "smaller" means: fewer workers, then a shallower window, then threads."""
-        return (self.workers, self.depth, 0 if self.backend == "thread" else 1)
-
-
-@dataclass(frozen=True)
-class TuneReport:
-    """The trials in the order run, the best throughput, and the recommended configuration."""
-
-    root: str
-    step_ms: float
+    folder: ImageFolder
     batch_size: int
     image_size: tuple[int, int]
-    tolerance: float
-    trials: list[Trial] = field(default_factory=list)
-
-    @property
-    def best(self) -> Trial:
-        """The trial with the highest throughput."""
-        return max(self.trials, key=lambda t: t.images_per_s)
-
-    @property
-    def recommended(self) -> Trial:
-        """The smallest trial within `tolerance` of the best throughput."""
-        floor = (1 - self.tolerance) * self.best.images_per_s
-        return min((t for t in self.trials if t.images_per_s >= floor), key=lambda t: t.size)
-
-    @property
-    def step_ceiling(self) -> float:
-        """Images/s a consumer taking `step_ms` per batch cannot exceed (inf for no step)."""
-        return self.batch_size / (self.step_ms / 1000) if self.step_ms > 0 else float("inf")
-
-    def as_dict(self) -> dict[str, Any]:
-        """Everything as plain data (JSON-ready)."""
-        data = asdict(self)
-        data["recommended"] = asdict(self.recommended)
-        return data
-
-    def format_table(self) -> str:
-        """The trials as a text table, then the recommendation."""
-        best = self.best.images_per_s
-        lines = [
-            f"{'backend':<8} {'workers':>7} {'depth':>5} {'images/s':>9} {'wait':>6} {'of best':>7}"
-        ]
-        for t in self.trials:
-            mark = "  <- recommended" if t == self.recommended else ""
-            lines.append(
-                f"{t.backend:<8} {t.workers:>7} {t.depth:>5} {t.images_per_s:>9.0f} "
-                f"{t.consumer_wait_fraction:>6.1%} {t.images_per_s / best:>7.0%}{mark}"
-            )
-        r = self.recommended
-        lines.append("")
-        lines.append(
-            f"recommended: Loader(..., backend={r.backend!r}, workers={r.workers}, "
-            f"depth={r.depth}): {r.images_per_s:.0f} images/s ({r.images_per_s / best:.0%} of "
-            f"the best), expected consumer wait {r.consumer_wait_fraction:.1%} with a "
-            f"{self.step_ms:g} ms step"
-        )
-        if r.consumer_wait_fraction > 0.05:
-            lines.append(
-                "the consumer still waits: training is input-bound on this machine; a cheaper "
-                "decode (smaller image_size, the fast decoder) or more cores would help"
-            )
-        return "\n".join(lines)
-
-    def plot(self, path: str | os.PathLike[str]) -> None:
-        """Draw images/s against workers, one line per (backend, depth), into `path` (PNG)."""
-        figure_class, _ = import_matplotlib("TuneReport.plot")
-        figure = figure_class(figsize=(7, 4.5))
-        axes = figure.subplots()
-        series: dict[tuple[str, int], list[Trial]] = {}
-        for t in self.trials:
-            series.setdefault((t.backend, t.depth), []).append(t)
-        for (backend, depth), trials in sorted(series.items()):
-            trials.sort(key=lambda t: t.workers)
-            axes.plot(
-                [t.workers for t in trials],
-                [t.images_per_s for t in trials],
-                marker="o",
-                label=f"{backend}, depth {depth}",
-            )
-        r = self.recommended
-        axes.plot([r.workers], [r.images_per_s], "r*", markersize=14, label="recommended")
-        if self.step_ms > 0:
-            axes.axhline(self.step_ceiling, color="gray", linestyle=":", label="step ceiling")
-        axes.set_xlabel("workers")
-        axes.set_ylabel("images/s")
-        axes.set_title(f"prefetch tune: step {self.step_ms:g} ms, batch {self.batch_size}")
-        axes.legend(fontsize="small")
-        figure.tight_layout()
-        figure.savefig(os.fspath(path), dpi=110)
+    step_s: float
+    batches: int
+    decoder: Decoder | None
 
 
-def _trial(
-    folder: ImageFolder,
-    backend: str,
-    workers: int,
-    depth: int,
-    *,
-    batch_size: int,
-    image_size: tuple[int, int],
-    step_s: float,
-    batches: int,
-    decoder: Decoder | None,
-) -> Trial:
+def _trial(config: _Config, backend: str, workers: int, depth: int) -> tuple[float, float]:
+    """(images/s, consumer wait fraction) of one trial: a fresh Loader, one warm-up batch,
+    then `config.batches` timed batches, each followed by a step of `config.step_s`."""
     loader = Loader(
-        folder,
-        batch_size=batch_size,
-        image_size=image_size,
+        config.folder,
+        batch_size=config.batch_size,
+        image_size=config.image_size,
         workers=workers,
         depth=depth,
         backend=backend,
-        decoder=decoder,
+        decoder=config.decoder,
         seed=0,
     )
     images = 0
@@ -167,9 +106,9 @@ def _trial(
     with loader:
         iterator = iter(loader)
         next(iterator)  # warm-up: workers start, the window fills
-        time.sleep(step_s)
+        time.sleep(config.step_s)
         began = time.perf_counter()
-        for _ in range(batches):
+        for _ in range(config.batches):
             asked = time.perf_counter()
             batch = next(iterator, None)
             if batch is None:
@@ -178,16 +117,16 @@ def _trial(
             waited += time.perf_counter() - asked
             images += len(batch[0])
             del batch
-            time.sleep(step_s)
+            time.sleep(config.step_s)
         elapsed = time.perf_counter() - began
         del iterator
-    return Trial(backend, workers, depth, images / elapsed, waited / elapsed)
+    return images / elapsed, waited / elapsed
 
 
 def tune(
     root: str | os.PathLike[str],
     *,
-    step_ms: float,
+    step_ms: float = 0.0,
     batch_size: int = 32,
     image_size: tuple[int, int] = (224, 224),
     backends: Sequence[str] = ("thread", "process"),
@@ -197,18 +136,28 @@ def tune(
     tolerance: float = TOLERANCE,
     decoder: Decoder | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    repeats: int = REPEATS,
+    max_spread: float | None = None,
 ) -> TuneReport:
     """Search backend x depth x workers on `root` for a consumer step of `step_ms` per batch.
 
-    `max_workers` defaults to twice the usable cores. `progress(done, total, label)` is called
-    after each trial (total is the most trials the search could run).
+    `step_ms=0` measures the loader alone (the report then says how to measure a step).
+    `max_workers` defaults to twice the usable cores. Each configuration found by the first
+    round is measured `repeats` times in all (rounds interleaved); `max_spread` is the
+    largest spread of its rounds that counts as steady (None: `SPREAD_PER_TOLERANCE` x
+    `tolerance`; `math.inf` never refuses for spread). `progress(done, total, label)` is
+    called after each trial (total is the most trials the search could run, exact once the
+    first round is done). See the module docstring for the search and when the report
+    recommends nothing.
     """
     if not step_ms >= 0:
         raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
-    if trial_batches < 1:
-        raise ValueError(f"trial_batches must be >= 1, got {trial_batches}")
+    trial_batches = positive("trial_batches", trial_batches)
+    repeats = positive("repeats", repeats)
+    if max_spread is not None and not max_spread > 0:
+        raise ValueError(f"max_spread must be > 0 (or None for the default), got {max_spread!r}")
     folder = ImageFolder(root)
     if len(folder) < 2 * batch_size:
         raise ValueError(
@@ -217,8 +166,70 @@ def tune(
         )
     max_workers = max_workers or 2 * usable_cores()
     size = (int(image_size[0]), int(image_size[1]))
-    report = TuneReport(str(root), step_ms, batch_size, size, tolerance)
-    total = len(backends) * len(depths) * max_workers
+    load = load_average()  # before any trial: the load of other jobs
+    config = _Config(folder, batch_size, size, step_ms / 1000, trial_batches, decoder)
+    runs = _search(config, backends, depths, max_workers, tolerance, repeats, progress)
+    _repeat(config, runs, repeats, progress)
+    trials = [
+        Trial(
+            backend,
+            workers,
+            depth,
+            statistics.median(rate for rate, _ in measured),
+            statistics.median(wait for _, wait in measured),
+            tuple(rate for rate, _ in measured),
+            tuple(wait for _, wait in measured),
+        )
+        for (backend, workers, depth), measured in runs.items()
+    ]
+    return TuneReport(
+        str(root),
+        step_ms,
+        batch_size,
+        size,
+        tolerance,
+        trials,
+        repeats=repeats,
+        trial_batches=trial_batches,
+        images=len(folder),
+        usable_cores=usable_cores(),
+        load_average=load,
+        max_spread=max_spread,
+    )
+
+
+def _repeat(
+    config: _Config,
+    runs: dict[tuple[str, int, int], list[tuple[float, float]]],
+    repeats: int,
+    progress: Callable[[int, int, str], None] | None,
+) -> None:
+    """Rounds 2 to `repeats`: each configuration of `runs` again, in the same order, its
+    (images/s, wait) appended to its list."""
+    total = len(runs) * repeats
+    done = len(runs)
+    for round_number in range(2, repeats + 1):
+        for (backend, workers, depth), measured in runs.items():
+            measured.append(_trial(config, backend, workers, depth))
+            done += 1
+            if progress is not None:
+                label = f"round {round_number}/{repeats}: {backend} x{workers} depth {depth}"
+                progress(done, total, label)
+
+
+def _search(
+    config: _Config,
+    backends: Sequence[str],
+    depths: Sequence[int],
+    max_workers: int,
+    tolerance: float,
+    repeats: int,
+    progress: Callable[[int, int, str], None] | None,
+) -> dict[tuple[str, int, int], list[tuple[float, float]]]:
+    """Round 1: (backend, workers, depth) -> [(images/s, wait)] for each configuration tried,
+    in the order tried, going up in workers until the loader keeps up or gains flatten."""
+    runs: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    upper = len(backends) * len(depths) * max_workers * repeats
     for backend in backends:
         for depth in depths:
             best = 0.0
@@ -226,27 +237,18 @@ def tune(
             for workers in range(1, max_workers + 1):
                 if backend == "process" and workers > depth:
                     break  # a process worker takes whole batches: more than depth would idle
-                trial = _trial(
-                    folder,
-                    backend,
-                    workers,
-                    depth,
-                    batch_size=batch_size,
-                    image_size=size,
-                    step_s=step_ms / 1000,
-                    batches=trial_batches,
-                    decoder=decoder,
-                )
-                report.trials.append(trial)
+                rate, wait = _trial(config, backend, workers, depth)
+                runs[(backend, workers, depth)] = [(rate, wait)]
                 if progress is not None:
-                    progress(len(report.trials), total, f"{backend} x{workers} depth {depth}")
-                if trial.consumer_wait_fraction < KEPT_UP_WAIT:
+                    label = f"round 1/{repeats}: {backend} x{workers} depth {depth}"
+                    progress(len(runs), upper, label)
+                if wait < KEPT_UP_WAIT:
                     break
-                if trial.images_per_s > (1 + tolerance) * best:
+                if rate > (1 + tolerance) * best:
                     flat = 0
                 else:
                     flat += 1
                     if flat >= 2:
                         break
-                best = max(best, trial.images_per_s)
-    return report
+                best = max(best, rate)
+    return runs
