@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch.cli import ProgressBar, main
+from prefetch.cli import main
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import fast_available
 from prefetch.testing import SlowDecoder, serve_folder
 from prefetch.tools import bench, bench_loaders
 from prefetch.tools import timeline as tools_timeline
 from prefetch.tools.bench_machine import local_sample
+from prefetch.tools.command_args import ProgressBar
 from prefetch.tools.timeline import Timeline
 
 pytestmark = pytest.mark.timeout(60)
