@@ -50,17 +50,46 @@ DRAFT_REDUCING_GAP = 2.0
 _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
+def image_size_pair(image_size: object) -> tuple[int, int]:
+    """`image_size` as `(height, width)`: an int >= 1 is a square, a (height, width) tuple or
+    list of two ints >= 1 is taken as is. Anything else (0, -1, a float, three numbers, a
+    bool) raises ValueError naming `image_size` and the accepted forms."""
+    pair = (image_size, image_size) if _is_size(image_size) else image_size
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_is_size, pair))):
+        raise ValueError(
+            f"image_size must be an int >= 1 (a square, e.g. 224) or (height, width), two ints "
+            f">= 1 (e.g. (224, 224)); got {image_size!r}"
+        )
+    return int(pair[0]), int(pair[1])
+
+
+def _is_size(value: object) -> bool:
+    """Whether `value` is an int >= 1 (numpy ints too, bools not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
-    """What a decoder produces: `image_size` is (height, width), like Keras.
+    """What a decoder produces: an image of `image_size`, with `channels` channels.
 
-    `crop_to_aspect_ratio` crops the largest centred region with the target's aspect ratio
-    before resizing; `pad_to_aspect_ratio` instead resizes the whole image to fit and pads it
-    with zeros (Keras's `tf.image.resize_with_pad` layout). At most one of them may be set.
-    `antialias=False` (the default, as in Keras and tf.data) decodes at full size and resizes
-    like `tf.image.resize` (Keras parity; `interpolation` may then be any of
-    `prefetch.resize.METHODS`); `antialias=True` resizes with filters that widen when
-    shrinking, after JPEG DCT scaling (docs/decoders.md, "Choosing antialias").
+    Parameters (also the attributes of the same names):
+
+    - `image_size`: `(height, width)` of the decoded image, like Keras; an int is a square
+      (`224` is `(224, 224)`). Stored as a `(height, width)` tuple of ints.
+    - `channels`: 1 (grayscale), 3 (RGB) or 4 (RGBA).
+    - `interpolation`: the resize filter by Keras name (`"bilinear"`, `"nearest"`,
+      `"bicubic"`, `"area"`, `"lanczos3"`, `"lanczos5"`, `"hamming"`, and with
+      `antialias=False` also `"gaussian"` and `"mitchellcubic"`).
+    - `crop_to_aspect_ratio`: crop the largest centred region with the target's aspect ratio
+      before resizing, instead of stretching.
+    - `pad_to_aspect_ratio`: instead resize the whole image to fit and pad it with zeros
+      (Keras's `tf.image.resize_with_pad` layout). At most one of the two may be set.
+    - `antialias`: `False` (the default, as in Keras and tf.data) decodes at full size and
+      resizes like `tf.image.resize` (Keras parity; `interpolation` may then be any of
+      `prefetch.resize.METHODS`); `True` resizes with filters that widen when shrinking, after
+      JPEG DCT scaling (docs/decoders.md, "Choosing antialias").
+
+    A bad value raises ValueError naming the option and what is accepted.
     """
 
     image_size: tuple[int, int]
@@ -70,12 +99,30 @@ class DecodeOptions:
     pad_to_aspect_ratio: bool = False
     antialias: bool = False
 
+    def __init__(
+        self,
+        image_size: int | tuple[int, int] | list[int],
+        channels: int = 3,
+        interpolation: str = "bilinear",
+        crop_to_aspect_ratio: bool = False,
+        pad_to_aspect_ratio: bool = False,
+        antialias: bool = False,
+    ) -> None:
+        # Written out (not the dataclass's) so that the signature says an int is accepted.
+        for name, value in (
+            ("image_size", image_size),
+            ("channels", channels),
+            ("interpolation", interpolation),
+            ("crop_to_aspect_ratio", crop_to_aspect_ratio),
+            ("pad_to_aspect_ratio", pad_to_aspect_ratio),
+            ("antialias", antialias),
+        ):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        height, width = self.image_size
-        if height < 1 or width < 1:
-            raise ValueError(
-                f"image_size must be two positive ints (height, width), got {self.image_size}"
-            )
+        # Also run by the generated __init__ of a dataclass subclass.
+        object.__setattr__(self, "image_size", image_size_pair(self.image_size))
         if self.channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
         if self.crop_to_aspect_ratio and self.pad_to_aspect_ratio:

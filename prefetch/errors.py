@@ -1,9 +1,11 @@
 """The exception tree of prefetch, and helpers that attach context to errors.
 
-Errors raised by user code (decoders, transforms, sources) keep their original type; prefetch
-only adds a note naming the file and the worker. Errors that prefetch itself raises derive from
-`PrefetchError`; the two that replace a bare `RuntimeError` also derive from `RuntimeError`, so
-code that catches `RuntimeError` keeps working:
+Errors raised while reading a sample keep their original type; prefetch only adds a note naming
+the sample (its file, or `Source[index]`), the worker, and what failed with the fix for it: an
+unreadable file (pass `on_error="skip"`), or code of the user's, a decoder, a transform or a
+source's `__getitem__` (or what one returned), named with what to fix there. Errors that
+prefetch itself raises derive from `PrefetchError`; the two that replace a bare `RuntimeError`
+also derive from `RuntimeError`, so code that catches `RuntimeError` keeps working:
 
     Exception
      +-- PrefetchError          base of them all; also the base of a stand-in class for a
@@ -43,7 +45,11 @@ class PrefetchError(Exception):
 class TooManySkippedError(PrefetchError):
     """More samples failed than `max_skipped` allows with `on_error="skip"`.
 
-    `paths` lists the files skipped so far, oldest first; `__cause__` is the last decode error.
+    Raised by the loader, not by user code; `__cause__` is the last decode error. Parameters
+    (`paths` is kept as the attribute of that name):
+
+    - `message`: what happened, with the count and the fix.
+    - `paths`: the files skipped so far, oldest first.
     """
 
     def __init__(self, message: str, paths: list[str]) -> None:
@@ -102,8 +108,14 @@ class SampleTimeoutError(PrefetchError, TimeoutError):
 class DoesNotFitError(PrefetchError, MemoryError):
     """The data would not fit in the memory budget; the message says what would.
 
-    `needed_bytes` and `budget_bytes` are the two sides of the check; `max_macro_batches` is
-    the largest `macro_batches` that `resident_stream` could use within the budget (0: none).
+    Raised by `prefetch.tf.resident` and `resident_stream`. Parameters (each but `message`
+    kept as the attribute of that name):
+
+    - `message`: what did not fit and what would.
+    - `needed_bytes`: the bytes the data (or the macro-batches) would need.
+    - `budget_bytes`: the bytes the budget allows.
+    - `max_macro_batches`: the largest `macro_batches` that `resident_stream` could use within
+      the budget (0: none).
     """
 
     def __init__(self, message: str, needed_bytes: int, budget_bytes: int, max_macro_batches: int):

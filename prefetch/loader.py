@@ -38,12 +38,13 @@ from prefetch.options import (
     ProcessOptions,
     check_crop,
     check_shard,
+    check_validation_split,
     decode_options,
     process_options,
 )
 from prefetch.plan import Cursor, EpochPlan
 from prefetch.session import Session, close_quietly, forget_dummy_thread
-from prefetch.sources import Source, as_source
+from prefetch.sources import Source, as_source, is_file_source, split_files
 from prefetch.stats import LoaderStats, StatsRecorder
 from prefetch.stream import Batch, SkipCounter, Stream
 from prefetch.window_decode import window_engine_name
@@ -54,13 +55,82 @@ __all__ = ["Batch", "Loader", "Stream"]
 class Loader:
     """Load a source in parallel, in order, in batches, ahead of the consumer.
 
-    `source` is an `ImageFolder`, a `FileList`, a folder path (read as an ImageFolder), or any
-    object with `__len__` and `__getitem__(index) -> (image, label)` (just the image with
-    `label_mode=None`). Iterating gives a `Stream` of `Batch(images, labels)` (labels None with
-    `label_mode=None`); each iteration is a new epoch. The keyword options mirror Keras
-    `image_dataset_from_directory`; `LoaderOptions` checks them. `backend` is "auto", "thread",
-    "process" or a `ProcessOptions` (the process backend with those options); `max_restarts`
-    and `start_method` are the older spelling of the latter's fields.
+    Iterating a loader gives a `Stream` of `Batch(images, labels)` for one epoch; each iteration
+    is the next epoch. `images` is uint8 `(N, height, width, channels)`; `labels` follows
+    `label_mode`. `with loader:` keeps the workers running across epochs and closes them at
+    the end of the block. The keyword options mirror Keras's `image_dataset_from_directory`
+    where it has them; the API guide (docs/api.md, "The Loader's options and behaviour")
+    explains each at length, with batch lifetime, determinism, transforms and errors.
+
+    Parameters:
+
+    - `source`: what to load: an `ImageFolder`, a `FileList`, a folder path (`str` or
+      `os.PathLike`, read as `ImageFolder(path)`), or any `Source` (`__len__` and
+      `__getitem__(index) -> (image, label)`). An empty source raises ValueError.
+    - `batch_size`: samples per batch, an int >= 1.
+    - `image_size`: the size of every image: `(height, width)`, or one int for a square
+      (`224` is `(224, 224)`). Images are resized to it.
+    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core
+      (tuned as `"auto"` on remote URLs); `"auto"` to grow or shrink the count while it runs.
+    - `depth`: the window: the most batches in flight at once (being decoded, or decoded and
+      waiting for the consumer), an int >= 1.
+    - `shuffle`: shuffle the samples every epoch, in an order derived from `(seed, epoch)`
+      only; `False` keeps the source's order.
+    - `seed`: the seed of the shuffle order, of the crops and flips, of the transform's
+      generators and of the validation split; `None` draws one (read it as `loader.seed`).
+    - `validation_split`: the fraction of the files to hold out, in (0, 1), as in Keras: with
+      `subset`, this loader reads one side of the split, the same files as Keras's
+      `image_dataset_from_directory(validation_split=..., subset=..., seed=...)` (with its
+      default `shuffle=True`) for the same folder. Needs `seed` and a file source.
+    - `subset`: `"training"` or `"validation"`: which side of `validation_split` to read.
+      Make one Loader per side, with the same `seed` (a validation loader may pass
+      `shuffle=False`: the split does not change).
+    - `drop_remainder`: leave out the last batch of every epoch when it is short.
+    - `label_mode`: `"int"` (int32, shape `(N,)`), `"categorical"` (one-hot float32,
+      `(N, classes)`), `"binary"` (float32, `(N, 1)`, two classes) or `None` (no labels).
+    - `color_mode`: `"rgb"` (3 channels), `"grayscale"` (1) or `"rgba"` (4).
+    - `interpolation`: the resize filter, by Keras name: `"bilinear"`, `"nearest"`,
+      `"bicubic"`, `"area"`, `"lanczos3"`, `"lanczos5"`, `"hamming"` (see `DecodeOptions`).
+    - `crop_to_aspect_ratio`: crop the largest centred region with the aspect ratio of
+      `image_size` before resizing, instead of stretching.
+    - `pad_to_aspect_ratio`: instead resize the whole image to fit and pad the rest with zeros.
+      At most one of the two.
+    - `antialias`: `False` (Keras's resize: pixels equal Keras's up to rounding) or `True`
+      (filters that widen when shrinking, after JPEG DCT scaling: smoother, and faster on
+      large JPEGs).
+    - `crop`: the window of the original image each sample becomes, then resized to
+      `image_size`: `RandomResizedCrop()` for training (a new window every epoch),
+      `CenterCrop(0.875)` for evaluation. Only the window is decoded. `None`: the whole image.
+    - `flip`: flip each sample left-right with probability 0.5, drawn from the sample's own
+      generator (after its crop).
+    - `on_error`: `"raise"`: a sample that fails to load raises at its batch, with a note
+      naming it; `"skip"`: it is dropped, logged and counted in `stats()`.
+    - `max_skipped`: with `on_error="skip"`, the most distinct files that may fail before
+      `TooManySkippedError`; `None` for no cap.
+    - `transform`: `transform(image, rng) -> image`, run in the workers on each image at
+      `image_size`, with a generator seeded from `(seed, epoch, index)`; it must keep the
+      shape and return uint8.
+    - `decoder`: how files are decoded: `"auto"` (the `fast` extra's libjpeg-turbo decoder
+      when installed, else Pillow), `"pillow"`, `"turbo"`, or your own
+      `decoder(path, options) -> array`. Used for file sources only.
+    - `copy`: hand out a private copy of every batch instead of a view into a reused buffer.
+    - `num_shards`: split every epoch into this many disjoint shards (one per process under
+      tf.distribute); this loader yields one of them.
+    - `shard_index`: which shard this loader yields, in `[0, num_shards)`.
+    - `backend`: how workers run: `"auto"` (threads or processes, chosen from a short
+      measurement), `"thread"`, `"process"`, or a `ProcessOptions` (processes, with options).
+    - `max_restarts`: the older spelling of `ProcessOptions(max_restarts=...)`: crashed worker
+      processes restarted before `WorkerCrashedError` (`None`: 3).
+    - `start_method`: the older spelling of `ProcessOptions(start_method=...)`: `"spawn"` or
+      `"forkserver"`.
+    - `memory_budget`: with `workers="auto"`, the bytes the workers and batch buffers may use;
+      `None` for a quarter of the memory available at the start.
+    - `sample_timeout_s`: a time limit per sample, in seconds, past which it raises
+      `SampleTimeoutError`; `None` for none.
+    - `cache_dir`: for a source of remote URLs, a local folder that keeps each object after
+      its first read, so later epochs and runs read local disk.
+
+    A bad value raises ValueError naming the option, the value and what is accepted.
     """
 
     def __init__(
@@ -68,11 +138,13 @@ class Loader:
         source: Source | str | os.PathLike[str],
         *,
         batch_size: int = 32,
-        image_size: tuple[int, int] = (256, 256),
+        image_size: int | tuple[int, int] = (256, 256),
         workers: int | str | None = None,
         depth: int = 2,
         shuffle: bool = True,
         seed: int | None = None,
+        validation_split: float | None = None,
+        subset: str | None = None,
         drop_remainder: bool = False,
         label_mode: str | None = "int",
         color_mode: str = "rgb",
@@ -97,6 +169,11 @@ class Loader:
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.source = as_source(source)
+        check_validation_split(validation_split, subset, seed, self.source)
+        if validation_split is not None and subset is not None and is_file_source(self.source):
+            self.source = split_files(self.source, validation_split, subset, seed)
+        self.validation_split = validation_split
+        self.subset = subset
         self._options = LoaderOptions(
             batch_size=batch_size,
             workers=workers,

@@ -16,6 +16,7 @@ import numpy as np
 
 from prefetch.decode import COLOR_MODES, DecodeOptions
 from prefetch.labels import LABEL_MODES
+from prefetch.sources import SUBSETS, is_file_source
 
 ON_ERROR = ("raise", "skip")
 # Thread workers per core that a loader of remote URLs starts with (then tuned): enough requests
@@ -148,6 +149,45 @@ class LoaderOptions:
             )
 
 
+def check_validation_split(
+    validation_split: Any, subset: Any, seed: int | None, source: object
+) -> None:
+    """Refuse a `validation_split`/`subset` pair a Loader cannot split by (Keras's rules, with
+    the fix): both or neither, a fraction in (0, 1), one side, a seed, a file source."""
+    if validation_split is None and subset is None:
+        return
+    if validation_split is None or subset is None:
+        raise ValueError(
+            "validation_split and subset go together: pass both (e.g. validation_split=0.2, "
+            f'subset="training") or neither; got validation_split={validation_split!r}, '
+            f"subset={subset!r}"
+        )
+    fraction = isinstance(validation_split, (int, float, np.integer, np.floating))
+    if isinstance(validation_split, bool) or not fraction or not 0 < validation_split < 1:
+        raise ValueError(
+            "validation_split must be the fraction of the files to hold out, a number between "
+            f"0 and 1 (e.g. 0.2), got {validation_split!r}"
+        )
+    if subset == "both":
+        raise ValueError(
+            'subset="both" gives two datasets, but a Loader is one: make two Loaders, one with '
+            'subset="training" and one with subset="validation", with the same seed'
+        )
+    one_of("subset", subset, SUBSETS)
+    if seed is None:
+        raise ValueError(
+            "validation_split needs a seed: the file list is shuffled with it before the split "
+            "(as in Keras), and the training and the validation loader must shuffle it the "
+            "same way. Pass the same seed= to both"
+        )
+    if not is_file_source(source):
+        raise ValueError(
+            "validation_split splits a list of files, but the source is a "
+            f"{type(source).__name__}: pass an ImageFolder, a FileList or a folder path, or "
+            "split your own source's indices yourself"
+        )
+
+
 def process_options(
     backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
 ) -> ProcessOptions:
@@ -179,18 +219,18 @@ def check_crop(options: DecodeOptions, decoder: object) -> None:
 
 
 def decode_options(
-    image_size: tuple[int, int],
+    image_size: int | tuple[int, int] | list[int],
     color_mode: str,
     interpolation: str,
     crop_to_aspect_ratio: bool,
     pad_to_aspect_ratio: bool,
     antialias: bool,
 ) -> DecodeOptions:
-    """The `DecodeOptions` of Keras-style keyword options (`color_mode` by name)."""
+    """The `DecodeOptions` of Keras-style keyword options (`color_mode` by name; `image_size`
+    an int for a square, or (height, width))."""
     one_of("color_mode", color_mode, tuple(COLOR_MODES))
-    height, width = (int(v) for v in image_size)
     return DecodeOptions(
-        (height, width),
+        image_size,
         COLOR_MODES[color_mode],
         interpolation,
         bool(crop_to_aspect_ratio),

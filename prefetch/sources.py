@@ -1,9 +1,11 @@
-"""Sources of samples: ImageFolder and FileList on one Keras-order lister, and the epoch order.
+"""Sources of samples: ImageFolder and FileList on one Keras-order lister, and Keras's split.
 
-A source is anything with `__len__` and `__getitem__(index) -> (image, label)`. File sources
-(`ImageFolder`, `FileList`) also expose `paths` (a `PathArray`: one UTF-8 buffer plus offsets)
-and `labels` (int32), both held in numpy arrays, never Python lists, so that worker processes do
-not copy them on read; the Loader then decodes the files itself, at the target size.
+A source is anything with `__len__` and `__getitem__(index) -> (image, label)`. A file source is
+a `FileList` (`ImageFolder` is one), decided by `is_file_source` (a type, never an attribute's
+name); it holds `paths` (a `PathArray`: one UTF-8 buffer plus offsets) and `labels` (int32),
+both in numpy arrays, never Python lists, so that worker processes do not copy them on read;
+the Loader then decodes the files itself, at the target size. `keras_split` is the one
+train/validation split (the Loader's and the Keras drop-in's): Keras's files on each side.
 `index_directory` is the one folder lister (ImageFolder's and the Keras drop-in's): Keras's
 order, rules and path strings, with one `os.walk` per class folder and no per-file path
 arithmetic. Sources and PathArrays are immutable after construction and safe to share between
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -33,18 +35,21 @@ class Source(Protocol):
     """Any indexable dataset: `len(source)` samples, `source[i] -> (image, label)`.
 
     `runtime_checkable`: `isinstance(obj, prefetch.Source)` tells whether an object qualifies.
-    How a `Loader` reads a source:
+    How a `Loader` reads a source depends on its type alone:
 
-    - With a `paths` attribute (`ImageFolder`, `FileList`, or your class) it is a file source:
-      the loader calls its decoder on `paths[i]` and reads `labels[i]`.
-    - Otherwise it calls `source[i]`, which returns `(image, label)`, or the image alone with
+    - A `FileList` (an `ImageFolder` is one, and so is an instance of your own subclass of
+      either) is a *file source*: the loader decodes `paths[i]` itself, with its `decoder`, at
+      the target size, takes the label from `labels[i]`, and never calls `__getitem__`.
+    - Any other object is read through `source[i]`, whatever attributes it has (a `paths` of
+      its own included), which returns `(image, label)`, or the image alone with
       `label_mode=None`. The image is a uint8 numpy array (H×W, H×W×1, H×W×3 or H×W×4) or a
       Pillow image; it is converted to `color_mode` and resized to `image_size`. Another dtype
-      raises `TypeError` (convert in `__getitem__`).
+      raises `TypeError` (convert in `__getitem__`). The label is an int class index.
     - Optional attributes: `class_names` (needed for `label_mode="categorical"`), and
       `has_labels = False` for a source without labels.
 
-    `__getitem__` is called from the worker threads (or processes) concurrently.
+    `__getitem__` is called from the worker threads (or processes) concurrently. An error it
+    raises reaches the consumer with a note naming `YourClass.__getitem__` and the index.
     """
 
     def __len__(self) -> int: ...
@@ -53,12 +58,20 @@ class Source(Protocol):
 
 
 class FileList:
-    """Image files with integer labels given by the caller.
+    """Image files with integer labels given by the caller: a file source.
 
-    `paths` is a sequence of file paths (a PathArray is taken as is); `labels` a sequence of
-    ints in [0, number of classes), or None for unlabelled data. `class_names` names the classes
-    (defaults to "0", "1", ...). The attributes `paths` (PathArray) and `labels` (int32 array)
-    hold one entry per file.
+    Parameters:
+
+    - `paths`: the image files, one per sample: paths (`str` or `os.PathLike`) or fsspec URLs
+      (a `PathArray` is taken as is).
+    - `labels`: one int class index per path, in `[0, len(class_names))`; `None` for
+      unlabelled data (then `has_labels` is False and a Loader needs `label_mode=None`).
+    - `class_names`: the names of the classes, label `i` being `class_names[i]`; by default
+      `"0"`, `"1"`, ... up to the largest label.
+
+    The attributes `paths` (a `PathArray`) and `labels` (an int32 array) hold one entry per
+    file. A `Loader` decodes a FileList's files itself (and an `ImageFolder`'s, or those of a
+    subclass of yours; `is_file_source`) and never calls its `__getitem__`.
     """
 
     def __init__(
@@ -114,6 +127,14 @@ class FileList:
 
 class ImageFolder(FileList):
     """The images under `root/<class_name>/...`, listed with Keras's directory rules.
+
+    Parameters:
+
+    - `root`: the folder that holds one subfolder per class: a path, or an fsspec URL.
+    - `class_names`: the classes to list, in this order (each a subfolder of `root`); `None`
+      for every subfolder, sorted.
+    - `follow_links`: also walk into folders that are symbolic links, as Keras's
+      `follow_links`.
 
     Classes are the sorted names of the subdirectories of `root` (hidden ones, starting with
     ".", are skipped), or the given `class_names` in the given order. Files are found
@@ -254,6 +275,70 @@ def _walk_images(folder: str, follow_links: bool, walk: Any = os.walk) -> list[s
             [prefix + name for name in sorted(filenames) if name.lower().endswith(IMAGE_EXTENSIONS)]
         )
     return found
+
+
+def is_file_source(source: object) -> TypeGuard[FileList]:
+    """Whether a Loader reads `source` as files: whether it is a `FileList` (an `ImageFolder`,
+    or a subclass of yours). The one test of it, used everywhere (reading, the backend choice,
+    remote storage): never an attribute's name, so your own class with a `paths` attribute is
+    still read through `source[i]`.
+
+    Parameters:
+
+    - `source`: any object a `Loader` may be given as its source.
+    """
+    return isinstance(source, FileList)
+
+
+# The two sides of a split, in Keras's order.
+SUBSETS = ("training", "validation")
+
+
+def keras_split(
+    count: int, *, validation_split: float | None, subset: str | None, seed: int | None
+) -> np.ndarray:
+    """Indices (into a listing of `count` files) of the files Keras's
+    `image_dataset_from_directory` keeps for `subset`, in Keras's order.
+
+    Keras shuffles its listing once with `np.random.RandomState(seed).shuffle` (when it
+    shuffles; pass `seed=None` for Keras's `shuffle=False`, which keeps the listing's order),
+    then, with `validation_split`, takes the last `int(validation_split * count)` files for
+    `"validation"` and the rest for `"training"` (Keras's slices, `[:-k]` and `[-k:]`, so a
+    `k` of 0 leaves training empty and gives validation everything: callers that want a clear
+    error check `k` first). Without `validation_split` every file is kept.
+
+    Parameters:
+
+    - `count`: the number of files listed (`index_directory`'s order).
+    - `validation_split`: the fraction held out for validation, in (0, 1), or None for no split.
+    - `subset`: `"training"` or `"validation"` (ignored without `validation_split`).
+    - `seed`: the seed of Keras's shuffle of the listing; None for no shuffle.
+    """
+    order = np.arange(count)
+    if seed is not None:
+        np.random.RandomState(seed).shuffle(order)
+    if not validation_split:
+        return order
+    held_out = int(validation_split * count)
+    return order[:-held_out] if subset == "training" else order[-held_out:]
+
+
+def split_files(
+    source: FileList, validation_split: float, subset: str, seed: int | None
+) -> FileList:
+    """The `subset` ("training" or "validation") of `source`'s files: Keras's for the same
+    `validation_split` and `seed` (`keras_split`, with Keras's default `shuffle=True`).
+    ValueError when a side would hold no file."""
+    held_out = int(validation_split * len(source))
+    if held_out == 0 or held_out == len(source):
+        raise ValueError(
+            f"validation_split={validation_split} of {len(source)} files holds out "
+            f"{held_out} files, leaving a side empty: use a validation_split between "
+            f"{1 / len(source):.3g} and {1 - 1 / len(source):.3g}, or more files"
+        )
+    return source.subset(
+        keras_split(len(source), validation_split=validation_split, subset=subset, seed=seed)
+    )
 
 
 def as_source(source: Any) -> Source:

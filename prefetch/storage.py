@@ -4,8 +4,14 @@
 `remote` extra); plain paths and `file://` stay on the local fast path (`open`, `os.walk`).
 `read_bytes` reads one whole object in one request, retrying transient failures (5xx, dropped
 connections, timeouts) with a short backoff, and raises an error whose message names the URL.
-`list_tree` lists a folder with one bulk listing of the filesystem (`find` with details), never
-one call per file; `prefetch.sources.index_directory` applies Keras's rules to it.
+`RemoteTree` lists a folder with one bulk listing of the filesystem (`find` with details), never
+one call per file (over http(s), one index page per folder: `prefetch.remote_http`);
+`prefetch.sources.index_directory` applies Keras's rules to it.
+Nothing a store sends can make these block forever or take unbounded memory: every request
+has the deadlines of a `RemoteOptions` (connect, each read, the whole request), every body a
+size cap (`read_local` too: a `.jpg` that is /dev/zero is refused), every listing caps on
+pages, page bytes and depth, and a link that leads out of the listed root is not followed.
+The options in effect are the calling thread's (`using`), else the defaults.
 fsspec is imported only when a URL is used: `import prefetch` does not import it. Everything
 here is stateless and thread-safe (fsspec caches its filesystem instances itself); credentials
 are fsspec's and the protocol package's own (environment, config files), never stored here.
@@ -14,17 +20,43 @@ See docs/remote.md.
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import contextvars
+import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-# Seconds one attempt at reading an object may take (async filesystems such as http, gcs, s3;
-# fsspec's synchronous ones, such as memory://, take no timeout).
+log = logging.getLogger("prefetch.loader")
+
+# The deadlines of one request (RemoteOptions' defaults). Connecting takes milliseconds to an
+# object store; 10 s covers a lost SYN and its retransmits. 30 s without a byte is botocore's
+# read timeout halved: stores answer in well under a second, and a stalled stream is retried.
+# 60 s for a whole request is the Google Cloud client's default; it also bounds a server that
+# trickles a byte just often enough to dodge the read timeout.
+CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+# The largest object read (1 GiB): far above any real image (a 100-megapixel PNG is about
+# 300 MB), small enough that a few of them in flight do not exhaust memory.
+MAX_OBJECT_BYTES = 1 << 30
+# The most folder index pages one listing reads (http(s): one per folder; a bulk listing, gcs
+# or s3, counts its entries in pages of LISTING_PAGE_ENTRIES): ImageNet's training set has
+# 1,001 folders; 100,000 lists in minutes even at 80 ms a page.
+MAX_LISTING_PAGES = 100_000
+LISTING_PAGE_ENTRIES = 1000
+# The largest index page (32 MiB): about 200,000 links, ten times nginx's page of a folder of
+# 20,000 images; with 16 pages read at once, at most half a GiB in flight.
+MAX_PAGE_BYTES = 32 << 20
+# The deepest folder listed below the root: image trees are 1 to 4 folders deep.
+MAX_DEPTH = 32
+# Where a redirect may lead: "same-host" (the same scheme, host and port), "any" (any http or
+# https URL) or "none" (a redirect is an error). Other schemes are never followed.
+FOLLOW_REDIRECTS = ("same-host", "any", "none")
 # Attempts after the first for a transient failure (a 5xx or 429 status, a dropped connection,
 # a timeout); a missing object or a refused permission is never retried.
 READ_RETRIES = 3
@@ -47,9 +79,8 @@ INSTALL_HINT = "pip install 'prefetch[remote]' (fsspec and aiohttp)"
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _FILE_SCHEME = "file://"
-# Folder pages listed at once over http(s) (`walk_pages`).
-LISTING_THREADS = 16
-# Filesystems listed a folder page at a time (`walk_pages`): they have no bulk listing.
+# Filesystems listed a folder page at a time (`prefetch.remote_http`): no bulk listing, and
+# their reads go through it too (deadlines, redirects, caps).
 _PAGED_PROTOCOLS = frozenset({"http", "https"})
 # HTTP statuses worth another attempt: the server's failures, throttling, a request timeout.
 _TRANSIENT_STATUS = frozenset({408, 429})
@@ -68,9 +99,14 @@ def is_url(path: Any) -> bool:
 
 def source_scheme(source: Any) -> str:
     """The URL scheme of a file source's files ("memory", "http", ...), "" when they are local
-    (plain paths or `file://`) or the source has no files. Judged by its first path."""
-    paths = getattr(source, "paths", None)
-    if paths is None or len(paths) == 0 or not is_url(str(paths[0])):
+    (plain paths or `file://`) or the source has no files (it is not a file source,
+    `prefetch.sources.is_file_source`). Judged by its first path."""
+    from prefetch.sources import is_file_source  # sources imports this module
+
+    if not is_file_source(source):
+        return ""
+    paths = source.paths
+    if len(paths) == 0 or not is_url(str(paths[0])):
         return ""
     match = _SCHEME.match(str(paths[0]))
     return match.group(1).lower() if match else ""

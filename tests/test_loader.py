@@ -889,3 +889,278 @@ def test_an_unknown_choice_is_refused_naming_the_allowed_values(
 def test_an_empty_file_list_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
         Loader(FileList([]), image_size=SMALL, workers=1)
+
+
+# --- image_size as one int (issue 19, item 5) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [8, np.int64(8)], ids=["int", "numpy int"])
+def test_an_int_image_size_is_a_square(shapes_root: Path, size: Any) -> None:
+    loader = Loader(shapes_root, batch_size=4, image_size=size, workers=1)
+    assert loader.options.image_size == (8, 8)
+    assert loader.image_shape == (8, 8, 3)
+    assert next(iter(loader)).images.shape == (4, 8, 8, 3)
+    assert DecodeOptions(size) == DecodeOptions((8, 8))
+    assert DecodeOptions([6, 8]).image_size == (6, 8)  # a list, as Keras accepts
+
+
+@pytest.mark.parametrize("bad", [0, -1, (8, 8, 8), 8.0, (8, 0), (8.0, 8), True, "8", None])
+def test_a_bad_image_size_names_image_size_and_the_accepted_forms(
+    shapes_root: Path, bad: Any
+) -> None:
+    for make in (lambda: Loader(shapes_root, image_size=bad), lambda: DecodeOptions(bad)):
+        with pytest.raises(ValueError) as info:
+            make()
+        message = str(info.value)
+        assert message.startswith("image_size must be an int >= 1 (a square"), message
+        assert "(height, width)" in message and repr(bad) in message
+
+
+# --- what is a file source (issue 19, item 8) ---------------------------------------------------
+
+
+class NamedArraySource(ArraySource):
+    """A source of its own that happens to have `paths` (names, not files) and no `labels`."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.paths = [f"sample-{index}" for index in range(count)]
+
+
+class CheckedFileList(FileList):
+    """A FileList subclass: a file source, whose `__getitem__` the loader must never call."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        raise AssertionError("a file source's __getitem__ was called")
+
+
+@pytest.mark.parametrize("backend", ["thread", "process", "auto"])
+def test_a_source_of_its_own_with_a_paths_attribute_is_read_through_getitem(
+    backend: str,
+) -> None:
+    source = NamedArraySource(6)
+    assert not prefetch.sources.is_file_source(source)
+    loader = Loader(
+        source, batch_size=3, image_size=SMALL, workers=1, shuffle=False, backend=backend
+    )
+    batches = [copied(batch) for batch in loader]
+    assert epoch_numbers(batches) == list(range(6))
+    assert np.concatenate([b.labels for b in batches]).tolist() == [i % 2 for i in range(6)]
+
+
+def test_a_file_list_and_its_subclasses_are_file_sources_decoded_by_the_loader(
+    numbered_root: Path,
+) -> None:
+    folder = ImageFolder(numbered_root)
+    files = CheckedFileList(folder.paths, folder.labels, folder.class_names)
+    assert all(prefetch.sources.is_file_source(s) for s in (folder, files))
+    loader = Loader(files, batch_size=8, image_size=SMALL, workers=2, shuffle=False)
+    in_folder_order = [int(Path(path).stem.split("_")[1]) for path in folder.paths]
+    assert epoch_numbers(copied(batch) for batch in loader) == in_folder_order
+
+
+def test_a_source_of_its_own_is_named_by_class_and_index_in_messages() -> None:
+    reader = Loader(NamedArraySource(3), image_size=SMALL, workers=1)._session.reader
+    assert reader.describe(2) == "NamedArraySource[2]"
+
+
+# --- error notes name what failed (issue 19, item 9) --------------------------------------------
+
+
+def raise_key_error(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A transform with a bug: it raises."""
+    raise KeyError("no such key")
+
+
+class RaisingSource(ArraySource):
+    """A source whose `__getitem__` has a bug at index 3."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if index == 3:
+            raise ZeroDivisionError("a bug in __getitem__")
+        return super().__getitem__(index)
+
+
+class TextLabelSource(ArraySource):
+    """A source that returns a class name where the label (a class index) belongs."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, Any]:
+        image, _ = super().__getitem__(index)
+        return image, "cat"
+
+
+def first_error(loader: Loader) -> BaseException:
+    """The error that iterating one epoch of `loader` raises."""
+    with pytest.raises(Exception) as info:
+        for _ in loader:
+            pass
+    return info.value
+
+
+SKIP_ADVICE = "on_error='skip'"
+
+
+def test_a_transform_that_changes_the_shape_gets_a_note_naming_it_not_skip_advice(
+    shapes_root: Path,
+) -> None:
+    error = first_error(
+        Loader(
+            shapes_root,
+            batch_size=4,
+            image_size=SMALL,
+            workers=1,
+            transform=drop_first_row,
+            backend="thread",
+        )
+    )
+    assert isinstance(error, ValueError)
+    notes = all_notes(error)
+    assert "transform drop_first_row returned an image the loader cannot use" in notes
+    assert "fix drop_first_row" in notes and "(8, 8, 3)" in notes
+    assert str(shapes_root) in notes and "prefetch-worker-0" in notes
+    assert SKIP_ADVICE not in notes
+
+
+def test_a_transform_that_raises_gets_a_note_naming_it(shapes_root: Path) -> None:
+    error = first_error(
+        Loader(
+            shapes_root,
+            batch_size=4,
+            image_size=SMALL,
+            workers=1,
+            transform=raise_key_error,
+            backend="thread",
+        )
+    )
+    assert type(error) is KeyError
+    notes = all_notes(error)
+    assert "transform raise_key_error raised" in notes and "fix raise_key_error" in notes
+    assert SKIP_ADVICE not in notes
+
+
+def test_a_getitem_that_raises_gets_a_note_naming_the_method_and_index() -> None:
+    error = first_error(
+        Loader(RaisingSource(6), batch_size=6, image_size=SMALL, shuffle=False, backend="thread")
+    )
+    assert type(error) is ZeroDivisionError
+    notes = all_notes(error)
+    assert "RaisingSource.__getitem__(3) raised" in notes
+    assert "fix RaisingSource.__getitem__" in notes
+    assert SKIP_ADVICE not in notes
+
+
+def test_a_getitem_that_returns_a_bad_label_gets_a_note_saying_what_to_return() -> None:
+    error = first_error(
+        Loader(TextLabelSource(4), batch_size=4, image_size=SMALL, workers=1, backend="thread")
+    )
+    assert isinstance(error, ValueError)
+    notes = all_notes(error)
+    assert (
+        "TextLabelSource.__getitem__(" in notes and "returned what the loader cannot use" in notes
+    )
+    assert "the label an int class index" in notes
+    assert SKIP_ADVICE not in notes
+
+
+def test_a_decoder_of_ones_own_that_returns_the_wrong_size_gets_a_note_naming_it(
+    shapes_root: Path,
+) -> None:
+    error = first_error(
+        Loader(shapes_root, batch_size=4, image_size=SMALL, workers=1, decoder=WrongSizeDecoder())
+    )
+    notes = all_notes(error)
+    assert "decoder WrongSizeDecoder returned an image the loader cannot use" in notes
+    assert SKIP_ADVICE not in notes
+
+
+def test_a_decoder_of_ones_own_that_raises_gets_both_fixes(shapes_root: Path) -> None:
+    decoder = FailingDecoder("square_0002", CustomDecodeError)
+    error = first_error(Loader(shapes_root, batch_size=4, image_size=SMALL, decoder=decoder))
+    notes = all_notes(error)
+    assert "decoder FailingDecoder raised while reading" in notes
+    assert SKIP_ADVICE in notes and "the error is in FailingDecoder" in notes
+
+
+def test_a_file_the_decoder_cannot_read_still_gets_the_skip_advice(tmp_path: Path) -> None:
+    bad = write_bad_files(tmp_path / "bad", kinds=["corrupt"])["corrupt"]
+    error = first_error(Loader(FileList([bad]), image_size=SMALL, label_mode=None))
+    notes = all_notes(error)
+    assert f"while reading {str(bad)!r}" in notes
+    assert "pass on_error='skip' to drop unreadable samples" in notes
+
+
+def test_the_note_of_a_transform_error_comes_back_from_a_worker_process(
+    shapes_root: Path,
+) -> None:
+    loader = Loader(
+        shapes_root,
+        batch_size=4,
+        image_size=SMALL,
+        workers=1,
+        transform=raise_key_error,
+        backend="process",
+    )
+    error = first_error(loader)
+    notes = all_notes(error)
+    assert "transform raise_key_error raised" in notes and "prefetch-process-0" in notes
+    assert SKIP_ADVICE not in notes
+
+
+# --- validation_split and subset (issue 19, item 6; Keras's files: test_keras_split.py) --------
+
+
+def split_files(root: Path, **options: Any) -> list[str]:
+    loader = Loader(root, image_size=SMALL, workers=1, validation_split=0.25, **options)
+    return loader.source.paths.tolist()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_the_two_subsets_are_disjoint_and_together_every_file(numbered_root: Path) -> None:
+    every = ImageFolder(numbered_root).paths.tolist()
+    training = split_files(numbered_root, subset="training", seed=3)
+    validation = split_files(numbered_root, subset="validation", seed=3)
+    assert len(validation) == int(0.25 * len(every)) == 5
+    assert not set(training) & set(validation)
+    assert sorted(training + validation) == sorted(every)
+    assert split_files(numbered_root, subset="validation", seed=3, shuffle=False) == validation
+    assert split_files(numbered_root, subset="validation", seed=4) != validation
+
+
+def test_a_split_loader_delivers_exactly_its_subsets_files(numbered_root: Path) -> None:
+    loader = Loader(
+        numbered_root,
+        batch_size=4,
+        image_size=SMALL,
+        workers=2,
+        seed=1,
+        validation_split=0.25,
+        subset="validation",
+    )
+    expected = sorted(int(Path(p).stem.split("_")[1]) for p in loader.source.paths)  # type: ignore[attr-defined]
+    assert sorted(epoch_numbers(copied(batch) for batch in loader)) == expected
+    assert loader.validation_split == 0.25 and loader.subset == "validation"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"validation_split": 0.2, "seed": 1}, "validation_split and subset go together"),
+        ({"subset": "training", "seed": 1}, "validation_split and subset go together"),
+        ({"validation_split": 0.2, "subset": "both", "seed": 1}, "make two Loaders"),
+        ({"validation_split": 0.2, "subset": "train", "seed": 1}, "subset must be one of"),
+        ({"validation_split": 0.2, "subset": "training"}, "validation_split needs a seed"),
+        ({"validation_split": 1.5, "subset": "training", "seed": 1}, "between 0 and 1"),
+        ({"validation_split": 0, "subset": "training", "seed": 1}, "between 0 and 1"),
+        ({"validation_split": True, "subset": "training", "seed": 1}, "between 0 and 1"),
+        ({"validation_split": 0.01, "subset": "training", "seed": 1}, "holds out 0 files"),
+    ],
+)
+def test_a_split_loader_refuses_what_it_cannot_split_by_with_the_fix(
+    numbered_root: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Loader(numbered_root, image_size=SMALL, **options)
+
+
+def test_a_split_needs_a_file_source() -> None:
+    with pytest.raises(ValueError, match=r"validation_split splits a list of files.*ArraySource"):
+        Loader(ArraySource(10), image_size=SMALL, validation_split=0.2, subset="training", seed=1)

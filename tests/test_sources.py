@@ -422,3 +422,31 @@ def test_a_shuffled_epoch_order_is_a_permutation(size: int) -> None:
 
     assert order.dtype == np.int64
     assert sorted(order.tolist()) == list(range(size))
+
+
+# ---- Keras's split, the one the Loader and the drop-in share ----------------------------------
+
+
+def test_keras_split_without_a_seed_keeps_the_listing_order() -> None:
+    from prefetch.sources import keras_split
+
+    assert keras_split(10, validation_split=0.3, subset="training", seed=None).tolist() == list(
+        range(7)
+    )
+    assert keras_split(10, validation_split=0.3, subset="validation", seed=None).tolist() == [
+        7,
+        8,
+        9,
+    ]
+    assert keras_split(4, validation_split=None, subset=None, seed=None).tolist() == [0, 1, 2, 3]
+
+
+def test_keras_split_shuffles_with_numpys_random_state_as_keras_does() -> None:
+    from prefetch.sources import keras_split
+
+    order = np.arange(20)
+    np.random.RandomState(42).shuffle(order)
+    training = keras_split(20, validation_split=0.25, subset="training", seed=42)
+    validation = keras_split(20, validation_split=0.25, subset="validation", seed=42)
+    assert training.tolist() == order[:15].tolist()
+    assert validation.tolist() == order[15:].tolist()

@@ -247,3 +247,56 @@ def test_patching_a_submodule_name_reaches_the_dataset(shapes: tuple[Path, Path]
         for _ in prefetch.tf.dataset(loader).take(1):
             pass
     assert patched.call_count == 1
+
+
+# ---- class_names and file_paths, as Keras's datasets have them (issue 19, item 7) ----------
+
+
+class Noise:
+    """A source of its own: random 12x10 images with labels 0 to 2, and class names."""
+
+    class_names = ("a", "b", "c")
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        image = np.random.default_rng(index).integers(0, 256, (10, 12, 3), dtype=np.uint8)
+        return image, index % 3
+
+
+def test_the_dataset_has_kerass_class_names_and_file_paths(shapes: tuple[Path, Path]) -> None:
+    _, held_out = shapes
+    expected = keras.utils.image_dataset_from_directory(
+        held_out, image_size=(8, 8), shuffle=False, verbose=False
+    )
+    loader = prefetch.Loader(held_out, batch_size=16, image_size=8, workers=2, shuffle=False)
+    ds = prefetch.tf.dataset(loader)
+    assert ds.class_names == expected.class_names == ["circle", "square", "triangle"]
+    assert ds.file_paths == expected.file_paths
+    # Unshuffled, the batches take the files in this order.
+    labels = np.concatenate([y.numpy() for _, y in ds])
+    folders = [Path(path).parent.name for path in ds.file_paths]
+    assert [ds.class_names[label] for label in labels] == folders
+
+
+def test_a_shuffling_loaders_batch_indices_index_its_file_paths(shapes: tuple[Path, Path]) -> None:
+    _, held_out = shapes
+    loader = prefetch.Loader(held_out, batch_size=16, image_size=8, workers=2, seed=3)
+    ds = prefetch.tf.dataset(loader)
+    batches = loader.batch_indices(loader.epoch)
+    got = [y.numpy() for _, y in ds]
+    assert len(got) == len(batches)
+    for labels, indices in zip(got, batches, strict=True):
+        folders = [Path(ds.file_paths[index]).parent.name for index in indices]
+        assert [ds.class_names[label] for label in labels] == folders
+
+
+def test_a_source_without_files_has_its_class_names_and_no_file_paths() -> None:
+    ds = prefetch.tf.dataset(prefetch.Loader(Noise(), batch_size=3, image_size=8, workers=1))
+    assert ds.class_names == ["a", "b", "c"]
+    assert ds.file_paths is None
+    plain = prefetch.tf.dataset(
+        prefetch.Loader(prefetch.FileList(["x.jpg"]), image_size=8, label_mode=None)
+    )
+    assert plain.class_names is None and plain.file_paths == ["x.jpg"]

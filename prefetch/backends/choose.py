@@ -17,7 +17,9 @@ threads of one process share (on a loopback server, processes read about 1.4x th
 threads, docs/performance.md). A fixed worker count keeps the measured choice: sized for
 threads, it would start that many processes. Processes also need the decoder,
 transform and source to pickle; when one does not (a lambda, a local function), the choice is
-threads and the reason says which part kept it there. The measurement runs in the training
+threads and the reason says which part kept it there; so it is when a part lives in a main script
+whose loader runs outside `if __name__ == "__main__":` (workers would run the script again,
+`spawning.unguarded_main_code`). The measurement runs in the training
 process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
 thread workers would.
 """
@@ -30,8 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch.backends.reader import SampleReader
-from prefetch.backends.spawning import unpicklable_part
+from prefetch.backends.spawning import main_part, unguarded_main_code, unpicklable_part
 from prefetch.decode import decode_image, to_target_size
+from prefetch.sources import is_file_source
 from prefetch.storage import reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
@@ -107,16 +110,21 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
         elif source_scheme(reader.source) == "memory":
             name = "thread"
             reason += "; but memory:// files exist in this process only, not in its workers"
+        elif main_part(reader) and unguarded_main_code() is not None:
+            name = "thread"
+            reason += (
+                f"; but the {main_part(reader)} is defined in the main script, whose loader "
+                'runs outside `if __name__ == "__main__":`: worker processes would run it again'
+            )
     return BackendChoice(name, share, total / samples, samples, f"auto: {name} ({reason})")
 
 
 def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarray]:
     """Read one sample; returns (seconds without the GIL, seconds with it, the image)."""
     start = time.perf_counter()
-    paths = getattr(reader.source, "paths", None)
-    if paths is not None:
+    if is_file_source(reader.source):
         rng = reader.augment.rng(0, 0, index) if reader.augment else None
-        image = reader.decode_file(str(paths[index]), rng)
+        image = reader.decode_file(str(reader.source.paths[index]), rng)
         spent = time.perf_counter() - start
         # The crop path (libjpeg-turbo, OpenCV or Pillow) decodes without the GIL.
         free = releases_gil(reader.decoder) or reader.augment.crop is not None

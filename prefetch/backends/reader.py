@@ -1,7 +1,12 @@
 """What a worker does with a batch: read each sample, convert, transform, write into the slot.
 
 `SampleReader` is the whole per-batch task and is picklable, so every backend runs the same
-code: in a worker thread, or in a worker process on a shared-memory slot.
+code: in a worker thread, or in a worker process on a shared-memory slot. A file source is told
+apart from any other source by `prefetch.sources.is_file_source` (a type), never by its
+attributes. An error raised while reading a sample gets a note that names the sample and the
+worker, and what failed with its fix: an unreadable file (then `on_error="skip"` is the fix),
+or user code (a decoder, a transform, a source's `__getitem__`, or what one returned: then the
+note names that function).
 """
 
 from __future__ import annotations
@@ -17,20 +22,37 @@ from prefetch.augment import Augment
 from prefetch.autoscale import thread_clocks
 from prefetch.backends.base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.cache import ObjectCache
-from prefetch.decode import DecodeOptions, Decoder, to_target_size
+from prefetch.decode import DecodeOptions, Decoder, decode_image, decoder_name, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
+from prefetch.sources import is_file_source
 from prefetch.storage import filesystem_for, is_url
 from prefetch.window_decode import crop_image, decode_window, flip_left_right
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
+
+# What a sample's read is doing (`_Step.name`), so that an error's note names what failed.
+FILE = "file"  # reading and decoding a file with prefetch's decoders: a bad file
+DECODER = "decoder"  # a decoder of the user's own decoding a file
+DECODER_RESULT = "decoder result"  # what that decoder returned
+GETITEM = "getitem"  # a source's own __getitem__
+GETITEM_RESULT = "getitem result"  # what __getitem__ returned (the image, the label)
+TRANSFORM = "transform"  # the user's transform
+TRANSFORM_RESULT = "transform result"  # what the transform returned
+
+
+@dataclass
+class _Step:
+    """The step a worker is at in reading one sample (one per read_into call)."""
+
+    name: str = FILE
 
 
 @dataclass(frozen=True)
 class SampleReader:
     """Reads samples of `source` into slots: decode, transform, write. Picklable.
 
-    For file sources (with `paths` and `labels` arrays) it decodes files with `decoder` (remote
+    For file sources (`is_file_source`: a `FileList`) it decodes files with `decoder` (remote
     objects from their local copies in `cache`, when given); for any other source it calls
     `source[index] -> (image, label)` (or just `image` when `labelled` is False) and converts
     the image to the target size. With `augment` (a crop, a flip) the crop's window is drawn
@@ -56,14 +78,16 @@ class SampleReader:
         prepare = getattr(self.decoder, "prepare", None)
         if callable(prepare):
             prepare()
-        paths = getattr(self.source, "paths", None)
-        if paths is not None and len(paths) and is_url(str(paths[0])):
-            filesystem_for(str(paths[0]))
+        if is_file_source(self.source):
+            paths = self.source.paths
+            if len(paths) and is_url(str(paths[0])):
+                filesystem_for(str(paths[0]))
 
     def describe(self, index: int) -> str:
         """The file (or sample) behind `index`, for messages."""
-        paths = getattr(self.source, "paths", None)
-        return str(paths[index]) if paths is not None else f"{type(self.source).__name__}[{index}]"
+        if is_file_source(self.source):
+            return str(self.source.paths[index])
+        return f"{type(self.source).__name__}[{index}]"
 
     def read_into(
         self, task: BatchTask, slot: Slot, start: int, stop: int, worker: str
@@ -73,6 +97,7 @@ class SampleReader:
         began_cpu, began_runnable = thread_clocks()
         outcome = ChunkOutcome()
         started = slot.started
+        step = _Step()
         for position in range(start, stop):
             index = int(task.indices[position])
             if position in task.timed_out:
@@ -83,17 +108,13 @@ class SampleReader:
             try:
                 if started is not None:
                     started[position] = began_sample
-                slot.images[position], label = self._read(index, task, outcome)
+                slot.images[position], label = self._read(index, task, outcome, step)
                 slot.labels[position] = label
                 outcome.read_s.append(time.monotonic() - began_sample)
             except Exception as error:
                 what = self.describe(index)
                 if not self.skip_errors:
-                    add_note(
-                        error,
-                        f"prefetch: while reading {what!r} (sample {index}, epoch {task.epoch}) "
-                        f"in {worker}; pass on_error='skip' to drop unreadable samples",
-                    )
+                    add_note(error, self._note(step.name, index, task.epoch, worker))
                     raise
                 outcome.skipped.append(Skipped(position, what, error))
             finally:
@@ -111,22 +132,31 @@ class SampleReader:
             return decode_window(path, self.augment.crop, rng, self.options, self.window_engine)
         return self.decoder(path, self.options)
 
-    def _read(self, index: int, task: BatchTask, outcome: ChunkOutcome) -> tuple[np.ndarray, int]:
+    def _read(
+        self, index: int, task: BatchTask, outcome: ChunkOutcome, step: _Step
+    ) -> tuple[np.ndarray, int]:
+        """One sample at the target size, and its label; `step` tells what it is doing."""
+        step.name = FILE
         augment = self.augment
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
-        paths = getattr(self.source, "paths", None)
-        if paths is not None:
-            path = str(paths[index])
+        if is_file_source(self.source):
+            path = str(self.source.paths[index])
             if self.cache is not None:
                 path, kept = self.cache.local_copy(path)
                 if kept:
                     outcome.cache_hits += 1
                 else:
                     outcome.cache_misses += 1
+            own_decoder = augment.crop is None and not _is_builtin(self.decoder)
+            step.name = DECODER if own_decoder else FILE
             image = self.decode_file(path, rng)
+            step.name = DECODER_RESULT if own_decoder else FILE
+            _check_image(image, self.options, "decoder")
             label = int(self.source.labels[index])
         else:
+            step.name = GETITEM
             item = self.source[index]
+            step.name = GETITEM_RESULT
             image, label = item if self.labelled else (item, 0)
             label = check_label(label, self.num_classes)
             crop = augment.crop
@@ -134,14 +164,77 @@ class SampleReader:
                 image = crop_image(image, crop, rng, self.options)
             else:
                 image = to_target_size(image, self.options)
-        _check_image(image, self.options, "decoder")
+            _check_image(image, self.options, "decoder")
         if rng is not None and augment.flipped(rng):
             image = flip_left_right(image)
         if self.transform is not None:
             transform_rng = np.random.default_rng([task.seed, task.epoch, index])
+            step.name = TRANSFORM
             image = self.transform(image, transform_rng)
+            step.name = TRANSFORM_RESULT
             _check_image(image, self.options, "transform")
         return image, label
+
+    def _note(self, step: str, index: int, epoch: int, worker: str) -> str:
+        """The note for an error raised at `step` of reading sample `index`: what failed (the
+        file, or the user's function by name) and the fix for that."""
+        where = f"{self.describe(index)!r} (sample {index}, epoch {epoch}) in {worker}"
+        shape = self.options.shape
+        if step == DECODER:
+            name = decoder_name(self.decoder)
+            return (
+                f"prefetch: decoder {name} raised while reading {where}. If the file is "
+                "unreadable, pass on_error='skip' to drop such samples; if not, the error is "
+                f"in {name}: fix it there"
+            )
+        if step == DECODER_RESULT:
+            name = decoder_name(self.decoder)
+            return (
+                f"prefetch: decoder {name} returned an image the loader cannot use, reading "
+                f"{where}: fix {name}; it must return a uint8 array of shape {shape}"
+            )
+        if step in (GETITEM, GETITEM_RESULT):
+            method = f"{type(self.source).__qualname__}.__getitem__"
+            place = f"(sample {index}, epoch {epoch}) in {worker}"
+            if step == GETITEM:
+                return (
+                    f"prefetch: {method}({index}) raised {place}: the error is in your "
+                    f"Source's code; fix {method}"
+                )
+            image = "a uint8 numpy array (HxW, HxWx1, HxWx3 or HxWx4) or a Pillow image of any size"
+            returns = (
+                f"(image, label): the image {image}, the label an int class index"
+                if self.labelled
+                else f"the image alone (label_mode=None): {image}"
+            )
+            return (
+                f"prefetch: {method}({index}) returned what the loader cannot use {place}: fix "
+                f"{method}; it must return {returns}"
+            )
+        if step in (TRANSFORM, TRANSFORM_RESULT):
+            name = _callable_name(self.transform)
+            if step == TRANSFORM:
+                return (
+                    f"prefetch: transform {name} raised while transforming {where}: the error "
+                    f"is in the transform; fix {name}"
+                )
+            return (
+                f"prefetch: transform {name} returned an image the loader cannot use, for "
+                f"{where}: fix {name}; it must return a uint8 array of shape {shape}, the "
+                "shape it was given"
+            )
+        return f"prefetch: while reading {where}; pass on_error='skip' to drop unreadable samples"
+
+
+def _is_builtin(decoder: Decoder) -> bool:
+    """Whether `decoder` is one of prefetch's own (`decode_image`, the `fast` extra's
+    `decode_turbo`): its errors come from the file, not from code of the user's."""
+    return decoder is decode_image or type(decoder).__module__ == "prefetch.fast_decode"
+
+
+def _callable_name(function: Any) -> str:
+    """`function`'s qualified name (a callable object's type name), for notes."""
+    return str(getattr(function, "__qualname__", None) or type(function).__qualname__)
 
 
 def _check_image(image: Any, options: DecodeOptions, made_by: str) -> None:

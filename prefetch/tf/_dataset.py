@@ -9,7 +9,8 @@ re-sharded so that each input pipeline reads its own disjoint part of every epoc
 
 TensorFlow wraps Python errors raised in a generator in its own error types; the original is
 recorded on the loader and re-raised when `with loader:` exits (or by `loader.close()`).
-The dataset does not own the loader.
+The dataset does not own the loader. Like Keras's datasets, it carries `class_names` and
+`file_paths` (None where the loader has none).
 
 TensorFlow calls the generator from its own threads (a py_func, in the `prefetch(1)` thread here
 or in any asynchronous stage added after it), and after delivering an error it still calls it
@@ -39,6 +40,7 @@ import tensorflow as tf
 from prefetch.errors import add_note
 from prefetch.labels import label_spec
 from prefetch.loader import Loader
+from prefetch.sources import is_file_source
 from prefetch.tf._device import check_device
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,14 @@ def restore_malloc_thresholds() -> bool:
 
 
 def output_signature(loader: Loader) -> Any:
-    """The `tf.TensorSpec` structure of the loader's batches."""
+    """The `tf.TensorSpec` structure of the loader's batches: `(images, labels)`, or the
+    images alone with `label_mode=None`; the batch dimension is fixed only when every batch
+    is full (`drop_remainder=True` and `on_error="raise"`).
+
+    Parameters:
+
+    - `loader`: the `Loader` whose batches are described.
+    """
     height, width, channels = loader.image_shape
     fixed = loader.drop_remainder and loader.on_error == "raise"
     batch = loader.batch_size if fixed else None
@@ -175,18 +184,39 @@ def dataset(
 ) -> tf.data.Dataset:
     """A `tf.data.Dataset` of the loader's batches, with a static `output_signature`.
 
-    Each iteration runs one epoch of `loader`. When the loader raises on every bad file
+    Each iteration runs one epoch of `loader`; elements are `(images, labels)`, or the images
+    alone with `label_mode=None` (as Keras's). When the loader raises on every bad file
     (`on_error="raise"`), starts at an epoch's beginning and no `device` is given, the dataset
-    knows its length, so Keras shows epoch progress.
+    knows its length, so Keras shows epoch progress. The dataset does not own the loader: use
+    `with loader:` around training, which also re-raises a worker error that TensorFlow
+    wrapped as the original.
 
-    `device` (such as "/gpu:0"; a CPU device is accepted too) ends the pipeline with
-    `tf.data.experimental.prefetch_to_device(device, 1)`: the next batch is copied to the device
-    while the current one trains. `input_context` (from
-    `strategy.distribute_datasets_from_function`) re-shards the loader with `loader.shard` to
-    shard `input_pipeline_id` of `num_input_pipelines`; the loader's `batch_size` is the
-    per-replica batch. The two cannot be combined (the strategy places the batches itself).
-    `malloc_fix` applies `restore_malloc_thresholds()` as each epoch starts (after TensorFlow
-    has applied its patch).
+    Parameters:
+
+    - `loader`: the `Loader` whose epochs the dataset yields.
+    - `device`: a device name such as `"/gpu:0"` (a CPU device is accepted too): the pipeline
+      ends with `tf.data.experimental.prefetch_to_device(device, 1)`, so the next batch is
+      copied to the device while the current one trains. `None`: batches stay in host memory.
+    - `input_context`: the `tf.distribute.InputContext` that
+      `strategy.distribute_datasets_from_function` passes to your dataset function: the
+      loader is re-sharded with `loader.shard` to shard `input_pipeline_id` of
+      `num_input_pipelines`, and its `batch_size` is the per-replica batch. Not with `device`
+      (the strategy places the batches itself).
+    - `malloc_fix`: apply `restore_malloc_thresholds()` as each epoch starts (after
+      TensorFlow has applied its malloc patch).
+
+    The dataset has two attributes, as Keras's `image_dataset_from_directory` gives them:
+
+    - `class_names`: the loader's class names (a list of str), or None when its source has
+      none.
+    - `file_paths`: the loader's files as a list of str, for a file source (an
+      `ImageFolder` or `FileList`; None for other sources): `file_paths[i]` is the file of
+      source index `i`, so `loader.batch_indices(epoch)` gives, for each batch, the indices
+      into `file_paths` of its samples. With `shuffle=False` (and one shard) the batches
+      take the files in this order; with shuffling, as in Keras, each epoch takes them in an
+      order of its own, not this one. It lists the whole source, also when the loader yields
+      one shard of it. With `validation_split`, it is the files of the loader's subset, equal
+      to Keras's `file_paths` for the same split and seed.
     """
     if device is not None and input_context is not None:
         raise ValueError(
@@ -232,6 +262,8 @@ def dataset(
         # Last, as TensorFlow requires. It copies elements with a remote call into the pipeline
         # above, whose iterator is finalized with the options set here.
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=1))
+    ds.class_names = list(loader.class_names) or None
+    ds.file_paths = loader.source.paths.tolist() if is_file_source(loader.source) else None
     return ds
 
 

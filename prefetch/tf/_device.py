@@ -82,6 +82,13 @@ def device_memory_budget(device: str | None = None, *, fraction: float = BUDGET_
     A GPU's free memory is TensorFlow's allocator limit for it less what TensorFlow holds there
     (`tf.config.experimental.get_memory_info`). The CPU's is the RAM the kernel reports as
     available (`MemAvailable`, or free pages where that is missing).
+
+    Parameters:
+
+    - `device`: a device name such as `"/gpu:0"` or `"/cpu:0"`; None for GPU:0 if there is
+      one, else CPU:0.
+    - `fraction`: the share of the free memory to allow, in (0, 1]; default
+      `BUDGET_FRACTION`, leaving room for the model and TensorFlow's own buffers.
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")

@@ -25,12 +25,17 @@ from prefetch.tf._device import resolve_device
 
 @dataclass(frozen=True)
 class FeedingRow:
-    """One measurement of `feeding_benchmark`.
+    """One measurement of `feeding_benchmark` (which makes them; its fields, by name):
 
-    `strategy` is "input", "shared all" or "shared batched"; `macro_batch_size` is in samples
-    (None where it does not apply); `setup_s` the one-time upload; `epoch_s` the median epoch;
-    `bytes_per_epoch` what crossed from host to device in an epoch, besides indices;
-    `device` where the step ran.
+    - `strategy`: "input", "shared all" or "shared batched".
+    - `micro_batch_size`: samples per train step.
+    - `macro_batch_size`: samples per upload with "shared batched" (None where it does not
+      apply).
+    - `setup_s`: the one-time upload, in seconds.
+    - `epoch_s`: the median epoch, in seconds.
+    - `images_per_s`: images trained on per second in that epoch.
+    - `bytes_per_epoch`: what crossed from host to device in an epoch, besides indices.
+    - `device`: where the step ran.
     """
 
     strategy: str
@@ -98,9 +103,19 @@ def feeding_benchmark(
     - "shared batched": macro-batches of `macro_batch_size` samples are uploaded one after
       the other; the step slices micro-batches out of the current one by index.
 
-    `images` is uint8 (N, ...) and `labels` int (N,) in [0, classes). Each configuration runs
-    one warm-up epoch (tracing) and `epochs` timed ones; rows report the median. Every
-    strategy runs the same floor(N / micro) full micro-batches. Returns the rows in order.
+    Each configuration runs one warm-up epoch (tracing) and `epochs` timed ones; rows report
+    the median. Every strategy runs the same floor(N / micro) full micro-batches. Returns the
+    `FeedingRow`s in order.
+
+    Parameters:
+
+    - `images`: the samples, uint8 of shape `(N, ...)`.
+    - `labels`: their int class indices, shape `(N,)`, in `[0, classes)`.
+    - `micro_batch_sizes`: the train-step batch sizes to measure, each an int >= 1.
+    - `macro_batch_sizes`: the upload sizes (in samples) to measure with "shared batched".
+    - `epochs`: timed epochs per configuration, after one warm-up epoch.
+    - `device`: where the step runs, such as `"/gpu:0"`; `None` for TensorFlow's default
+      device (the first GPU, else the CPU).
     """
     images = np.asarray(images)
     labels = np.asarray(labels, np.int32)

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from prefetch.decode import image_size_pair
 from prefetch.errors import add_note
 from prefetch.resize import METHODS
 
@@ -84,23 +84,16 @@ def check_labels(labels: Any, class_names: Any) -> None:
 
 
 def image_size(image_size: Any) -> tuple[int, int]:
-    given = image_size
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
-    if (
-        not isinstance(image_size, (list, tuple))
-        or len(image_size) != 2
-        or not all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
-            for v in image_size
-        )
-    ):
+    """Keras's image_size: an int (a square) or two ints, checked by the Loader's own rule
+    (`prefetch.decode.image_size_pair`) and refused with Keras's message first."""
+    try:
+        return image_size_pair(image_size)
+    except ValueError:
         raise ValueError(
             "Invalid `image_size` value. Expected a tuple of 2 integers. "
-            f"Received: image_size={given}. prefetch: pass (height, width), two ints >= 1, "
+            f"Received: image_size={image_size}. prefetch: pass (height, width), two ints >= 1, "
             "or one int for a square"
-        )
-    return int(image_size[0]), int(image_size[1])
+        ) from None
 
 
 def interpolation(interpolation: str) -> str:

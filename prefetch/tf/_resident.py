@@ -58,9 +58,20 @@ def _check_shuffle(shuffle: Any) -> str | bool:
 class ResidentDataset:
     """A dataset in device memory; each epoch a shuffled order of batches sliced there.
 
-    Made by `resident()`, `subset()` or `folds()`. Iterating runs one epoch and yields
-    `(images, labels)` tensors on `device` (images alone without labels); the next iteration is
-    the next epoch. For Keras `fit`, train `keras_model(model)` on `index_dataset()`.
+    Made by `resident()`, `subset()` or `folds()`, not by hand. Iterating runs one epoch and
+    yields `(images, labels)` tensors on `device` (images alone without labels); the next
+    iteration is the next epoch. For Keras `fit`, train `keras_model(model)` on
+    `index_dataset()`.
+
+    Parameters (given by those functions):
+
+    - `storage`: the device variables that the dataset and all its views share.
+    - `rows`: the row of those variables that holds each sample of this dataset.
+    - `batch_size`: samples per batch, an int >= 1.
+    - `shuffle`: `"batches"` (fixed groups of samples, their order shuffled each epoch),
+      `"samples"` (a new permutation of the samples each epoch) or `False` (in order).
+    - `seed`: the seed of the epoch orders, which derive from `(seed, epoch)` only.
+    - `drop_remainder`: leave out the last batch of an epoch when it is short.
     """
 
     def __init__(
@@ -330,13 +341,26 @@ def resident(
 ) -> ResidentDataset:
     """Upload a dataset to `device` once and return it as a `ResidentDataset`.
 
-    `images` is an array of N samples (uint8 NHWC, or any dtype and shape TensorFlow holds)
-    with `labels` (N, ...) or None; or a `prefetch.Loader`, of which one epoch is decoded (in
-    the loader's order: pass shuffle=False to keep source order) and uploaded, checking the
-    budget before decoding. `batch_size` defaults to the loader's, else 32; `seed` to the
-    loader's, else a random one. `device` None means GPU:0 if there is one, else CPU:0.
-    Raises `DoesNotFitError` when the data exceed `memory_budget` (bytes; default
-    `device_memorycheck_budget(device)`).
+    Raises `DoesNotFitError` when the data exceed `memory_budget`, before decoding a loader's
+    epoch.
+
+    Parameters:
+
+    - `images`: an array of N samples (uint8 NHWC, or any dtype and shape TensorFlow holds),
+      or a `prefetch.Loader`, of which one epoch is decoded (in the loader's order: pass
+      `shuffle=False` to it to keep source order) and uploaded.
+    - `labels`: the samples' labels, shape `(N, ...)`, or None (then batches are the images
+      alone); None with a loader, which has its own.
+    - `batch_size`: samples per batch; default the loader's, else 32.
+    - `shuffle`: `"batches"` (the default, also `True`: fixed groups of samples stored
+      contiguously, their order shuffled each epoch, so a batch is a slice), `"samples"` (a
+      new permutation of the samples each epoch, gathered) or `False` (in order).
+    - `seed`: the seed of the epoch orders; default the loader's, else a random one.
+    - `drop_remainder`: leave out the last batch of an epoch when it is short.
+    - `device`: where the data go, such as `"/gpu:0"`; None for GPU:0 if there is one, else
+      CPU:0.
+    - `memory_budget`: the bytes the data may take on the device; default
+      `device_memory_budget(device)`.
     """
     name = resolve_device(device)
     budget = check_budget(memory_budget, name)

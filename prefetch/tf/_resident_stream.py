@@ -36,12 +36,19 @@ from prefetch.tf._device import resolve_device
 
 class ResidentStream:
     """A loader's epochs, uploaded `macro_batches` loader batches at a time, served as
-    micro-batches sliced on the device. Made by `resident_stream()`.
+    micro-batches sliced on the device. Made by `resident_stream()`, not by hand.
 
     Iterating runs one epoch of the loader and yields `(images, labels)` tensors on `device`
     (images alone with `label_mode=None`), in the loader's order. A background thread
     assembles and uploads the next macro-batch while the current one is consumed; at most
     `STREAM_BUFFERS` (2) macro-batches are on the device at once, not counting tensors you keep.
+
+    Parameters (given by `resident_stream`, and kept as attributes of the same names):
+
+    - `loader`: the `Loader` streamed.
+    - `macro_batches`: loader batches per upload.
+    - `micro_batch_size`: samples per batch served.
+    - `device`: the device's full name.
     """
 
     def __init__(
@@ -122,10 +129,22 @@ def resident_stream(
     memory_budget: int | None = None,
 ) -> ResidentStream:
     """Stream `loader` to `device` in macro-batches of `macro_batches` loader batches, double
-    buffered, and serve micro-batches of `micro_batch_size` samples (default: the loader's
-    batch_size) sliced there. Micro-batches do not straddle macro-batches, so a macro-batch's
-    last one is shorter when `micro_batch_size` does not divide it. Raises `DoesNotFitError`
-    when two macro-batches exceed `memory_budget` (bytes; default `device_memory_budget`).
+    buffered, and serve micro-batches of `micro_batch_size` samples sliced there.
+
+    Micro-batches do not straddle macro-batches, so a macro-batch's last one is shorter when
+    `micro_batch_size` does not divide it. Raises `DoesNotFitError` when two macro-batches
+    exceed `memory_budget`.
+
+    Parameters:
+
+    - `loader`: the `Loader` to stream; each iteration of the `ResidentStream` is one of its
+      epochs.
+    - `macro_batches`: loader batches per upload, an int >= 1.
+    - `micro_batch_size`: samples per batch served; default the loader's `batch_size`.
+    - `device`: where the macro-batches go, such as `"/gpu:0"`; None for GPU:0 if there is
+      one, else CPU:0.
+    - `memory_budget`: the bytes the two macro-batch buffers may take on the device; default
+      `device_memory_budget(device)`.
     """
     if not isinstance(loader, Loader):
         raise TypeError(f"loader must be a prefetch.Loader, got {type(loader).__name__}")

@@ -15,6 +15,11 @@ class InputStatsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     `input_wait_fraction` is the share of the epoch's iteration time that training spent
     blocked waiting for the loader: near 0 means compute-bound, large means input-bound.
+
+    Parameters:
+
+    - `loader`: the `Loader` that feeds the training (through `prefetch.tf.dataset`); its
+      `stats()` are read at the start and the end of each epoch.
     """
 
     def __init__(self, loader: Loader) -> None:

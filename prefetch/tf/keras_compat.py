@@ -2,9 +2,10 @@
 
 Same arguments, defaults, class names, file list and train/validation split as
 `keras.utils.image_dataset_from_directory` (Keras 3): files are listed by
-`prefetch.sources.index_directory` (Keras's rules, order and path strings), shuffled once with
-`np.random.RandomState(seed)` and split by taking the last `int(validation_split * n)` files for
-validation, exactly as Keras does. A bad argument raises what Keras raises, in Keras's order: the
+`prefetch.sources.index_directory` (Keras's rules, order and path strings), then shuffled once
+with `np.random.RandomState(seed)` and split by taking the last `int(validation_split * n)` files
+for validation, exactly as Keras does, by `prefetch.sources.keras_split` (the split a `Loader`'s
+`validation_split` makes too). A bad argument raises what Keras raises, in Keras's order: the
 same exception type, with Keras's message as the start of ours (the fix follows it, or is a note
 on errors that come from the OS, numpy or TensorFlow, which are Keras's own). Pixels come from a
 prefetch `Loader` decoding with Keras-parity resizing (`DecodeOptions(antialias=False)`), so
@@ -35,14 +36,19 @@ import tensorflow as tf
 from prefetch.decode import decode_image
 from prefetch.fast_decode import decode_turbo, fast_available
 from prefetch.loader import Loader
-from prefetch.sources import IMAGE_EXTENSIONS, FileList, PathArray, index_directory
+from prefetch.sources import (
+    IMAGE_EXTENSIONS,
+    SUBSETS,  # the two datasets of subset="both", in Keras's order
+    FileList,
+    PathArray,
+    index_directory,
+    keras_split,
+)
 from prefetch.tf import _keras_args as keras_args
 from prefetch.tf._dataset import dataset
 
 log = logging.getLogger(__name__)
 
-# The two datasets of subset="both", in Keras's order.
-SUBSETS = ("training", "validation")
 # With batch_size=None the loader still decodes in batches of this many; the dataset unbatches.
 UNBATCHED_LOADER_BATCH = 32
 
@@ -78,13 +84,42 @@ def image_dataset_from_directory(
     has `class_names` (None without labels), `file_paths` (a list equal to Keras's for the same
     arguments and seed) and `loader`. Each iteration is one epoch, reshuffled when `shuffle`
     (the validation set of `subset="both"` is not shuffled, as in Keras). A bad argument raises
-    Keras's exception with Keras's message first; `format="grain"` is refused. See
-    docs/tensorflow.md for the lifetime of the workers and for errors.
+    Keras's exception with Keras's message first. See docs/tensorflow.md for the lifetime of
+    the workers and for errors.
 
-    `directory` may be a URL, as Keras reads `gs://` paths through `tf.io.gfile`: any fsspec
-    URL (`gs://`, `s3://`, `http(s)://`, `memory://`; the `remote` extra) is listed with
-    Keras's rules by one bulk listing and read one object per image (docs/remote.md);
-    `file_paths` are then URLs.
+    Parameters:
+
+    - `directory`: the folder of images, one subfolder per class with labels inferred. It may
+      be an fsspec URL (`gs://`, `s3://`, `http(s)://`, `memory://`; the `remote` extra), as
+      Keras reads `gs://` paths through `tf.io.gfile`: listed with Keras's rules by one bulk
+      listing, read one object per image (docs/remote.md); `file_paths` are then URLs.
+    - `labels`: `"inferred"` (from the subfolders), None (no labels), or a list or tuple of
+      int labels, one per image file in sorted path order.
+    - `label_mode`: `"int"`, `"categorical"` (one-hot), `"binary"` (float32 `(N, 1)`, two
+      classes) or None (no labels: the images alone).
+    - `class_names`: with `labels="inferred"`, the subfolders to use, in this order.
+    - `color_mode`: `"rgb"`, `"grayscale"` or `"rgba"`.
+    - `batch_size`: images per batch; None for a dataset of single images.
+    - `image_size`: `(height, width)` the images are resized to, or an int for a square.
+    - `shuffle`: shuffle the files (once, for the split) and every epoch; False keeps sorted
+      order.
+    - `seed`: the seed of the shuffles and of the split; needed with `validation_split` and
+      `shuffle`.
+    - `validation_split`: the fraction of the files held out for validation, in (0, 1).
+    - `subset`: `"training"`, `"validation"` or `"both"` (a list of the two datasets), with
+      `validation_split`.
+    - `interpolation`: the resize filter by Keras name (`"bilinear"`, `"nearest"`,
+      `"bicubic"`, `"area"`, `"lanczos3"`, `"lanczos5"`, `"gaussian"`, `"mitchellcubic"`).
+    - `follow_links`: also walk into subfolders that are symbolic links.
+    - `crop_to_aspect_ratio`: crop the largest centred region with the aspect ratio of
+      `image_size` before resizing, instead of stretching.
+    - `pad_to_aspect_ratio`: instead resize the whole image to fit and pad with zeros.
+    - `data_format`: `"channels_last"` or `"channels_first"`; None for Keras's setting.
+    - `format`: `"tf"` (a `tf.data.Dataset`); Keras's `"grain"` is refused.
+    - `verbose`: print Keras's messages (files found, files used for each subset).
+    - `workers`: the worker count of the loader behind each dataset (`None`: one per core).
+    - `backend`: the loader's backend: `"thread"` (the default here), `"process"` or
+      `"auto"`.
     """
     # Keras's checks, in Keras's order (the first bad argument is the one reported).
     keras_args.check_labels(labels, class_names)
@@ -98,16 +133,15 @@ def image_dataset_from_directory(
     keras_args.check_validation_split(validation_split, subset, shuffle, seed)
     if seed is None:  # randint(1e6) from numpy's global generator, as Keras draws it
         seed = int(np.random.randint(1_000_000))
-    paths, label_array, class_names = _index(
-        directory, labels, class_names, follow_links, verbose, shuffle, seed
-    )
+    paths, label_array, class_names = _index(directory, labels, class_names, follow_links, verbose)
     keras_args.check_binary_classes(label_mode, class_names)
     data_format = keras_args.data_format(data_format)
     buffer_size = batch_size * 8 if batch_size is not None else 1024  # Keras's shuffle buffer
-    if subset == "both":
-        parts = [_split(paths, label_array, validation_split, name) for name in SUBSETS]
-    else:
-        parts = [_split(paths, label_array, validation_split, subset)]
+    split_seed = seed if shuffle else None  # Keras shuffles its listing only when shuffling
+    parts = [
+        _split(paths, label_array, validation_split, name, split_seed)
+        for name in (SUBSETS if subset == "both" else [subset])
+    ]
     for name, (part, _) in zip(SUBSETS if subset == "both" else [""], parts, strict=True):
         if not len(part):
             raise ValueError(
@@ -155,11 +189,10 @@ def _index(
     class_names: Sequence[str] | None,
     follow_links: bool,
     verbose: bool,
-    shuffle: bool,
-    seed: int,
 ) -> tuple[PathArray, np.ndarray | None, Sequence[str] | None]:
     """Keras's index_directory: the files, their labels (int32, or None) and the class names,
-    shuffled as Keras shuffles them; Keras's errors and messages."""
+    in the listing's order (`_split` shuffles them as Keras does); Keras's errors and
+    messages."""
     inferred = labels is not None and not isinstance(labels, (list, tuple))
     if not inferred and class_names is not None:
         if labels is None:
@@ -197,29 +230,25 @@ def _index(
             _print(f"Found {len(paths)} files.")
         else:
             _print(f"Found {len(paths)} files belonging to {len(result_names)} classes.")
-    if shuffle:
-        # Keras shuffles its list of paths, then its labels, each with RandomState(seed): one
-        # permutation, the one RandomState(seed).shuffle gives any sequence of this length.
-        order = np.arange(len(paths))
-        np.random.RandomState(seed).shuffle(order)
-        paths = paths[order]
-        if label_array is not None:
-            label_array = label_array[order]
     return paths, label_array, result_names
 
 
 def _split(
-    paths: PathArray, labels: np.ndarray | None, validation_split: float | None, subset: Any
+    paths: PathArray,
+    labels: np.ndarray | None,
+    validation_split: float | None,
+    subset: Any,
+    seed: int | None,
 ) -> tuple[PathArray, np.ndarray | None]:
-    """Keras's split (dataset_utils.get_training_or_validation_split): the last files validate."""
-    if not validation_split:
-        return paths, labels
-    count = int(validation_split * len(paths))
-    if subset == "training":
-        _print(f"Using {len(paths) - count} files for training.")
-        return paths[:-count], None if labels is None else labels[:-count]
-    _print(f"Using {count} files for validation.")
-    return paths[-count:], None if labels is None else labels[-count:]
+    """Keras's files and labels for `subset`, in Keras's order: its shuffle (with `seed`, None
+    when not shuffling) and split (dataset_utils.get_training_or_validation_split: the last
+    files validate), by `keras_split`, with Keras's messages."""
+    if validation_split:
+        held_out = int(validation_split * len(paths))
+        count = len(paths) - held_out if subset == "training" else held_out
+        _print(f"Using {count} files for {subset}.")
+    order = keras_split(len(paths), validation_split=validation_split, subset=subset, seed=seed)
+    return paths[order], None if labels is None else labels[order]
 
 
 def _make_dataset(

@@ -69,12 +69,24 @@ def _queue_class(queue: Any) -> tuple[str, Any]:
 class QueueRunner:
     """A `tf.queue` of samples, fed from `loader` by threads that a Coordinator stops.
 
-    `queue` picks the queue: `"fifo"` (samples in the loader's order), `"random_shuffle"`
-    (sampled at random from what is queued, at least `min_after_dequeue` left behind until the
-    end) or `"padding_fifo"`; the `tf.queue` classes are accepted too. `capacity` counts
-    samples (default: two loader batches). `num_epochs=None` feeds epochs until a stop; an int
-    feeds that many epochs of the loader, then closes the queue, so that `dequeue*` raise
-    `tf.errors.OutOfRangeError` once it is empty. Start it with `create_threads`.
+    Start it with `create_threads` (or `tf.compat.v1.train.add_queue_runner` and
+    `start_queue_runners`), and take samples with `dequeue`, `dequeue_many` or
+    `dequeue_up_to`.
+
+    Parameters:
+
+    - `loader`: the `Loader` whose batches are split into samples and enqueued.
+    - `queue`: `"fifo"` (samples in the loader's order), `"random_shuffle"` (sampled at random
+      from what is queued, at least `min_after_dequeue` left behind until the end) or
+      `"padding_fifo"`; the `tf.queue` classes are accepted too.
+    - `capacity`: the most samples the queue holds (default: two loader batches).
+    - `num_epochs`: `None` feeds epochs until a stop; an int feeds that many epochs of the
+      loader, then closes the queue, so that `dequeue*` raise `tf.errors.OutOfRangeError`
+      once it is empty.
+    - `min_after_dequeue`: with `"random_shuffle"`, the samples left behind by a dequeue
+      (until the end), for mixing; default half the capacity.
+    - `seed`: with `"random_shuffle"`, the queue's random seed.
+    - `name`: the queue's name in the graph.
     """
 
     def __init__(
