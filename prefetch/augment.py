@@ -58,6 +58,13 @@ class RandomResizedCrop:
     <= 1), its aspect ratio (width / height) drawn log-uniformly from `ratio` (0 < low <=
     high). A draw that does not fit inside the image is drawn again, up to 10 times (torchvision's
     algorithm); then the whole image, its aspect ratio clamped into `ratio`, centred.
+
+    - `scale`: `(low, high)`, the range of the window's area as a fraction of the image's,
+      drawn uniformly; `0 < low <= high <= 1`. Default `(0.08, 1.0)`, torchvision's.
+    - `ratio`: `(low, high)`, the range of the window's aspect ratio (width / height), drawn
+      log-uniformly; `0 < low <= high`. Default `(3/4, 4/3)`, torchvision's.
+
+    A bad value is a `ValueError` naming the range, raised here.
     """
 
     scale: tuple[float, float] = (0.08, 1.0)
@@ -117,7 +124,11 @@ class CenterCrop:
     For a square target this is the `crop_pct` convention of torchvision, timm and TF's Model
     Garden: with `fraction=0.875` and 224x224, resize the short side to 256 and take the
     central 224x224, i.e. a square of 0.875 x the short side (Model Garden's arithmetic:
-    `int(fraction * short side)`, offsets rounded up). 0 < fraction <= 1.
+    `int(fraction * short side)`, offsets rounded up).
+
+    - `fraction`: the share of the largest window with the target's aspect ratio that is
+      kept, in (0, 1]; default `0.875` (for 224x224: the central 224x224 of the image resized
+      to a short side of 256). Another value is a `ValueError`, raised here.
     """
 
     fraction: float = 0.875

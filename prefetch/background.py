@@ -68,7 +68,12 @@ def _put(items: queue.Queue[object], item: object, stop: threading.Event) -> boo
 
 
 class Background(Iterator[T], Generic[T]):
-    """The iterator returned by `background()`; also a context manager that closes it."""
+    """The iterator returned by `background()`; also a context manager that closes it.
+
+    - `iterable`: what the producer thread iterates.
+    - `depth`: the most items produced ahead of the consumer, an int >= 1.
+    - `name`: the producer thread's name (`"prefetch-background"`), as `threading` shows it.
+    """
 
     def __init__(self, iterable: Iterable[T], depth: int = 2, name: str = "prefetch-background"):
         self._stop = threading.Event()
@@ -145,5 +150,10 @@ def background(iterable: Iterable[T], depth: int = 2) -> Background[T]:
     Items arrive in order; a producer exception is raised at the consumer with its original
     type and traceback. Breaking out early, `close()`, or leaving a `with` block stops the
     producer promptly (a generator is closed, so its `finally` blocks run).
+
+    - `iterable`: any iterable (a generator, a list, an iterator of your own); it is iterated
+      in a daemon thread, and a generator is closed when the consumer stops early.
+    - `depth`: the most items produced ahead of the consumer, an int >= 1 (the bound on
+      memory).
     """
     return Background(iterable, depth)

@@ -57,6 +57,11 @@ class Coordinator:
     Workers call `should_stop()` in their loop and `request_stop(ex)` on error; the owner calls
     `join()`, which returns once every thread has ended and re-raises the first reported error.
     Exceptions of a type in `clean_stop_exception_types` stop the group without being an error.
+
+    - `clean_stop_exception_types`: exception types that, passed to `request_stop`, stop the
+      group without counting as an error (`tf.train.Coordinator`'s argument of that name);
+      `None` for `StopIteration`, and `tf.errors.OutOfRangeError` when TensorFlow is already
+      imported.
     """
 
     def __init__(

@@ -198,7 +198,9 @@ def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
 
     Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image,
     `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for a bomb).
-    `path` may be an fsspec URL (`open_image`).
+
+    - `path`: the image file, a local path (`str`) or an fsspec URL (`open_image`).
+    - `options`: the `DecodeOptions`: the size, channels and resizing of the result.
     """
     with open_image(path) as image:
         return _decode_opened(image, options)

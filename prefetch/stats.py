@@ -23,26 +23,41 @@ READ_TIMES_KEPT = 4096
 class LoaderStats:
     """A snapshot of a Loader's work since it was created (or since `reset_stats`).
 
+    - `backend`: "thread" or "process" ("auto" before the loader starts).
+    - `workers`: the worker count now.
+    - `depth`: the loader's `depth`.
+    - `epochs`: epochs begun.
+    - `batches`: batches delivered.
+    - `images`: images delivered.
+    - `elapsed_s`: seconds of iteration (from each epoch's first request to its end).
     - `images_per_s`: images delivered per second of iteration.
-    - `consumer_wait_s`, `consumer_wait_fraction`: time the consumer spent blocked waiting for
-      a batch, absolute and as a fraction of iteration time. Near 0: compute-bound (the loader
-      keeps up). Large: input-bound (add workers, or make decode cheaper).
+    - `consumer_wait_s`: time the consumer spent blocked waiting for a batch. Near 0:
+      compute-bound (the loader keeps up). Large: input-bound (add workers, or make decode
+      cheaper).
+    - `consumer_wait_fraction`: the same as a fraction of iteration time.
     - `producer_busy_s`: worker time spent reading samples, summed over workers (and over
       reader threads, so with remote storage it can be many times `elapsed_s`); printed as
       samples read at once on average, `producer_busy_s / elapsed_s`.
-    - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out of
-      `window` in flight); near `window` means the producers are ahead.
-    - `window`: batches an epoch keeps submitted to the workers: `depth`, and more when many
-      workers wait on remote storage (two rows per thread, two batches per reader process).
+    - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out
+      of `window` in flight); near `window` means the producers are ahead.
+    - `skipped`: samples dropped under `on_error="skip"` (the count is exact).
+    - `skipped_paths`: the most recent of their files (at most `SKIPPED_PATHS_KEPT`).
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
-    - `worker_decisions`: with `workers="auto"`, each change (or hold) of the worker count and why.
-    - `decoder`: the decoder that ran ("turbo", "pillow", or a callable's own name).
+    - `worker_decisions`: with `workers="auto"`, each change (or hold) of the worker count and
+      why.
+    - `decoder`: the decoder that ran ("turbo", "pillow", a callable's own name, or with a
+      `crop` the window decoder: "libjpeg-turbo window", "simplejpeg + cut", "pillow").
     - `reads_in_flight`: samples being read at the moment of the snapshot (at most the
       workers, or workers x threads_per_worker): with remote storage, how many requests wait.
-    - `read_p50_s`, `read_p90_s`, `read_p99_s`: percentiles of the time one sample took to
-      read, decode and transform, over the latest `READ_TIMES_KEPT` samples (0 before any).
-    - `cache_hits`, `cache_misses`: with `cache_dir`, samples read from a kept local copy, and
-      samples whose object was read from storage (and copied) first.
+    - `read_p50_s`: the median time one sample took to read, decode and transform, over the
+      latest `READ_TIMES_KEPT` samples (0 before any).
+    - `read_p90_s`: the 90th percentile of the same.
+    - `read_p99_s`: the 99th percentile of the same.
+    - `window`: batches an epoch keeps submitted to the workers: `depth`, and more when many
+      workers wait on remote storage (two rows per thread, two batches per reader process).
+    - `cache_hits`: with `cache_dir`, samples read from a kept local copy.
+    - `cache_misses`: with `cache_dir`, samples whose object was read from storage (and
+      copied) first.
     """
 
     backend: str

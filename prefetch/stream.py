@@ -44,10 +44,12 @@ DRAIN_S = 5.0
 
 
 class Batch(NamedTuple):
-    """A batch: `images` uint8 (N, H, W, C) and `labels`.
+    """A batch, a named tuple: `images, labels = batch`.
 
-    `labels` is int32 (N,) for label_mode="int", float32 (N, classes) one-hot for
-    "categorical", float32 (N, 1) for "binary", and None for label_mode=None.
+    - `images`: uint8, shape `(N, height, width, channels)`.
+    - `labels`: the labels in the loader's `label_mode`: int32 `(N,)` for "int", float32
+      `(N, classes)` one-hot for "categorical", float32 `(N, 1)` for "binary", and None for
+      `label_mode=None`.
     """
 
     images: np.ndarray
@@ -86,6 +88,9 @@ class Stream:
     `epoch` is the epoch it produces (None until the first `next()`), `position` the batches
     it has delivered, counted from the start of the epoch. `close()` ends it early; it is
     idempotent and also runs when the epoch ends, fails, or the stream is dropped.
+
+    - `loader`: the `Loader` whose next epoch the stream yields (made by `iter(loader)`, not
+      by hand).
     """
 
     def __init__(self, loader: Loader) -> None:

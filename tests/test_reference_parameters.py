@@ -3,8 +3,8 @@
 mkdocstrings renders the docstrings as Markdown (`docstring_style: null` in mkdocs.yml), so a
 parameter is documented when the docstring of its function, or of its class (the constructor
 is merged into the class's entry), has a list item for it, "- `name`: what it is", as Keras's
-and tf.data's references list theirs; or, for a few names, when the reference page lists it
-right under the object's `:::` directive (rendered under its entry). These tests read the
+and tf.data's references list theirs; or when the reference page lists it right under the
+object's `:::` directive (rendered under its entry). These tests read the
 docstrings and the pages; `mkdocs build --strict` renders them.
 """
 
@@ -24,9 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference"
 DIRECTIVE = re.compile(r"^::: *(?P<identifier>\S+) *$", re.MULTILINE)
-# Public callables whose parameters are documented in neither place yet: their modules are
-# being rewritten by another change (prefetch/stats.py, prefetch/tools/tune.py).
-NOT_YET = {"LoaderStats": "prefetch/stats.py", "tune": "prefetch/tools/tune.py"}
 
 
 def page_sections() -> dict[str, str]:
@@ -69,15 +66,7 @@ def undocumented(obj: Callable[..., object], path: str) -> list[str]:
     return [name for name in names if not re.search(rf"^\s*- `{re.escape(name)}`", doc, re.M)]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=f"{NOT_YET[name]} is being rewritten"))
-        if name in NOT_YET
-        else name
-        for name in prefetch.__all__
-    ],
-)
+@pytest.mark.parametrize("name", prefetch.__all__)
 def test_every_parameter_of_a_public_callable_of_prefetch_is_documented(name: str) -> None:
     obj = getattr(prefetch, name)
     if not callable(obj):

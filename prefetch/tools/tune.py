@@ -149,6 +149,21 @@ def tune(
     called after each trial (total is the most trials the search could run, exact once the
     first round is done). See the module docstring for the search and when the report
     recommends nothing.
+
+    - `root`: the image folder (`root/<class>/<image>`), as `ImageFolder` reads it.
+    - `step_ms`: the consumer's training step per batch, in ms; 0 measures the loader alone.
+    - `batch_size`: samples per batch.
+    - `image_size`: `(height, width)` of every image.
+    - `backends`: the backends tried ("thread", "process").
+    - `depths`: the `depth` values tried.
+    - `max_workers`: the most workers tried (default twice the usable cores).
+    - `trial_batches`: batches timed per trial, after a warm-up.
+    - `tolerance`: the share of the best throughput within which the smallest configuration
+      is chosen.
+    - `decoder`: the decoder every trial uses (None: the Loader's default).
+    - `progress`: `progress(done, total, label)`, called after each trial.
+    - `repeats`: rounds per configuration (medians over them).
+    - `max_spread`: the largest spread of a configuration's rounds that counts as steady.
     """
     if not step_ms >= 0:
         raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
