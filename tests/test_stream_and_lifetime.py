@@ -294,7 +294,8 @@ def test_a_label_outside_the_classes_is_a_value_error_naming_sample_and_label(
     loader = Loader(source, batch_size=4, image_size=(8, 8), workers=1, label_mode=label_mode)
     with pytest.raises(ValueError, match=f"label {bad!r}|label {bad} ") as raised:
         list(loader)
-    assert "TwoClasses[2]" in "\n".join(getattr(raised.value, "__notes__", []))
+    # The note names the user code that returned it, and the fix there (not on_error).
+    assert "TwoClasses.__getitem__(2)" in "\n".join(getattr(raised.value, "__notes__", []))
 
 
 def test_a_bad_label_is_skipped_and_counted_under_on_error_skip() -> None:
