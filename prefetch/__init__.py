@@ -26,6 +26,7 @@ from prefetch.loader import Batch, Loader, Stream
 from prefetch.options import ProcessOptions
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
+from prefetch.storage import RemoteOptions
 
 if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools stay out
     from prefetch.tools.tune import tune
@@ -46,6 +47,7 @@ __all__ = [
     "PrefetchError",
     "ProcessOptions",
     "RandomResizedCrop",
+    "RemoteOptions",
     "SampleTimeoutError",
     "Source",
     "StopTimeoutError",

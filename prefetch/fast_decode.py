@@ -147,11 +147,9 @@ class TurboDecoder:
         if _uses_unknown_fields(options):
             return decode_image(path, options)
         remote = "://" in path  # an fsspec URL or file://; local paths skip this branch
-        if remote:
-            data = storage.read_bytes(path)  # once: the fallbacks decode these bytes
-        else:
-            with open(path, "rb") as file:
-                data = file.read()
+        # once: the fallbacks decode these bytes; a local file whole, but not past
+        # max_object_bytes, and only a regular file
+        data = storage.read_bytes(path) if remote else storage.read_local(path)
         if not data.startswith(_JPEG_MAGIC):
             return decode_bytes(data, options) if remote else decode_image(path, options)
         try:

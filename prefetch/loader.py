@@ -44,8 +44,9 @@ from prefetch.options import (
 )
 from prefetch.plan import Cursor, EpochPlan
 from prefetch.session import Session, close_quietly, forget_dummy_thread
-from prefetch.sources import Source, as_source, is_file_source, split_files
+from prefetch.sources import ImageFolder, Source, as_source, is_file_source, split_files
 from prefetch.stats import LoaderStats, StatsRecorder
+from prefetch.storage import RemoteOptions
 from prefetch.stream import Batch, SkipCounter, Stream
 from prefetch.window_decode import window_engine_name
 
@@ -129,6 +130,10 @@ class Loader:
       `SampleTimeoutError`; `None` for none.
     - `cache_dir`: for a source of remote URLs, a local folder that keeps each object after
       its first read, so later epochs and runs read local disk.
+    - `remote`: a `RemoteOptions`: the deadlines, size caps and redirect policy of remote
+      reads (and the caps of listing a folder URL); `None` for those of an
+      `ImageFolder(url, remote=...)` source, else the defaults. Its `max_object_bytes` also
+      bounds local files read whole.
 
     A bad value raises ValueError naming the option, the value and what is accepted.
     """
@@ -167,8 +172,16 @@ class Loader:
         memory_budget: int | None = None,
         sample_timeout_s: float | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
-        self.source = as_source(source)
+        if remote is not None and not isinstance(remote, RemoteOptions):
+            raise TypeError(
+                f"remote must be a prefetch.RemoteOptions or None, got {type(remote).__name__}: "
+                "pass remote=prefetch.RemoteOptions(...)"
+            )
+        self.source = as_source(source, remote=remote, on_error=on_error)
+        listed = self.source.remote if isinstance(self.source, ImageFolder) else None
+        self._remote = remote or listed or RemoteOptions()
         check_validation_split(validation_split, subset, seed, self.source)
         if validation_split is not None and subset is not None and is_file_source(self.source):
             self.source = split_files(self.source, validation_split, subset, seed)
@@ -226,6 +239,7 @@ class Loader:
             cache=cache_for(self.source, cache_dir),
             augment=augment,
             window_engine="pillow" if decoder == "pillow" else "turbo",
+            remote=self._remote,
         )
         count = usable_cores() if workers in ("auto", None) else int(workers)
         self._session = Session(self._options, reader, count)
@@ -256,6 +270,9 @@ class Loader:
     memory_budget = property(lambda self: self._options.memory_budget, doc="Tuner budget.")
     sample_timeout_s = property(
         lambda self: self._options.sample_timeout_s, doc="The per-sample time limit, or None."
+    )
+    remote = property(
+        lambda self: self._remote, doc="The `RemoteOptions` of its remote reads and listing."
     )
     cache_dir = property(
         lambda self: self._session.reader.cache and self._session.reader.cache.folder,

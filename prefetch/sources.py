@@ -135,6 +135,12 @@ class ImageFolder(FileList):
       for every subfolder, sorted.
     - `follow_links`: also walk into folders that are symbolic links, as Keras's
       `follow_links`.
+    - `remote`: for a URL `root`, the `RemoteOptions` that bound its listing (deadlines, the
+      caps on pages, page bytes and depth, redirects); `None` for the defaults. Kept as
+      `self.remote` (a `Loader` of this folder reads with them unless given its own).
+    - `on_error`: for a URL `root` listed page by page (http(s)), what a sub-folder whose page
+      fails does: `"raise"` an `OSError` naming that page, or `"skip"`: leave it out, with a
+      warning on the `prefetch.loader` logger.
 
     Classes are the sorted names of the subdirectories of `root` (hidden ones, starting with
     ".", are skipped), or the given `class_names` in the given order. Files are found
@@ -154,21 +160,31 @@ class ImageFolder(FileList):
         root: str | os.PathLike[str],
         class_names: Sequence[str] | None = None,
         follow_links: bool = False,
+        *,
+        remote: storage.RemoteOptions | None = None,
+        on_error: str = "raise",
     ) -> None:
-        remote = storage.is_url(root)
-        self.root: str | Path = str(root) if remote else Path(storage.local_path(os.fspath(root)))
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be one of ('raise', 'skip'), got {on_error!r}")
+        self.remote = remote
+        at_url = storage.is_url(root)
+        self.root: str | Path = str(root) if at_url else Path(storage.local_path(os.fspath(root)))
         missing = (
             f"image folder {str(self.root)!r} does not exist or is not a directory; "
             "pass the folder that holds one subfolder per class"
         )
-        if not remote and not Path(self.root).is_dir():
+        if not at_url and not Path(self.root).is_dir():
             raise FileNotFoundError(missing)
         try:
             paths, labels, class_names = index_directory(
-                root, class_names=class_names, follow_links=follow_links
+                root,
+                class_names=class_names,
+                follow_links=follow_links,
+                remote=remote,
+                on_error=on_error,
             )
         except FileNotFoundError as error:
-            if not remote:
+            if not at_url:
                 raise
             raise FileNotFoundError(f"{missing} ({error})") from error
         if not class_names:
@@ -195,6 +211,8 @@ def index_directory(
     infer_labels: bool = True,
     class_names: Sequence[str] | None = None,
     follow_links: bool = False,
+    remote: storage.RemoteOptions | None = None,
+    on_error: str = "raise",
 ) -> tuple[PathArray, np.ndarray, list[str]]:
     """List image files exactly as Keras's `image_dataset_from_directory` does, unshuffled.
 
@@ -210,11 +228,14 @@ def index_directory(
     `os.listdir`'s own OSError when labels are inferred, as in Keras.
 
     A URL `directory` (`storage.is_url`) is listed once with the filesystem's bulk listing
-    (`storage.RemoteTree`) and then walked by the same code, giving URL paths; a missing one
+    (`storage.RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
+    page is left out) and then walked by the same code, giving URL paths; a missing one
     raises FileNotFoundError naming it. A `file://` directory is listed as the local path.
     """
     top = os.fspath(directory)
-    tree: Any = storage.RemoteTree(top) if storage.is_url(top) else _LOCAL_TREE
+    tree: Any = _LOCAL_TREE
+    if storage.is_url(top):
+        tree = storage.RemoteTree(top, options=remote, skip_errors=on_error == "skip")
     if not storage.is_url(top):
         top = storage.local_path(top)
     if infer_labels:
@@ -341,11 +362,13 @@ def split_files(
     )
 
 
-def as_source(source: Any) -> Source:
-    """`source` as a Source: a folder path becomes an ImageFolder; TypeError or ValueError for
-    what has no samples to load."""
+def as_source(
+    source: Any, remote: storage.RemoteOptions | None = None, on_error: str = "raise"
+) -> Source:
+    """`source` as a Source: a folder path becomes an ImageFolder (listed with `remote` and
+    `on_error`); TypeError or ValueError for what has no samples to load."""
     if isinstance(source, (str, os.PathLike)):
-        source = ImageFolder(source)
+        source = ImageFolder(source, remote=remote, on_error=on_error)
     if not isinstance(source, Source):
         raise TypeError(
             f"source must have __len__ and __getitem__ (or be a folder path), "

@@ -89,6 +89,93 @@ _TRANSIENT_STATUS = frozenset({408, 429})
 _TRANSIENT_NAMES = ("ConnectionError", "Disconnected", "PayloadError", "Timeout")
 
 
+@dataclass(frozen=True, kw_only=True)
+class RemoteOptions:
+    """Bounds on what remote storage may cost: `Loader(..., remote=RemoteOptions(...))`,
+    `ImageFolder(url, remote=...)`. The defaults suit object stores and real image trees; a
+    passed bound is an error that names the URL (or file) and the option to raise.
+
+    - `connect_timeout_s`: seconds to open a connection (10).
+    - `read_timeout_s`: seconds without a byte from the server, at any point of an answer
+      (30): a stalled index page or object.
+    - `request_timeout_s`: seconds for a whole request, redirects included (60). Each is per
+      attempt; a timed-out request is retried 3 times (`READ_RETRIES`).
+    - `max_object_bytes`: the largest object (or local file, through the fast and window
+      decoders) read, in bytes (1 GiB): an endless body, or a `.jpg` that is /dev/zero, is an
+      error naming it and this cap.
+    - `max_listing_pages`: the most folder pages one listing reads (100,000): over http(s) one
+      per folder; a bulk listing (gcs, s3) counts 1,000 entries as a page.
+    - `max_page_bytes`: the largest folder index page, in bytes (32 MiB).
+    - `max_depth`: the deepest folder listed below the root (32).
+    - `follow_redirects`: `"same-host"` (the default: only to the same scheme, host and port),
+      `"any"` (any http or https URL), or `"none"` (a redirect is an error). A redirect to
+      another scheme (`file://`) is never followed.
+
+    Only http(s) requests have all three deadlines; other async filesystems (gcs, s3) get
+    `request_timeout_s` per request, and their own clients' connect and read timeouts.
+    """
+
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    read_timeout_s: float = READ_TIMEOUT_S
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    max_object_bytes: int = MAX_OBJECT_BYTES
+    max_listing_pages: int = MAX_LISTING_PAGES
+    max_page_bytes: int = MAX_PAGE_BYTES
+    max_depth: int = MAX_DEPTH
+    follow_redirects: str = "same-host"
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not 0 < value < float("inf"):
+                raise ValueError(
+                    f"{name} must be a number of seconds > 0, got {value!r}: pass e.g. "
+                    f"RemoteOptions({name}=30)"
+                )
+        for name in ("max_object_bytes", "max_listing_pages", "max_page_bytes", "max_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{name} must be an int >= 1, got {value!r}: pass e.g. "
+                    f"RemoteOptions({name}={getattr(RemoteOptions, name)})"
+                )
+        if self.follow_redirects not in FOLLOW_REDIRECTS:
+            raise ValueError(
+                f"follow_redirects must be one of {FOLLOW_REDIRECTS}, got "
+                f"{self.follow_redirects!r}: 'same-host' follows redirects within the same "
+                "scheme, host and port, 'any' to any http(s) URL, 'none' to none"
+            )
+
+
+DEFAULT_OPTIONS = RemoteOptions()
+# The options of the reads and listings of the current thread (or task): `using`.
+_ACTIVE: contextvars.ContextVar[RemoteOptions] = contextvars.ContextVar(
+    "prefetch_remote_options", default=DEFAULT_OPTIONS
+)
+
+
+def active_options() -> RemoteOptions:
+    """The `RemoteOptions` in effect in this thread: those of the innermost `using`, else the
+    defaults."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def using(options: RemoteOptions | None) -> Iterator[RemoteOptions]:
+    """Make `options` (None: leave them as they are) the ones reads and listings in this
+    thread use, for the `with` block: a decoder's `read_bytes(url)` then honours the
+    loader's options without being passed them."""
+    if options is None:
+        yield active_options()
+        return
+    token = _ACTIVE.set(options)
+    try:
+        yield options
+    finally:
+        _ACTIVE.reset(token)
+
+
 def is_url(path: Any) -> bool:
     """True for a `scheme://...` string other than `file://...`: read through fsspec."""
     if not isinstance(path, str):
@@ -146,23 +233,128 @@ def filesystem_for(url: str) -> tuple[Any, str]:
 
 
 def read_bytes(
-    url: str, timeout_s: float | None = READ_TIMEOUT_S, retries: int = READ_RETRIES
+    url: str,
+    timeout_s: float | None = None,
+    retries: int = READ_RETRIES,
+    options: RemoteOptions | None = None,
 ) -> bytes:
     """The whole object at `url` (or a local path), in one request per attempt.
 
     Transient failures are retried `retries` times, waiting `RETRY_BACKOFF_S` then twice as
-    long each time; `timeout_s` bounds each attempt on async filesystems (http, gcs, s3).
-    Raises FileNotFoundError, PermissionError, TimeoutError or OSError (the original error as
-    `__cause__`) with the URL in the message.
+    long each time. `options` (None: `active_options()`) bound each attempt (its deadlines;
+    `timeout_s`, when given, replaces its `request_timeout_s`) and the object's size
+    (`max_object_bytes`, for local files too). Raises FileNotFoundError, PermissionError,
+    TimeoutError or OSError (the original error as `__cause__`) with the URL in the message.
     """
+    return fetch_object(url, timeout_s, retries, options)[0]
+
+
+def fetch_object(
+    url: str,
+    timeout_s: float | None = None,
+    retries: int = READ_RETRIES,
+    options: RemoteOptions | None = None,
+) -> tuple[bytes, bool]:
+    """`(data, whole)`: `read_bytes`, and whether the data were checked to be the whole object
+    (False only for an http(s) answer with neither a Content-Length nor chunked encoding,
+    whose body ends wherever the connection did; other stores' clients check the length
+    they announce, and a local file is read to its end)."""
+    options = options or active_options()
+    if timeout_s is not None:
+        options = _with_request_timeout(options, timeout_s)
     if not is_url(url):
-        with open(local_path(url), "rb") as file:
-            return file.read()
+        return read_local(local_path(url), options.max_object_bytes), True
     fs, path = filesystem_for(url)
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None and getattr(fs, "async_impl", False):
-        kwargs["timeout"] = timeout_s  # fsspec.asyn.sync's per-call timeout
-    return bytes(_retrying(url, retries, lambda: fs.cat_file(path, **kwargs)))
+    if _protocols(fs) & _PAGED_PROTOCOLS:
+        from prefetch import remote_http
+
+        fetched = remote_http.run(
+            fs,
+            remote_http.fetch_retrying(
+                fs,
+                url,
+                options,
+                retries,
+                max_bytes=options.max_object_bytes,
+                cap_name="max_object_bytes",
+            ),
+            _backstop_s(options, retries),
+        )
+        return fetched.data, fetched.whole
+    cap = options.max_object_bytes
+    kwargs: dict[str, Any] = {"start": 0, "end": cap + 1}  # a range: never more than cap + 1
+    if getattr(fs, "async_impl", False):
+        kwargs["timeout"] = options.request_timeout_s  # fsspec.asyn.sync's per-call timeout
+
+    def attempt() -> bytes:
+        try:
+            data = bytes(fs.cat_file(path, **kwargs))
+        except Exception as error:
+            if "Timeout" in type(error).__name__:
+                from prefetch.remote_http import DeadlineError
+
+                raise DeadlineError(
+                    "no whole answer", "request_timeout_s", options.request_timeout_s
+                ) from error
+            raise
+        if len(data) > cap:
+            raise OSError(
+                f"{url!r} is larger than max_object_bytes={cap}: raise "
+                "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+            )
+        return data
+
+    return _retrying(url, retries, attempt), True
+
+
+def read_local(path: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of the local file `path`, at most `max_bytes` (None: the active options'
+    `max_object_bytes`). A path that is not a regular file (a device such as /dev/zero, a
+    FIFO, through a symlink or not) or a file larger than the cap raises OSError naming it:
+    nothing is read past the cap, and nothing blocks on a FIFO without a writer."""
+    cap = active_options().max_object_bytes if max_bytes is None else max_bytes
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(handle, "rb", buffering=0) as file:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
+        if info.st_size > cap:
+            raise OSError(
+                f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
+                "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+            )
+        data = file.read(info.st_size + 1)  # usually all of it, in one read
+        while len(data) <= cap:  # to the end (it may have grown), never past the cap
+            more = file.read(min(cap + 1 - len(data), _LOCAL_CHUNK))
+            if not more:
+                break
+            data += more
+    if len(data) > cap:
+        raise OSError(
+            f"{path!r} grew past max_object_bytes={cap} while it was read: raise "
+            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+        )
+    return data
+
+
+# Bytes `read_local` reads at a time after the file's stated size.
+_LOCAL_CHUNK = 64 * 1024
+
+
+def _with_request_timeout(options: RemoteOptions, timeout_s: float) -> RemoteOptions:
+    import dataclasses
+
+    return dataclasses.replace(options, request_timeout_s=timeout_s)
+
+
+def _backstop_s(options: RemoteOptions, retries: int) -> float:
+    """How long a request with its retries can take at most, and a margin: `run`'s backstop."""
+    backoff = sum(RETRY_BACKOFF_S * 2.0**attempt for attempt in range(retries))
+    return (retries + 1) * (options.request_timeout_s + 2.0) + backoff
+
+
+def _protocols(fs: Any) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
 
 
 def _retrying(url: str, retries: int, call: Callable[[], Any]) -> Any:
@@ -173,7 +365,7 @@ def _retrying(url: str, retries: int, call: Callable[[], Any]) -> Any:
             return call()
         except Exception as error:
             if attempt >= retries or not is_transient(error):
-                raise _naming(error, url, attempt + 1) from error
+                raise naming(error, url, attempt + 1) from error
         time.sleep(RETRY_BACKOFF_S * 2**attempt)
         attempt += 1
 
@@ -194,17 +386,22 @@ def is_transient(error: BaseException) -> bool:
     )
 
 
-def _naming(error: Exception, url: str, attempts: int) -> Exception:
-    """A builtin error of the closest kind whose message names `url`."""
+def naming(error: Exception, url: str, attempts: int) -> Exception:
+    """A builtin error of the closest kind whose message names `url` (an error of ours that
+    names it already, such as a passed cap, is kept as it is)."""
+    from_us = type(error).__module__ == "prefetch.remote_http"
     tried = f" after {attempts} attempts" if attempts > 1 else ""
     status = getattr(error, "status", None)
+    said = str(error) if from_us else repr(error)
     if isinstance(error, FileNotFoundError) or status == 404:
-        return FileNotFoundError(f"no object at {url!r}{tried}: {error!r}")
+        return FileNotFoundError(f"no object at {url!r}{tried}: {said}")
     if isinstance(error, PermissionError) or status in (401, 403):
-        return PermissionError(f"not allowed to read {url!r}{tried}: {error!r}")
+        return PermissionError(f"not allowed to read {url!r}{tried}: {said}")
     if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
-        return TimeoutError(f"reading {url!r} timed out{tried}: {error!r}")
-    return OSError(f"cannot read {url!r}{tried}: {error!r}")
+        return TimeoutError(f"reading {url!r} timed out{tried}: {said}")
+    if from_us and status is None:
+        return type(error)(str(error))  # a cap: its message names the URL and the cap
+    return OSError(f"cannot read {url!r}{tried}: {said}")
 
 
 class RemoteTree:
@@ -212,31 +409,64 @@ class RemoteTree:
 
     One `fs.find(..., withdirs=True, detail=True)` lists everything under `top` (retried like
     `read_bytes`). Over http(s), which has no bulk listing, the index page of each folder is
-    read with `fs.ls` and retried on its own, so a flaky server costs a page, not the whole
-    listing (`walk_pages`); the folder
+    read and retried on its own, so a flaky server costs a page, not the whole listing
+    (`prefetch.remote_http.list_pages`: deadlines, caps, and only links that resolve inside
+    `top` followed; a failing sub-folder page raises OSError naming it, or with `skip_errors`
+    is logged and left out). `options` (None: `active_options()`) bound it all. The folder
     strings it answers for are `os.path.join(top, ...)` of `top` as given (a URL), so
     `index_directory` builds the same path strings as for a local folder. A folder that does
-    not exist (nothing listed under it) raises FileNotFoundError naming the URL.
+    not exist (nothing listed under it) raises FileNotFoundError naming the URL; an entry
+    with an empty, "." or ".." segment is left out.
     """
 
-    def __init__(self, top: str, retries: int = READ_RETRIES) -> None:
+    def __init__(
+        self,
+        top: str,
+        retries: int = READ_RETRIES,
+        options: RemoteOptions | None = None,
+        skip_errors: bool = False,
+    ) -> None:
+        options = options or active_options()
         fs, root = filesystem_for(top)
         self.top = top
         self._folders: dict[str, tuple[list[str], list[str]]] = {}
+        paged = bool(_protocols(fs) & _PAGED_PROTOCOLS)
         try:
-            protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-            if protocols & _PAGED_PROTOCOLS:
-                entries = walk_pages(fs, root, retries)
+            if paged:
+                from prefetch import remote_http
+
+                entries = remote_http.run(
+                    fs, remote_http.list_pages(fs, top, options, retries, skip_errors), None
+                )
             else:
                 entries = _retrying(top, retries, lambda: fs.find(root, withdirs=True, detail=True))
         except FileNotFoundError:
             entries = {}
-        prefix = root.rstrip("/") + "/"
+        if not paged and len(entries) > options.max_listing_pages * LISTING_PAGE_ENTRIES:
+            raise OSError(
+                f"listing {top!r}: {len(entries)} entries, more than max_listing_pages="
+                f"{options.max_listing_pages} pages of {LISTING_PAGE_ENTRIES}; raise "
+                "RemoteOptions(max_listing_pages=...) if the tree is that large"
+            )
+        if paged:
+            from prefetch.remote_http import as_folder
+
+            prefix = as_folder(top)
+        else:
+            prefix = root.rstrip("/") + "/"
         for name, info in entries.items():
             name = name.rstrip("/")
             if not name.startswith(prefix):
-                continue  # the root itself, or a link that leads out of it (http)
+                continue  # the root itself
             parts = name[len(prefix) :].split("/")
+            if any(part in ("", ".", "..") for part in parts):
+                continue  # no folder of a local tree has such a name: not followed
+            if len(parts) > options.max_depth + 1:
+                raise OSError(
+                    f"listing {top!r}: {name!r} is {len(parts) - 1} folders deep, more than "
+                    f"max_depth={options.max_depth}; raise RemoteOptions(max_depth=...) if "
+                    "the tree is that deep"
+                )
             is_dir = info.get("type") == "directory"
             for depth in range(len(parts)):
                 folder = self._key(parts[:depth])
@@ -280,33 +510,6 @@ class RemoteTree:
             subdirs, files = self._entry(current)
             yield current, list(subdirs), list(files)
             pending.extend(os.path.join(current, name) for name in subdirs)
-
-
-def walk_pages(fs: Any, root: str, retries: int = READ_RETRIES) -> dict[str, dict[str, Any]]:
-    """Every entry under `root` as `fs.find(..., withdirs=True, detail=True)` gives them,
-    listed a folder per request with `fs.ls(folder, detail=True)`, each folder retried like
-    `read_bytes`. The folders of one level are listed `LISTING_THREADS` at a time (a thousand
-    class folders at 80 ms each take seconds, not minutes); links that lead out of `root` are
-    not followed."""
-    prefix = root.rstrip("/") + "/"
-    entries: dict[str, dict[str, Any]] = {}
-
-    def page(folder: str) -> list[dict[str, Any]]:
-        return list(_retrying(folder, retries, functools.partial(fs.ls, folder, detail=True)))
-
-    level = [root]
-    with ThreadPoolExecutor(LISTING_THREADS, thread_name_prefix="prefetch-listing") as pool:
-        while level:
-            below = []
-            for listing in pool.map(page, level):
-                for info in listing:
-                    name = str(info["name"]).rstrip("/")
-                    if name.startswith(prefix) and name not in entries:
-                        entries[name] = info
-                        if info.get("type") == "directory":
-                            below.append(str(info["name"]))  # as linked: "dir/", no redirect
-            level = below
-    return entries
 
 
 def list_images(root_url: str) -> list[str]:

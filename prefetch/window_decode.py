@@ -212,8 +212,8 @@ def _read(path: str) -> bytes:
 
 
 def _read_local(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
+    """The whole file, but not past max_object_bytes, and only a regular file (`read_local`)."""
+    return storage.read_local(path)
 
 
 def _jpeg_header(data: bytes) -> tuple[int, int] | None:

@@ -26,7 +26,7 @@ from prefetch.decode import DecodeOptions, Decoder, decode_image, decoder_name, 
 from prefetch.errors import add_note
 from prefetch.labels import check_label
 from prefetch.sources import is_file_source
-from prefetch.storage import filesystem_for, is_url
+from prefetch.storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.window_decode import crop_image, decode_window, flip_left_right
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
@@ -57,7 +57,9 @@ class SampleReader:
     `source[index] -> (image, label)` (or just `image` when `labelled` is False) and converts
     the image to the target size. With `augment` (a crop, a flip) the crop's window is drawn
     from the image's size and decoded alone (`prefetch.window_decode`, by `window_engine`),
-    or cut from the source's image; the flip is a view; then `transform` runs.
+    or cut from the source's image; the flip is a view; then `transform` runs. Files are read
+    within `remote` (`storage.using`: deadlines, size caps; None: the defaults); a cached copy
+    is decoded through `ObjectCache.decoded`, which keeps only copies that decode.
     """
 
     source: Any
@@ -70,6 +72,7 @@ class SampleReader:
     cache: ObjectCache | None = None
     augment: Augment = field(default_factory=Augment)
     window_engine: str = "turbo"
+    remote: RemoteOptions | None = None
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -141,15 +144,25 @@ class SampleReader:
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
         if is_file_source(self.source):
             path = str(self.source.paths[index])
-            if self.cache is not None:
-                path, kept = self.cache.local_copy(path)
-                if kept:
-                    outcome.cache_hits += 1
-                else:
-                    outcome.cache_misses += 1
             own_decoder = augment.crop is None and not _is_builtin(self.decoder)
-            step.name = DECODER if own_decoder else FILE
-            image = self.decode_file(path, rng)
+            start = rng.bit_generator.state if rng is not None else None
+
+            def decode(local: str) -> np.ndarray:
+                if rng is not None and start is not None:  # a second attempt draws alike
+                    rng.bit_generator.state = start
+                step.name = DECODER if own_decoder else FILE
+                return self.decode_file(local, rng)
+
+            step.name = FILE  # reading the object (or its copy) until the decoder runs
+            with using(self.remote):
+                if self.cache is None:
+                    image = decode(path)
+                else:
+                    image, kept = self.cache.decoded(path, decode)
+                    if kept:
+                        outcome.cache_hits += 1
+                    else:
+                        outcome.cache_misses += 1
             step.name = DECODER_RESULT if own_decoder else FILE
             _check_image(image, self.options, "decoder")
             label = int(self.source.labels[index])

@@ -3,7 +3,8 @@
 Image trees are real JPEG/PNG files with learnable classes (one shape per class), written with
 Pillow. The fakes wrap the default decoder to sleep or raise at chosen files; they are
 plain picklable classes, so they work in thread and process workers alike. `serve_folder`
-(prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults.
+(prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
+`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from prefetch.decode import DecodeOptions, get_decoder
+from prefetch.testing.hostile import Reply as Reply
+from prefetch.testing.hostile import index_page as index_page
+from prefetch.testing.hostile import redirect as redirect
+from prefetch.testing.hostile import serve_hostile as serve_hostile
 from prefetch.testing.server import serve_folder as serve_folder
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "stripes")

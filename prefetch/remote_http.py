@@ -1,0 +1,468 @@
+"""HTTP(S) reads and folder listings with deadlines, caps and a closed root: `storage`'s http part.
+
+`fetch` reads one URL on fsspec's event loop with aiohttp (fsspec's session: its connections,
+headers and credentials), within three deadlines (connect, each read, the whole request,
+`RemoteOptions`), at most `max_bytes` of body, following redirects only as
+`RemoteOptions.follow_redirects` allows, and says whether the body was checked to be whole
+(a Content-Length, or a chunked body's last chunk). `list_pages` lists a folder tree one
+index page per folder, `LISTING_CONCURRENCY` pages at once, following only links that resolve
+(`resolve`: dots, percent-encoding, empty segments, other schemes and hosts) to a place inside
+the root, within `max_listing_pages`, `max_page_bytes` and `max_depth`. `run` runs a coroutine
+from a plain thread and cancels it when that thread is interrupted (Ctrl-C), so nothing here
+waits past its deadline or outlives its caller. Imported only when an http(s) URL is used.
+See docs/remote.md, "Hostile servers".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import html
+import logging
+import re
+import time
+import urllib.parse
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prefetch.storage import (
+    RETRY_BACKOFF_S,
+    RemoteOptions,
+    is_transient,
+    naming,
+)
+
+log = logging.getLogger("prefetch.loader")
+
+T = TypeVar("T")
+
+# Folder pages requested at once while listing (each waits on the server, not the CPU).
+LISTING_CONCURRENCY = 16
+# Redirects followed at most for one request (aiohttp's own default).
+MAX_REDIRECTS = 10
+# A long listing logs its progress on the `prefetch.loader` logger this often.
+PROGRESS_EVERY_S = 10.0
+# Body chunks read at a time (the size caps are checked after each).
+CHUNK_BYTES = 256 * 1024
+# The seconds `run` waits past a request's own deadline before it gives up on the loop.
+DEADLINE_SLACK_S = 2.0
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# An anchor's href, as fsspec's HTTP filesystem finds them in an index page.
+_HREF = re.compile(r"""<(?:a|A)\s+(?:[^>]*?\s+)?(?:href|HREF)=["'](?P<url>[^"']+)""")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# What may stay unquoted in a path we send (RFC 3986 pchar and "/"; "%" for existing escapes).
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
+
+
+class DeadlineError(TimeoutError):
+    """A deadline of `RemoteOptions` passed: `option` names it, `seconds` is its value."""
+
+    def __init__(self, what: str, option: str, seconds: float) -> None:
+        super().__init__(
+            f"{what} within {seconds:g} s ({option}={seconds:g}; raise it with "
+            f"RemoteOptions({option}=...))"
+        )
+        self.option = option
+        self.seconds = seconds
+
+
+class StatusError(OSError):
+    """An HTTP answer that is not the object: `status` is its code (read by `is_transient`)."""
+
+    def __init__(self, status: int, url: str, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason} for {url!r}")
+        self.status = status
+
+
+class CapError(OSError):
+    """More bytes (or pages, or depth) than a cap of `RemoteOptions` allows; never retried."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A body and what is known of it: `whole` when its length was checked (a Content-Length,
+    or a chunked body's terminating chunk), `url` the URL that answered (after redirects),
+    `content_type` its media type ("" when the server named none)."""
+
+    data: bytes
+    whole: bool
+    url: str
+    content_type: str
+
+
+# --- URLs -----------------------------------------------------------------------------------
+
+
+def _origin(parts: urllib.parse.SplitResult) -> tuple[str, str, int | None]:
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
+    except ValueError:
+        port = -1  # an invalid port never matches
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _decode_unreserved(text: str) -> str:
+    """`%2e` -> `.`, `%41` -> `A`: escapes of unreserved characters decoded (RFC 3986 6.2.2.2:
+    they mean the same), others upper-cased."""
+
+    def one(match: re.Match[str]) -> str:
+        character = chr(int(match.group(1), 16))
+        return character if character in _UNRESERVED else "%" + match.group(1).upper()
+
+    return _ESCAPE.sub(one, text)
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4: `/a/b/../c/./d` -> `/a/c/d` (never above the root); empty segments are
+    kept (the caller refuses them)."""
+    output: list[str] = []
+    segments = path.split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "..":
+            if len(output) > 1:
+                output.pop()
+            if last:
+                output.append("")
+        elif segment == ".":
+            if last:
+                output.append("")
+        else:
+            output.append(segment)
+    return "/".join(output)
+
+
+def normalise(url: str) -> str:
+    """`url` as it is requested: unreserved escapes decoded, dot segments removed, characters
+    that may not appear in a path quoted, no fragment. Idempotent."""
+    parts = urllib.parse.urlsplit(_decode_unreserved(url.strip()))
+    path = urllib.parse.quote(_remove_dot_segments(parts.path or "/"), safe=_PATH_SAFE)
+    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, path, parts.query, ""))
+
+
+def as_folder(url: str) -> str:
+    """`url` (normalised) with exactly one trailing "/"."""
+    return normalise(url).rstrip("/") + "/"
+
+
+def resolve(folder: str, link: str) -> str | None:
+    """The URL an index page's `link` leads to from `folder` (a normalised URL ending in
+    "/"), or None when it is not an entry of that folder: another scheme or host, a query
+    (sort links), an encoded "/" or a backslash (ambiguous segments), a path that after
+    decoding and dot removal is not strictly below `folder`, or one with an empty segment
+    (`a//b`: it would walk back to itself). A folder entry keeps its trailing "/"."""
+    link = html.unescape(link).strip().split("#", 1)[0]
+    if not link or "?" in link or "\\" in link:
+        return None
+    link = _decode_unreserved(link)
+    if re.search(r"%(2F|5C)", link, re.IGNORECASE):
+        return None
+    base = urllib.parse.urlsplit(folder)
+    target = urllib.parse.urlsplit(link)
+    if target.scheme:
+        if target.scheme.lower() not in _DEFAULT_PORTS:
+            return None
+    elif link.startswith("//"):
+        target = urllib.parse.urlsplit(f"{base.scheme}:{link}")
+    elif link.startswith("/"):
+        target = base._replace(path=target.path)
+    else:
+        target = base._replace(path=base.path + target.path)
+    if _origin(target) != _origin(base) or not target.netloc:
+        return None
+    path = urllib.parse.quote(_remove_dot_segments(target.path), safe=_PATH_SAFE)
+    if not path.startswith(base.path) or len(path) <= len(base.path):
+        return None
+    rest = path[len(base.path) :]
+    if "" in rest.rstrip("/").split("/") or rest.endswith("//"):
+        return None
+    return urllib.parse.urlunsplit((base.scheme, base.netloc, path, "", ""))
+
+
+def _redirect_allowed(origin: str, target: str, policy: str) -> bool:
+    """Whether a redirect from a request to `origin` may go to `target` under `policy`."""
+    to = urllib.parse.urlsplit(target)
+    if to.scheme.lower() not in _DEFAULT_PORTS:
+        return False  # file://, ftp://, ...: never
+    if policy == "any":
+        return True
+    if policy == "same-host":
+        return _origin(to) == _origin(urllib.parse.urlsplit(origin))
+    return False
+
+
+# --- one request ------------------------------------------------------------------------------
+
+
+def _timeout(options: RemoteOptions) -> Any:
+    import aiohttp
+
+    # The whole request's deadline is `fetch`'s own (asyncio.wait_for), so it is told apart.
+    return aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=options.connect_timeout_s,
+        sock_read=options.read_timeout_s,
+    )
+
+
+async def fetch(
+    fs: Any, url: str, options: RemoteOptions, *, max_bytes: int, cap_name: str
+) -> Fetched:
+    """One GET of `url` on `fs`'s session, within `options`' deadlines and redirect policy and
+    at most `max_bytes` of body (`cap_name` names that cap in the error). Raises
+    DeadlineError, StatusError (an error status), CapError, PermissionError (a refused
+    redirect) or aiohttp's own errors (a dropped connection)."""
+    try:
+        return await asyncio.wait_for(
+            _fetch(fs, url, options, max_bytes, cap_name), options.request_timeout_s
+        )
+    except asyncio.TimeoutError as error:
+        if isinstance(error, DeadlineError):
+            raise
+        raise DeadlineError(
+            "no whole answer", "request_timeout_s", options.request_timeout_s
+        ) from None
+
+
+async def _fetch(
+    fs: Any, url: str, options: RemoteOptions, max_bytes: int, cap_name: str
+) -> Fetched:
+    import aiohttp
+    import yarl
+
+    session = await fs.set_session()
+    kwargs = {k: v for k, v in fs.kwargs.items() if k not in ("allow_redirects", "timeout")}
+    current = normalise(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            async with session.get(
+                yarl.URL(current, encoded=True),
+                allow_redirects=False,
+                timeout=_timeout(options),
+                **kwargs,
+            ) as response:
+                if response.status in _REDIRECTS and "Location" in response.headers:
+                    target = normalise(urllib.parse.urljoin(current, response.headers["Location"]))
+                    if not _redirect_allowed(url, target, options.follow_redirects):
+                        raise PermissionError(
+                            f"{current!r} redirects ({response.status}) to {target!r}, which "
+                            f"follow_redirects={options.follow_redirects!r} does not follow "
+                            "(same-host: the same scheme, host and port only); pass "
+                            "RemoteOptions(follow_redirects='any') to follow it"
+                        )
+                    current = target
+                    continue
+                if response.status >= 400:
+                    raise StatusError(response.status, current, response.reason or "")
+                return await _body(response, current, max_bytes, cap_name)
+        except aiohttp.ServerTimeoutError as error:
+            if isinstance(error, aiohttp.ConnectionTimeoutError):
+                raise DeadlineError(
+                    "no connection", "connect_timeout_s", options.connect_timeout_s
+                ) from None
+            raise DeadlineError(
+                "no byte arrived", "read_timeout_s", options.read_timeout_s
+            ) from None
+    raise OSError(f"{url!r}: more than {MAX_REDIRECTS} redirects")
+
+
+async def _body(response: Any, url: str, max_bytes: int, cap_name: str) -> Fetched:
+    length = response.content_length
+    if length is not None and length > max_bytes:
+        raise CapError(
+            f"{url!r} is {length} bytes, more than {cap_name}={max_bytes}: raise "
+            f"RemoteOptions({cap_name}=...) if it is meant to be that large"
+        )
+    data = bytearray()
+    while chunk := await response.content.read(CHUNK_BYTES):
+        data += chunk
+        if len(data) > max_bytes:
+            raise CapError(
+                f"{url!r} sent more than {cap_name}={max_bytes} bytes: raise "
+                f"RemoteOptions({cap_name}=...) if it is meant to be that large"
+            )
+    chunked = "chunked" in response.headers.get("Transfer-Encoding", "").lower()
+    # aiohttp raises when a Content-Length or chunked body ends early; without either, the
+    # body ends where the connection did, which may be anywhere.
+    whole = length is not None or chunked
+    content_type = response.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    return Fetched(bytes(data), whole, str(response.url), content_type)
+
+
+async def fetch_retrying(
+    fs: Any, url: str, options: RemoteOptions, retries: int, *, max_bytes: int, cap_name: str
+) -> Fetched:
+    """`fetch`, retried `retries` times on a transient failure (as `storage.read_bytes`);
+    the error names `url`."""
+    attempt = 0
+    while True:
+        try:
+            return await fetch(fs, url, options, max_bytes=max_bytes, cap_name=cap_name)
+        except Exception as error:
+            if attempt >= retries or not is_transient(error):
+                raise naming(error, url, attempt + 1) from error
+        await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
+        attempt += 1
+
+
+def run(fs: Any, coroutine: Coroutine[Any, Any, T], limit_s: float | None) -> T:
+    """Run `coroutine` on `fs`'s event loop and wait for it, from a thread that is not the
+    loop's; on any interruption of the wait (Ctrl-C in the main thread) the coroutine is
+    cancelled before the exception goes on. `limit_s` (None: none) is a backstop for a loop
+    that does not answer: the coroutine's own deadlines come first. The coroutine's error is
+    raised as it is (its `__cause__` kept)."""
+    future = asyncio.run_coroutine_threadsafe(_carried(coroutine), fs.loop)
+    try:
+        outcome = future.result(limit_s)
+    except BaseException as error:
+        future.cancel()
+        if isinstance(error, concurrent.futures.TimeoutError):
+            raise TimeoutError(f"fsspec's event loop did not answer within {limit_s} s") from None
+        raise
+    if isinstance(outcome, _Raised):
+        raise outcome.error
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """An error carried out of the loop as a value (asyncio would copy a TimeoutError without
+    its `__cause__`)."""
+
+    error: Exception
+
+
+async def _carried(coroutine: Coroutine[Any, Any, T]) -> T | _Raised:
+    try:
+        return await coroutine
+    except Exception as error:
+        return _Raised(error)
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+async def _all_or_cancel(awaitables: list[Awaitable[T]]) -> list[T]:
+    """The results of `awaitables`, run at once; the first error cancels the others (and so
+    does a cancellation of the caller)."""
+    tasks = [asyncio.ensure_future(item) for item in awaitables]
+    try:
+        if tasks:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+def links_of(page: Fetched) -> list[str]:
+    """The hrefs of an HTML index page (none for another media type), as fsspec reads them."""
+    if page.content_type not in ("text/html", ""):
+        return []
+    return [match.group("url") for match in _HREF.finditer(page.data.decode("utf-8", "replace"))]
+
+
+async def list_pages(
+    fs: Any, root: str, options: RemoteOptions, retries: int, skip_errors: bool
+) -> dict[str, dict[str, Any]]:
+    """Every entry under the folder URL `root`, as `{url: {"name", "type", "size"}}` (folder
+    names without their trailing "/"), listed one index page per folder, level by level, at
+    most `LISTING_CONCURRENCY` pages at once. Only links that `resolve` inside the page's
+    folder (and so inside `root`) are followed. The root's page failing raises its error; a
+    sub-folder's raises OSError naming that page and the page that linked it (with
+    `skip_errors`, it is logged and the folder left out). Caps raise CapError naming the cap."""
+    top = as_folder(root)
+    entries: dict[str, dict[str, Any]] = {}
+    semaphore = asyncio.Semaphore(LISTING_CONCURRENCY)
+    pages = 0  # pages asked for
+    listed = [0]  # pages read
+    began = time.monotonic()
+    reported = began
+
+    async def page(folder: str, parent: str | None) -> list[str] | None:
+        nonlocal reported
+        async with semaphore:
+            try:
+                fetched = await fetch_retrying(
+                    fs,
+                    folder,
+                    options,
+                    retries,
+                    max_bytes=options.max_page_bytes,
+                    cap_name="max_page_bytes",
+                )
+            except CapError:
+                raise
+            except Exception as error:
+                if parent is None:
+                    raise
+                message = (
+                    f"listing {root!r}: the folder page {folder!r} (linked from {parent!r}) "
+                    f"failed: {error}"
+                )
+                if skip_errors:
+                    log.warning("prefetch: %s; left out (on_error='skip')", message)
+                    return None
+                raise OSError(message + "; pass on_error='skip' to leave it out") from error
+        listed[0] += 1
+        now = time.monotonic()
+        if now - reported >= PROGRESS_EVERY_S:
+            reported = now
+            log.info(
+                "prefetch: listing %s: %d folder pages read, %d entries, %.0f s so far",
+                root,
+                listed[0],
+                len(entries),
+                now - began,
+            )
+        base = as_folder(fetched.url)
+        found = []
+        for link in links_of(fetched):
+            target = resolve(base, link)
+            if target is not None and target.startswith(top):
+                found.append(target)
+        return found
+
+    level: list[tuple[str, str | None]] = [(top, None)]
+    depth = 0
+    while level:
+        if depth > options.max_depth:
+            raise CapError(
+                f"listing {root!r}: {level[0][0]!r} is {depth} folders deep, more than "
+                f"max_depth={options.max_depth}; raise RemoteOptions(max_depth=...) if the "
+                "tree is that deep"
+            )
+        if pages + len(level) > options.max_listing_pages:
+            raise CapError(
+                f"listing {root!r}: more than max_listing_pages={options.max_listing_pages} "
+                "folder pages; raise RemoteOptions(max_listing_pages=...) if the tree has "
+                "that many folders"
+            )
+        pages += len(level)
+        results = await _all_or_cancel([page(folder, parent) for folder, parent in level])
+        below: list[tuple[str, str | None]] = []
+        for (folder, _), found in zip(level, results, strict=True):
+            if found is None:  # its page failed, and on_error="skip": no such folder
+                entries.pop(folder.rstrip("/"), None)
+                continue
+            for target in found:
+                name = target.rstrip("/")
+                if name in entries:
+                    continue
+                is_folder = target.endswith("/")
+                entries[name] = {
+                    "name": name,
+                    "type": "directory" if is_folder else "file",
+                    "size": None,
+                }
+                if is_folder:
+                    below.append((target, folder))
+        level = below
+        depth += 1
+    return entries
