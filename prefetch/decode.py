@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -223,10 +225,19 @@ def open_image(path: str) -> Image.Image:
     """`Image.open` of a local path, a `file://` path, or an fsspec URL (the whole object read
     with `storage.read_bytes`: retried, and its errors name the URL)."""
     if "://" not in path:  # the local fast path: one substring test
-        return Image.open(path)
+        return Image.open(_regular_file(path))
     if not storage.is_url(path):
-        return Image.open(storage.local_path(path))
+        return Image.open(_regular_file(storage.local_path(path)))
     return Image.open(io.BytesIO(storage.read_bytes(path)))
+
+
+def _regular_file(path: str) -> str:
+    """`path`, or OSError naming it when it is not a regular file (a FIFO would block the
+    open, a device such as /dev/zero would be read without end): the same refusal as
+    `storage.read_local`'s, for Pillow's own open."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
+    return path
 
 
 def _draft(image: Image.Image, options: DecodeOptions) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from prefetch import FileList, Loader, RandomResizedCrop, SampleTimeoutError
-from prefetch.testing import write_image_folder
+from prefetch.testing import PlainReadDecoder, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +47,16 @@ def files_with_a_fifo(tmp_path: Path) -> Iterator[tuple[FileList, str]]:
 
 
 def loader_for(files: FileList, **options: object) -> Loader:
-    options = {"batch_size": 7, "image_size": (16, 16), "shuffle": False, **options}
+    # prefetch's own decoders refuse a FIFO at once; a plain read blocks on it, as a read from
+    # a dead network mount would (crops are decoded by prefetch's own window decoder).
+    decoder = "auto" if options.get("crop") else PlainReadDecoder()
+    options = {
+        "batch_size": 7,
+        "image_size": (16, 16),
+        "shuffle": False,
+        "decoder": decoder,
+        **options,
+    }
     return Loader(files, sample_timeout_s=LIMIT_S, **options)  # type: ignore[arg-type]
 
 

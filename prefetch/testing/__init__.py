@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from prefetch.decode import DecodeOptions, get_decoder
+from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
 from prefetch.testing.hostile import Reply as Reply
 from prefetch.testing.hostile import index_page as index_page
 from prefetch.testing.hostile import redirect as redirect
@@ -249,6 +249,20 @@ class SlowDecoder:
         if (self.marker is None or self.marker in path) and _first_time(self.once_flag):
             time.sleep(self.delay_s)
         return get_decoder("auto")(path, options)
+
+
+class PlainReadDecoder:
+    """A decoder of your own that reads the file with a plain `open(path).read()`, then decodes
+    the bytes with `decode_bytes`. prefetch's decoders refuse a FIFO or a device at once; this
+    one blocks on a FIFO without a writer, as a read from a dead network mount blocks: the
+    stuck sample that `sample_timeout_s` bounds. Picklable; safe in many threads."""
+
+    releases_gil = True
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        with open(path, "rb") as file:  # blocks on a FIFO until a writer comes
+            data = file.read()
+        return decode_bytes(data, options)
 
 
 class FailingDecoder:
