@@ -695,3 +695,16 @@ def test_a_cache_folder_inside_a_folder_others_may_write_to_is_refused(tmp_path:
 def test_the_loader_passes_its_remote_options_to_the_listing(tmp_path: Path) -> None:
     with serve_hostile(endless_tree) as server, pytest.raises(OSError, match="pages=20"):
         Loader(server.url + "train/", remote=RemoteOptions(max_listing_pages=20))
+
+
+@pytest.mark.tf
+def test_the_keras_drop_in_takes_the_same_bounds() -> None:
+    """`prefetch.tf.image_dataset_from_directory(url, remote=...)` lists within them."""
+    import prefetch.tf
+
+    with serve_hostile(endless_tree) as server:
+        with pytest.raises(OSError, match=r"more than max_listing_pages=20 folder pages"):
+            prefetch.tf.image_dataset_from_directory(
+                server.url + "train/", remote=RemoteOptions(max_listing_pages=20), verbose=False
+            )
+        assert len(server.requests) <= 20

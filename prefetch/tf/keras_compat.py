@@ -36,6 +36,7 @@ import tensorflow as tf
 from prefetch.decode import decode_image
 from prefetch.fast_decode import decode_turbo, fast_available
 from prefetch.loader import Loader
+from prefetch.remote_options import RemoteOptions
 from prefetch.sources import (
     IMAGE_EXTENSIONS,
     SUBSETS,  # the two datasets of subset="both", in Keras's order
@@ -75,11 +76,13 @@ def image_dataset_from_directory(
     *,
     workers: int | None = None,
     backend: str = "thread",
+    remote: RemoteOptions | None = None,
 ) -> Any:
     """A `tf.data.Dataset` of the images in `directory`, as Keras's function of this name.
 
     Takes every argument of `keras.utils.image_dataset_from_directory` with the same defaults
-    and meaning, plus `workers` and `backend` for the `prefetch.Loader` behind each dataset.
+    and meaning, plus `workers`, `backend` and `remote` for the `prefetch.Loader` behind each
+    dataset.
     Returns one dataset, or a list of two (training, validation) with `subset="both"`. Each
     has `class_names` (None without labels), `file_paths` (a list equal to Keras's for the same
     arguments and seed) and `loader`. Each iteration is one epoch, reshuffled when `shuffle`
@@ -120,6 +123,8 @@ def image_dataset_from_directory(
     - `workers`: the worker count of the loader behind each dataset (`None`: one per core).
     - `backend`: the loader's backend: `"thread"` (the default here), `"process"` or
       `"auto"`.
+    - `remote`: for an fsspec URL, the `prefetch.RemoteOptions` of the listing and the reads
+      (deadlines, size and listing caps, redirects); None for the defaults.
     """
     # Keras's checks, in Keras's order (the first bad argument is the one reported).
     keras_args.check_labels(labels, class_names)
@@ -133,7 +138,9 @@ def image_dataset_from_directory(
     keras_args.check_validation_split(validation_split, subset, shuffle, seed)
     if seed is None:  # randint(1e6) from numpy's global generator, as Keras draws it
         seed = int(np.random.randint(1_000_000))
-    paths, label_array, class_names = _index(directory, labels, class_names, follow_links, verbose)
+    paths, label_array, class_names = _index(
+        directory, labels, class_names, follow_links, verbose, remote
+    )
     keras_args.check_binary_classes(label_mode, class_names)
     data_format = keras_args.data_format(data_format)
     buffer_size = batch_size * 8 if batch_size is not None else 1024  # Keras's shuffle buffer
@@ -169,6 +176,7 @@ def image_dataset_from_directory(
             data_format=data_format,
             workers=workers,
             backend=backend,
+            remote=remote,
         )
         for number, (part_paths, part_labels) in enumerate(parts)
     ]
@@ -189,6 +197,7 @@ def _index(
     class_names: Sequence[str] | None,
     follow_links: bool,
     verbose: bool,
+    remote: RemoteOptions | None,
 ) -> tuple[PathArray, np.ndarray | None, Sequence[str] | None]:
     """Keras's index_directory: the files, their labels (int32, or None) and the class names,
     in the listing's order (`_split` shuffles them as Keras does); Keras's errors and
@@ -209,7 +218,11 @@ def _index(
         f"per class; got {os.fspath(directory)!r}"
     ):
         paths, found, names = index_directory(
-            directory, infer_labels=inferred, class_names=class_names, follow_links=follow_links
+            directory,
+            infer_labels=inferred,
+            class_names=class_names,
+            follow_links=follow_links,
+            remote=remote,
         )
     label_array: np.ndarray | None = found
     # Keras returns the class_names object it was given (in its order), else the subfolders.
@@ -268,6 +281,7 @@ def _make_dataset(
     data_format: str,
     workers: int | None,
     backend: str,
+    remote: RemoteOptions | None,
 ) -> tf.data.Dataset:
     source = FileList(paths, labels, _loader_class_names(labels, class_names, label_mode))
     loader = Loader(
@@ -284,6 +298,7 @@ def _make_dataset(
         pad_to_aspect_ratio=pad_to_aspect_ratio,
         antialias=False,
         backend=backend,
+        remote=remote,
         # libjpeg-turbo at full size with OpenCV's bilinear is Keras's resize, at about 1.1 ms
         # per ImageNet JPEG against Pillow's 2.1 ms (docs/decoders.md).
         decoder=decode_turbo if fast_available() else decode_image,
