@@ -15,7 +15,11 @@ from contextlib import ExitStack
 
 from prefetch.augment import CenterCrop, Crop, RandomResizedCrop
 from prefetch.tools import bench
-from prefetch.tools.command_args import ProgressBar, image_size, positive_int
+from prefetch.tools.command_args import (
+    ProgressBar,
+    add_batch_shape_arguments,
+    positive_int,
+)
 from prefetch.tools.timeline import MATPLOTLIB_HINT
 
 # `prefetch bench --crop`: the training and evaluation shapes of the work.
@@ -61,16 +65,7 @@ def _add_bench_folder_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
     """Register what `prefetch bench` measures and how: --batch-size to --antialias."""
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=32, help="images per batch (default 32)"
-    )
-    parser.add_argument(
-        "--image-size",
-        type=image_size,
-        default=(224, 224),
-        metavar="HxW",
-        help="size every image is decoded to: SIZE or HEIGHTxWIDTH (default 224x224)",
-    )
+    add_batch_shape_arguments(parser)
     parser.add_argument(
         "--workers", type=positive_int, help="workers per loader (default: the usable cores)"
     )

@@ -75,3 +75,17 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
     return value
+
+
+def add_batch_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register --batch-size and --image-size, the shape of the work every subcommand loads."""
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="images per batch (default 32)"
+    )
+    parser.add_argument(
+        "--image-size",
+        type=image_size,
+        default=(224, 224),
+        metavar="HxW",
+        help="size every image is decoded to: SIZE or HEIGHTxWIDTH (default 224x224)",
+    )

@@ -11,7 +11,11 @@ import json
 import sys
 
 from prefetch.tools import tune
-from prefetch.tools.command_args import ProgressBar, image_size, positive_int
+from prefetch.tools.command_args import (
+    ProgressBar,
+    add_batch_shape_arguments,
+    positive_int,
+)
 from prefetch.tools.timeline import MATPLOTLIB_HINT
 
 
@@ -54,16 +58,7 @@ def _add_tune_work_arguments(parser: argparse.ArgumentParser) -> None:
         "steps of model.train_on_batch on one batch held in memory, or read Keras's ms/step "
         "from a fit on data already in memory",
     )
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=32, help="images per batch (default 32)"
-    )
-    parser.add_argument(
-        "--image-size",
-        type=image_size,
-        default=(224, 224),
-        metavar="HxW",
-        help="size every image is decoded to: SIZE or HEIGHTxWIDTH (default 224x224)",
-    )
+    add_batch_shape_arguments(parser)
 
 
 def _add_tune_search_arguments(parser: argparse.ArgumentParser) -> None:
