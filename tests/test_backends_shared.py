@@ -9,6 +9,7 @@ Classes defined here are sent to spawned workers, which import this module to un
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -382,6 +383,9 @@ def test_a_hundred_rapid_open_close_cycles_leak_nothing(paths: list[Path], backe
                     pass
 
     cycle(0)  # starts multiprocessing's resource tracker once, which holds a descriptor
+    # Objects of earlier tests that hold a descriptor until collected (an ObjectCache's folder)
+    # are collected now, not in the middle of the count.
+    gc.collect()
     me = psutil.Process()
     threads, descriptors = set(threading.enumerate()), me.num_fds()
     started = time.monotonic()
@@ -391,4 +395,6 @@ def test_a_hundred_rapid_open_close_cycles_leak_nothing(paths: list[Path], backe
     assert not [t.name for t in set(threading.enumerate()) - threads if t.is_alive()]
     assert not worker_processes()
     assert not our_segments()
-    assert me.num_fds() == descriptors, f"file descriptors leaked ({per_cycle:.2f} s per cycle)"
+    gc.collect()
+    # A leak is growth; fewer is something of an earlier test being closed meanwhile.
+    assert me.num_fds() <= descriptors, f"file descriptors leaked ({per_cycle:.2f} s per cycle)"

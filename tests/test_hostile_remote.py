@@ -147,8 +147,11 @@ def test_bad_remote_options_are_refused_naming_the_value_and_the_fix(
 
 CTRL_C_CHILD = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from prefetch import ImageFolder
+    # As in a terminal. A runner started in the background (`make test &`, some CI shells)
+    # ignores SIGINT, children inherit that, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         ImageFolder(sys.argv[1])  # the default deadlines: 30 s without a byte, 4 attempts
     except KeyboardInterrupt:
