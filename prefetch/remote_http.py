@@ -353,6 +353,10 @@ async def _all_or_cancel(awaitables: list[Awaitable[T]]) -> list[T]:
     try:
         if tasks:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        # The failure, if any: the others may still be running (their result is not set).
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         return [task.result() for task in tasks]
     finally:
         for task in tasks:

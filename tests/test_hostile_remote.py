@@ -711,3 +711,22 @@ def test_the_keras_drop_in_takes_the_same_bounds() -> None:
                 server.url + "train/", remote=RemoteOptions(max_listing_pages=20), verbose=False
             )
         assert len(server.requests) <= 20
+
+
+def test_a_failing_page_beside_a_slow_one_is_the_error_raised() -> None:
+    """The failure of one folder page is raised while its siblings are still being read (not
+    asyncio's "Result is not set" for the first sibling in the list)."""
+
+    def routes(path: str) -> Reply | None:
+        if path == "/train/":
+            return index_page(["cat/", "dog/"])
+        if path == "/train/cat/":
+            time.sleep(1.0)  # still in flight when dog/ fails
+            return index_page(["a.jpg"])
+        return None  # dog/ answers 404 at once
+
+    with serve_hostile(as_a_web_server_does(routes)) as server:
+        url = server.url + "train/"
+        with pytest.raises(OSError, match="dog/") as raised:
+            ImageFolder(url)
+        assert not isinstance(raised.value, FileNotFoundError)
