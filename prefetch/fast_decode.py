@@ -146,10 +146,8 @@ class TurboDecoder:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        remote = "://" in path  # an fsspec URL or file://; local paths skip this branch
-        # once: the fallbacks decode these bytes; a local file whole, but not past
-        # max_object_bytes, and only a regular file
-        data = storage.read_bytes(path) if remote else storage.read_local(path)
+        remote = "://" in path  # an fsspec URL or file://: the fallbacks decode these bytes
+        data = storage.read_whole(path)  # once, capped; a local path must be a regular file
         if not data.startswith(_JPEG_MAGIC):
             return decode_bytes(data, options) if remote else decode_image(path, options)
         try:

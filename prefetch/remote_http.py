@@ -6,18 +6,17 @@ headers and credentials), within three deadlines (connect, each read, the whole 
 `RemoteOptions.follow_redirects` allows, and says whether the body was checked to be whole
 (a Content-Length, or a chunked body's last chunk). `list_pages` lists a folder tree one
 index page per folder, `LISTING_CONCURRENCY` pages at once, following only links that resolve
-(`resolve`: dots, percent-encoding, empty segments, other schemes and hosts) to a place inside
-the root, within `max_listing_pages`, `max_page_bytes` and `max_depth`. `run` runs a coroutine
-from a plain thread and cancels it when that thread is interrupted (Ctrl-C), so nothing here
-waits past its deadline or outlives its caller. Imported only when an http(s) URL is used.
-See docs/remote.md, "Hostile servers".
+(`prefetch.remote_links.resolve`: dots, percent-encoding, empty segments, other schemes and
+hosts) to a place inside the root, within `max_listing_pages`, `max_page_bytes` and
+`max_depth`. `run` runs a coroutine from a plain thread and cancels it when that thread is
+interrupted (Ctrl-C), so nothing here waits past its deadline or outlives its caller.
+Imported only when an http(s) URL is used. See docs/remote.md, "Bounds".
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import html
 import logging
 import re
 import time
@@ -26,6 +25,7 @@ from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from prefetch.remote_links import as_folder, normalise, redirect_allowed, resolve
 from prefetch.storage import (
     RETRY_BACKOFF_S,
     RemoteOptions,
@@ -48,13 +48,8 @@ CHUNK_BYTES = 256 * 1024
 # The seconds `run` waits past a request's own deadline before it gives up on the loop.
 DEADLINE_SLACK_S = 2.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 # An anchor's href, as fsspec's HTTP filesystem finds them in an index page.
 _HREF = re.compile(r"""<(?:a|A)\s+(?:[^>]*?\s+)?(?:href|HREF)=["'](?P<url>[^"']+)""")
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
-_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-# What may stay unquoted in a path we send (RFC 3986 pchar and "/"; "%" for existing escapes).
-_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 class DeadlineError(TimeoutError):
@@ -91,108 +86,6 @@ class Fetched:
     whole: bool
     url: str
     content_type: str
-
-
-# --- URLs -----------------------------------------------------------------------------------
-
-
-def _origin(parts: urllib.parse.SplitResult) -> tuple[str, str, int | None]:
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port or _DEFAULT_PORTS.get(scheme)
-    except ValueError:
-        port = -1  # an invalid port never matches
-    return scheme, (parts.hostname or "").lower(), port
-
-
-def _decode_unreserved(text: str) -> str:
-    """`%2e` -> `.`, `%41` -> `A`: escapes of unreserved characters decoded (RFC 3986 6.2.2.2:
-    they mean the same), others upper-cased."""
-
-    def one(match: re.Match[str]) -> str:
-        character = chr(int(match.group(1), 16))
-        return character if character in _UNRESERVED else "%" + match.group(1).upper()
-
-    return _ESCAPE.sub(one, text)
-
-
-def _remove_dot_segments(path: str) -> str:
-    """RFC 3986 5.2.4: `/a/b/../c/./d` -> `/a/c/d` (never above the root); empty segments are
-    kept (the caller refuses them)."""
-    output: list[str] = []
-    segments = path.split("/")
-    for index, segment in enumerate(segments):
-        last = index == len(segments) - 1
-        if segment == "..":
-            if len(output) > 1:
-                output.pop()
-            if last:
-                output.append("")
-        elif segment == ".":
-            if last:
-                output.append("")
-        else:
-            output.append(segment)
-    return "/".join(output)
-
-
-def normalise(url: str) -> str:
-    """`url` as it is requested: unreserved escapes decoded, dot segments removed, characters
-    that may not appear in a path quoted, no fragment. Idempotent."""
-    parts = urllib.parse.urlsplit(_decode_unreserved(url.strip()))
-    path = urllib.parse.quote(_remove_dot_segments(parts.path or "/"), safe=_PATH_SAFE)
-    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, path, parts.query, ""))
-
-
-def as_folder(url: str) -> str:
-    """`url` (normalised) with exactly one trailing "/"."""
-    return normalise(url).rstrip("/") + "/"
-
-
-def resolve(folder: str, link: str) -> str | None:
-    """The URL an index page's `link` leads to from `folder` (a normalised URL ending in
-    "/"), or None when it is not an entry of that folder: another scheme or host, a query
-    (sort links), an encoded "/" or a backslash (ambiguous segments), a path that after
-    decoding and dot removal is not strictly below `folder`, or one with an empty segment
-    (`a//b`: it would walk back to itself). A folder entry keeps its trailing "/"."""
-    link = html.unescape(link).strip().split("#", 1)[0]
-    if not link or "?" in link or "\\" in link:
-        return None
-    link = _decode_unreserved(link)
-    if re.search(r"%(2F|5C)", link, re.IGNORECASE):
-        return None
-    base = urllib.parse.urlsplit(folder)
-    target = urllib.parse.urlsplit(link)
-    if target.scheme:
-        if target.scheme.lower() not in _DEFAULT_PORTS:
-            return None
-    elif link.startswith("//"):
-        target = urllib.parse.urlsplit(f"{base.scheme}:{link}")
-    elif link.startswith("/"):
-        target = base._replace(path=target.path)
-    else:
-        target = base._replace(path=base.path + target.path)
-    if _origin(target) != _origin(base) or not target.netloc:
-        return None
-    path = urllib.parse.quote(_remove_dot_segments(target.path), safe=_PATH_SAFE)
-    if not path.startswith(base.path) or len(path) <= len(base.path):
-        return None
-    rest = path[len(base.path) :]
-    if "" in rest.rstrip("/").split("/") or rest.endswith("//"):
-        return None
-    return urllib.parse.urlunsplit((base.scheme, base.netloc, path, "", ""))
-
-
-def _redirect_allowed(origin: str, target: str, policy: str) -> bool:
-    """Whether a redirect from a request to `origin` may go to `target` under `policy`."""
-    to = urllib.parse.urlsplit(target)
-    if to.scheme.lower() not in _DEFAULT_PORTS:
-        return False  # file://, ftp://, ...: never
-    if policy == "any":
-        return True
-    if policy == "same-host":
-        return _origin(to) == _origin(urllib.parse.urlsplit(origin))
-    return False
 
 
 # --- one request ------------------------------------------------------------------------------
@@ -247,7 +140,7 @@ async def _fetch(
             ) as response:
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     target = normalise(urllib.parse.urljoin(current, response.headers["Location"]))
-                    if not _redirect_allowed(url, target, options.follow_redirects):
+                    if not redirect_allowed(url, target, options.follow_redirects):
                         raise PermissionError(
                             f"{current!r} redirects ({response.status}) to {target!r}, which "
                             f"follow_redirects={options.follow_redirects!r} does not follow "

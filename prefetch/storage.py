@@ -200,6 +200,14 @@ def fetch_object(
     return _retrying(url, retries, attempt), True
 
 
+def read_whole(path: str) -> bytes:
+    """The bytes of `path`: a local or `file://` path through `read_local` (a regular file, at
+    most `max_object_bytes`), an fsspec URL through `read_bytes` (retried, capped)."""
+    if "://" not in path:  # the local fast path: one substring test
+        return read_local(path)
+    return read_bytes(path) if is_url(path) else read_local(local_path(path))
+
+
 def read_local(path: str, max_bytes: int | None = None) -> bytes:
     """The bytes of the local file `path`, at most `max_bytes` (None: the active options'
     `max_object_bytes`). A path that is not a regular file (a device such as /dev/zero, a
@@ -342,7 +350,7 @@ class RemoteTree:
                 "RemoteOptions(max_listing_pages=...) if the tree is that large"
             )
         if paged:
-            from prefetch.remote_http import as_folder
+            from prefetch.remote_links import as_folder
 
             prefix = as_folder(top)
         else:

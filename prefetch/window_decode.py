@@ -36,6 +36,7 @@ from PIL import Image
 from prefetch import storage
 from prefetch.augment import Box, Crop
 from prefetch.decode import DecodeOptions, convert_mode, to_target_size
+from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
 
 
 def _compiled() -> ModuleType | None:
@@ -82,7 +83,7 @@ def decode_window(
     `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries).
     Raises what `decode_image` raises for a bad file.
     """
-    data = _read(path)
+    data = storage.read_whole(path)
     if engine == "turbo" and data.startswith(_JPEG_MAGIC) and options.channels != 4:
         header = _jpeg_header(data)
         if header is not None:
@@ -135,8 +136,6 @@ def resize_window(pixels: np.ndarray, options: DecodeOptions) -> np.ndarray:
     """An HxWxC window resized to `options.shape` with the loader's interpolation."""
     cv2 = _cv2()
     if cv2 is not None and options.interpolation == "bilinear":
-        from prefetch.fast_decode import _resize_antialiased, _resize_no_antialias
-
         resize = _resize_antialiased if options.antialias else _resize_no_antialias
         return resize(pixels, options.image_size, "bilinear", cv2=cv2)
     return to_target_size(np.ascontiguousarray(pixels), _whole(options))
@@ -201,21 +200,6 @@ def _pillow_window(
     return resize_window(pixels[top : top + height, left : left + width], options)
 
 
-def _read(path: str) -> bytes:
-    if "://" in path:
-        return (
-            storage.read_bytes(path)
-            if storage.is_url(path)
-            else _read_local(storage.local_path(path))
-        )
-    return _read_local(path)
-
-
-def _read_local(path: str) -> bytes:
-    """The whole file, but not past max_object_bytes, and only a regular file (`read_local`)."""
-    return storage.read_local(path)
-
-
 def _jpeg_header(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a JPEG libjpeg-turbo decodes to RGB and gray as Pillow does, or None
     (CMYK/YCCK, over Pillow's pixel limit, or a header it cannot read)."""
@@ -240,16 +224,15 @@ def _whole(options: DecodeOptions) -> DecodeOptions:
     return dataclasses.replace(options, crop_to_aspect_ratio=False, pad_to_aspect_ratio=False)
 
 
+# simplejpeg and OpenCV, imported once per process by the fast decoder's own import (None
+# without the `fast` extra); looked up per sample, so kept here once found.
 @functools.lru_cache(maxsize=1)
 def _simplejpeg() -> ModuleType | None:
-    from prefetch.fast_decode import _modules
-
     modules = _modules()
     return modules[0] if modules is not None else None
 
 
+@functools.lru_cache(maxsize=1)
 def _cv2() -> ModuleType | None:
-    from prefetch.fast_decode import _modules
-
     modules = _modules()
     return modules[1] if modules is not None else None

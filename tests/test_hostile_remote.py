@@ -272,7 +272,7 @@ def test_empty_segments_and_file_links_do_not_loop(tmp_path: Path) -> None:
 
 
 def test_the_resolver_refuses_what_would_leave_the_folder_or_loop() -> None:
-    from prefetch.remote_http import resolve
+    from prefetch.remote_links import resolve
 
     base = "http://127.0.0.1:8000/train/"
     assert resolve(base, "cat/") == base + "cat/"

@@ -95,7 +95,14 @@ class SampleReader:
     def read_into(
         self, task: BatchTask, slot: Slot, start: int, stop: int, worker: str
     ) -> ChunkOutcome:
-        """Fill rows [start, stop) of `slot` with the samples task.indices[start:stop]."""
+        """Fill rows [start, stop) of `slot` with the samples task.indices[start:stop], with
+        `remote`'s bounds in effect for every read."""
+        with using(self.remote):
+            return self._read_rows(task, slot, start, stop, worker)
+
+    def _read_rows(
+        self, task: BatchTask, slot: Slot, start: int, stop: int, worker: str
+    ) -> ChunkOutcome:
         began = time.perf_counter()
         began_cpu, began_runnable = thread_clocks()
         outcome = ChunkOutcome()
@@ -139,30 +146,29 @@ class SampleReader:
         self, index: int, task: BatchTask, outcome: ChunkOutcome, step: _Step
     ) -> tuple[np.ndarray, int]:
         """One sample at the target size, and its label; `step` tells what it is doing."""
-        step.name = FILE
+        step.name = FILE  # reading the file (or its copy) until a decoder of the user's runs
         augment = self.augment
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
         if is_file_source(self.source):
             path = str(self.source.paths[index])
             own_decoder = augment.crop is None and not _is_builtin(self.decoder)
-            start = rng.bit_generator.state if rng is not None else None
+            # The cache may decode twice (a kept copy that fails is read again): both draw alike.
+            again = rng.bit_generator.state if rng is not None and self.cache else None
 
             def decode(local: str) -> np.ndarray:
-                if rng is not None and start is not None:  # a second attempt draws alike
-                    rng.bit_generator.state = start
+                if rng is not None and again is not None:
+                    rng.bit_generator.state = again
                 step.name = DECODER if own_decoder else FILE
                 return self.decode_file(local, rng)
 
-            step.name = FILE  # reading the object (or its copy) until the decoder runs
-            with using(self.remote):
-                if self.cache is None:
-                    image = decode(path)
+            if self.cache is None:
+                image = decode(path)
+            else:
+                image, kept = self.cache.decoded(path, decode)
+                if kept:
+                    outcome.cache_hits += 1
                 else:
-                    image, kept = self.cache.decoded(path, decode)
-                    if kept:
-                        outcome.cache_hits += 1
-                    else:
-                        outcome.cache_misses += 1
+                    outcome.cache_misses += 1
             step.name = DECODER_RESULT if own_decoder else FILE
             _check_image(image, self.options, "decoder")
             label = int(self.source.labels[index])
