@@ -24,6 +24,8 @@ from prefetch.errors import (
 )
 from prefetch.loader import Batch, Loader, Stream
 from prefetch.options import ProcessOptions
+from prefetch.shard_formats import CorruptShardError
+from prefetch.shard_sources import TarSource, TFRecordSource
 from prefetch.sources import FileList, ImageFolder, Source
 from prefetch.stats import LoaderStats
 from prefetch.storage import RemoteOptions
@@ -39,6 +41,7 @@ __all__ = [
     "CenterCrop",
     "ClosedError",
     "Coordinator",
+    "CorruptShardError",
     "DecodeOptions",
     "FileList",
     "ImageFolder",
@@ -52,6 +55,8 @@ __all__ = [
     "Source",
     "StopTimeoutError",
     "Stream",
+    "TFRecordSource",
+    "TarSource",
     "TooManySkippedError",
     "WorkerCrashedError",
     "background",

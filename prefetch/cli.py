@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import prefetch
 from prefetch.backends.shm import sweep_stale
 from prefetch.tools.bench_command import add_bench_parser
+from prefetch.tools.shards_command import add_shards_parser
 from prefetch.tools.tune_command import add_tune_parser
 
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_bench_parser(subparsers)
     add_tune_parser(subparsers)
+    add_shards_parser(subparsers)
     return parser
 
 

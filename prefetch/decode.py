@@ -223,7 +223,10 @@ def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
 
 def open_image(path: str) -> Image.Image:
     """`Image.open` of a local path, a `file://` path, or an fsspec URL (the whole object read
-    with `storage.read_bytes`: retried, and its errors name the URL)."""
+    with `storage.read_bytes`: retried, and its errors name the URL), or a sample of a shard
+    (a member path: `storage.read_whole`)."""
+    if "#" in path and storage.is_member(path):
+        return Image.open(io.BytesIO(storage.read_whole(path)))
     if "://" not in path:  # the local fast path: one substring test
         return Image.open(_regular_file(path))
     if not storage.is_url(path):

@@ -44,6 +44,7 @@ from prefetch.options import (
 )
 from prefetch.plan import Cursor, EpochPlan
 from prefetch.session import Session, close_quietly, forget_dummy_thread
+from prefetch.shard_stream import streaming_parts
 from prefetch.sources import ImageFolder, Source, as_source, is_file_source, split_files
 from prefetch.stats import LoaderStats, StatsRecorder
 from prefetch.storage import RemoteOptions
@@ -211,7 +212,7 @@ class Loader:
             antialias,
         )
         self._seed_is_random = seed is None  # then another process cannot draw the same order
-        self._plan = EpochPlan(
+        plan = EpochPlan(
             size=len(self.source),
             batch_size=batch_size,
             seed=int(seed) if seed is not None else int(np.random.default_rng().integers(2**63)),
@@ -220,6 +221,9 @@ class Loader:
             num_shards=num_shards,
             shard_index=shard_index,
         )
+        self._plan, self._spool = streaming_parts(self.source, plan, cache_dir, self._remote)
+        if self._spool is not None:
+            weakref.finalize(self, self._spool.close)
         if len(self._plan) == 0:
             raise ValueError(
                 f"drop_remainder=True with {len(self.source)} samples and batch_size "
@@ -236,10 +240,11 @@ class Loader:
             skip_errors=on_error == "skip",
             labelled=label_mode is not None,
             num_classes=len(self.class_names) or None,
-            cache=cache_for(self.source, cache_dir),
+            cache=None if self._spool else cache_for(self.source, cache_dir),
             augment=augment,
             window_engine="pillow" if decoder == "pillow" else "turbo",
             remote=self._remote,
+            spool=self._spool.folder if self._spool else None,
         )
         count = usable_cores() if workers in ("auto", None) else int(workers)
         self._session = Session(self._options, reader, count)
@@ -385,9 +390,17 @@ class Loader:
             if undelivered is not exc:
                 raise  # the original of an error that TensorFlow (or a thread) swallowed
 
-    def _start(self) -> tuple[Backend, SlotRing]:
-        """Start the workers unless they run; returns the backend and its ring."""
-        return self._session.start(self._plan.batches(self._cursor.next_epoch)[0])
+    def _start(self, epoch: int | None = None, position: int = 0) -> tuple[Backend, SlotRing]:
+        """Start the workers unless they run; returns the backend and its ring. The first
+        batch of `epoch` from `position` (default: where the next iteration begins) is what
+        backend="auto" measures; for a streamed source, its shards are fetched first."""
+        if epoch is None:
+            epoch, position = self._cursor.next_epoch, self._cursor.next_position
+        batches = self._plan.batches(epoch, position) or self._plan.batches(epoch)
+        if self._spool is not None:
+            self._spool.begin(epoch, batches, position)
+            self._spool.ready(position)
+        return self._session.start(batches[0])
 
     def close(self) -> None:
         """Stop the workers, join them, free the buffers. Idempotent.
@@ -395,6 +408,8 @@ class Loader:
         Raises the first worker error that was recorded but never delivered to the consumer
         (for example one that TensorFlow wrapped in its own error type).
         """
+        if self._spool is not None:
+            self._spool.end()  # its folder goes with the loader (the finalizer)
         self._session.close()
 
     def record_undelivered_error(self, error: BaseException) -> None:

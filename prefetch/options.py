@@ -186,6 +186,14 @@ def check_validation_split(
             f"{type(source).__name__}: pass an ImageFolder, a FileList or a folder path, or "
             "split your own source's indices yourself"
         )
+    from prefetch.shard_sources import ShardSource  # it imports prefetch.sources, as this
+
+    if isinstance(source, ShardSource) and source.streaming:
+        raise ValueError(
+            "validation_split picks single samples, but this shard source is streamed (whole "
+            "shards in sequence): split by shard instead, one source of the training shards "
+            "and one of the validation shards, or make it with streaming=False"
+        )
 
 
 def process_options(

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from prefetch.remote_links import as_folder, normalise, redirect_allowed, resolve
 from prefetch.storage import (
@@ -103,15 +103,28 @@ def _timeout(options: RemoteOptions) -> Any:
 
 
 async def fetch(
-    fs: Any, url: str, options: RemoteOptions, *, max_bytes: int, cap_name: str
+    fs: Any,
+    url: str,
+    options: RemoteOptions,
+    *,
+    max_bytes: int,
+    cap_name: str,
+    byte_range: tuple[int, int] | None = None,
+    sink: BinaryIO | None = None,
 ) -> Fetched:
     """One GET of `url` on `fs`'s session, within `options`' deadlines and redirect policy and
     at most `max_bytes` of body (`cap_name` names that cap in the error). Raises
     DeadlineError, StatusError (an error status), CapError, PermissionError (a refused
-    redirect) or aiohttp's own errors (a dropped connection)."""
+    redirect) or aiohttp's own errors (a dropped connection).
+
+    `byte_range=(start, stop)` asks for those bytes only (a `Range` header; a server that
+    answers with the whole object instead raises OSError). With `sink`, the body is written
+    to it from its start (emptied first, so a retry starts over) instead of kept in memory,
+    and the `Fetched` holds no data."""
     try:
         return await asyncio.wait_for(
-            _fetch(fs, url, options, max_bytes, cap_name), options.request_timeout_s
+            _fetch(fs, url, options, max_bytes, cap_name, byte_range, sink),
+            options.request_timeout_s,
         )
     except asyncio.TimeoutError as error:
         if isinstance(error, DeadlineError):
@@ -122,13 +135,22 @@ async def fetch(
 
 
 async def _fetch(
-    fs: Any, url: str, options: RemoteOptions, max_bytes: int, cap_name: str
+    fs: Any,
+    url: str,
+    options: RemoteOptions,
+    max_bytes: int,
+    cap_name: str,
+    byte_range: tuple[int, int] | None = None,
+    sink: BinaryIO | None = None,
 ) -> Fetched:
     import aiohttp
     import yarl
 
     session = await fs.set_session()
     kwargs = {k: v for k, v in fs.kwargs.items() if k not in ("allow_redirects", "timeout")}
+    if byte_range is not None:
+        start, stop = byte_range
+        kwargs["headers"] = {**kwargs.get("headers", {}), "Range": f"bytes={start}-{stop - 1}"}
     current = normalise(url)
     for _ in range(MAX_REDIRECTS + 1):
         try:
@@ -151,7 +173,13 @@ async def _fetch(
                     continue
                 if response.status >= 400:
                     raise StatusError(response.status, current, response.reason or "")
-                return await _body(response, current, max_bytes, cap_name)
+                if byte_range is not None and response.status != 206:
+                    raise OSError(
+                        f"{current!r} answered a range request with the whole object "
+                        f"(status {response.status}): this server cannot serve one sample "
+                        "of a shard; read its shards whole (streaming, the default for URLs)"
+                    )
+                return await _body(response, current, max_bytes, cap_name, sink)
         except aiohttp.ServerTimeoutError as error:
             if isinstance(error, aiohttp.ConnectionTimeoutError):
                 raise DeadlineError(
@@ -163,7 +191,9 @@ async def _fetch(
     raise OSError(f"{url!r}: more than {MAX_REDIRECTS} redirects")
 
 
-async def _body(response: Any, url: str, max_bytes: int, cap_name: str) -> Fetched:
+async def _body(
+    response: Any, url: str, max_bytes: int, cap_name: str, sink: BinaryIO | None = None
+) -> Fetched:
     length = response.content_length
     if length is not None and length > max_bytes:
         raise CapError(
@@ -171,9 +201,17 @@ async def _body(response: Any, url: str, max_bytes: int, cap_name: str) -> Fetch
             f"RemoteOptions({cap_name}=...) if it is meant to be that large"
         )
     data = bytearray()
+    received = 0
+    if sink is not None:
+        sink.seek(0)
+        sink.truncate()
     while chunk := await response.content.read(CHUNK_BYTES):
-        data += chunk
-        if len(data) > max_bytes:
+        received += len(chunk)
+        if sink is None:
+            data += chunk
+        else:
+            sink.write(chunk)
+        if received > max_bytes:
             raise CapError(
                 f"{url!r} sent more than {cap_name}={max_bytes} bytes: raise "
                 f"RemoteOptions({cap_name}=...) if it is meant to be that large"
@@ -187,14 +225,30 @@ async def _body(response: Any, url: str, max_bytes: int, cap_name: str) -> Fetch
 
 
 async def fetch_retrying(
-    fs: Any, url: str, options: RemoteOptions, retries: int, *, max_bytes: int, cap_name: str
+    fs: Any,
+    url: str,
+    options: RemoteOptions,
+    retries: int,
+    *,
+    max_bytes: int,
+    cap_name: str,
+    byte_range: tuple[int, int] | None = None,
+    sink: BinaryIO | None = None,
 ) -> Fetched:
     """`fetch`, retried `retries` times on a transient failure (as `storage.read_bytes`);
     the error names `url`."""
     attempt = 0
     while True:
         try:
-            return await fetch(fs, url, options, max_bytes=max_bytes, cap_name=cap_name)
+            return await fetch(
+                fs,
+                url,
+                options,
+                max_bytes=max_bytes,
+                cap_name=cap_name,
+                byte_range=byte_range,
+                sink=sink,
+            )
         except Exception as error:
             if attempt >= retries or not is_transient(error):
                 raise naming(error, url, attempt + 1) from error

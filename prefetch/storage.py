@@ -26,7 +26,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 # The options live in prefetch.remote_options; `using` and `RemoteOptions` are re-exported
 # because readers and sources reach them through this module.
@@ -77,6 +77,13 @@ def is_url(path: Any) -> bool:
     return match is not None and match.group(1).lower() != "file"
 
 
+def is_member(path: str) -> bool:
+    """Whether `path` names a sample inside a shard (`prefetch.shard_members`)."""
+    from prefetch.shard_members import split_member
+
+    return split_member(path) is not None
+
+
 def source_scheme(source: Any) -> str:
     """The URL scheme of a file source's files ("memory", "http", ...), "" when they are local
     (plain paths or `file://`) or the source has no files (it is not a file source,
@@ -95,7 +102,12 @@ def source_scheme(source: Any) -> str:
 def reads_over_network(source: Any) -> bool:
     """Whether a file source's reads wait on a network: URLs other than `memory://`. Such a
     loader's `workers=None` is tuned like "auto", starting above one worker per core
-    (`prefetch.session.remote_start`)."""
+    (`prefetch.session.remote_start`). A streamed shard source's workers read local copies
+    (`prefetch.shard_stream`): not over a network."""
+    from prefetch.shard_sources import ShardSource  # it imports this module
+
+    if isinstance(source, ShardSource) and source.streaming:
+        return False
     return source_scheme(source) not in ("", "memory")
 
 
@@ -202,10 +214,84 @@ def fetch_object(
 
 def read_whole(path: str) -> bytes:
     """The bytes of `path`: a local or `file://` path through `read_local` (a regular file, at
-    most `max_object_bytes`), an fsspec URL through `read_bytes` (retried, capped)."""
+    most `max_object_bytes`), an fsspec URL through `read_bytes` (retried, capped), a sample
+    of a shard (a member path, `prefetch.shard_members`) through `read_member`."""
+    if "#" in path:
+        from prefetch.shard_members import read_member, split_member
+
+        member = split_member(path)
+        if member is not None:
+            return read_member(member)
     if "://" not in path:  # the local fast path: one substring test
         return read_local(path)
     return read_bytes(path) if is_url(path) else read_local(local_path(path))
+
+
+def read_range(url: str, offset: int, length: int, retries: int = READ_RETRIES) -> bytes:
+    """`length` bytes of the object at `url` from byte `offset`, in one ranged request per
+    attempt, within the active options' deadlines; retried and named as `read_bytes`."""
+    options = active_options()
+    fs, path = filesystem_for(url)
+    if _protocols(fs) & _PAGED_PROTOCOLS:
+        from prefetch import remote_http
+
+        fetched = remote_http.run(
+            fs,
+            remote_http.fetch_retrying(
+                fs,
+                url,
+                options,
+                retries,
+                max_bytes=length,
+                cap_name="the sample's length",
+                byte_range=(offset, offset + length),
+            ),
+            _backstop_s(options, retries),
+        )
+        return fetched.data
+    return bytes(
+        _retrying(url, retries, lambda: fs.cat_file(path, start=offset, end=offset + length))
+    )
+
+
+def download(url: str, file: BinaryIO, retries: int = READ_RETRIES) -> int:
+    """Write the whole object at `url` into `file` (from its start; a retry starts over) in
+    large sequential reads, never holding it in memory; returns its size. The active
+    options bound it: at most `max_object_bytes`, and over http(s) each read's and the whole
+    request's deadlines (other stores: their clients' own timeouts). Errors name the URL."""
+    options = active_options()
+    cap = options.max_object_bytes
+    fs, path = filesystem_for(url)
+    if _protocols(fs) & _PAGED_PROTOCOLS:
+        from prefetch import remote_http
+
+        remote_http.run(
+            fs,
+            remote_http.fetch_retrying(
+                fs, url, options, retries, max_bytes=cap, cap_name="max_object_bytes", sink=file
+            ),
+            _backstop_s(options, retries),
+        )
+        return file.tell()
+
+    def attempt() -> int:
+        file.seek(0)
+        file.truncate()
+        with fs.open(path, "rb", block_size=_DOWNLOAD_BLOCK) as remote:
+            while chunk := remote.read(_DOWNLOAD_BLOCK):
+                file.write(chunk)
+                if file.tell() > cap:
+                    raise OSError(
+                        f"{url!r} is larger than max_object_bytes={cap}: raise "
+                        "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+                    )
+        return file.tell()
+
+    return int(_retrying(url, retries, attempt))
+
+
+# Bytes per request when a shard is downloaded whole from a store other than http(s).
+_DOWNLOAD_BLOCK = 16 << 20
 
 
 def read_local(path: str, max_bytes: int | None = None) -> bytes:

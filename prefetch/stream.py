@@ -126,14 +126,17 @@ class Stream:
         return batch
 
     def _begin(self) -> None:
-        self.epoch, self.position = self._loader._begin_stream(self)
-        self._backend, self._ring = self._loader._start()
-        self._todo = deque(self._loader._plan.batches(self.epoch, self.position))
+        loader = self._loader
+        self.epoch, self.position = loader._begin_stream(self)
+        self._todo = deque(loader._plan.batches(self.epoch, self.position))
+        self._backend, self._ring = loader._start(self.epoch, self.position)
 
     def _top_up(self) -> None:
         backend, ring, loader = self._backend, self._ring, self._loader
         assert backend is not None and ring is not None and self.epoch is not None
         while self._todo and len(self._window) < loader._session.in_flight():
+            if loader._spool is not None:
+                loader._spool.ready(self.position + len(self._window))
             slot = ring.acquire()
             task = BatchTask(self._todo.popleft(), self.epoch, loader.seed)
             self._window.append((slot, backend.submit(task, slot), task.indices))
@@ -156,6 +159,8 @@ class Stream:
                 raise
             self.position += 1
             loader._cursor.advance(self.epoch or 0)
+            if loader._spool is not None:
+                loader._spool.release(self.position)
             stats.producer_busy_s += outcome.busy_s
             stats.read_s.extend(outcome.read_s)
             stats.cache_hits += outcome.cache_hits
@@ -263,6 +268,8 @@ class Stream:
                 else:  # a worker may still write rows: forget the slot rather than reuse it
                     self._backend.forget_slot(slot)
         if self.epoch is not None:
+            if self._loader._spool is not None:
+                self._loader._spool.end()  # stop fetching this epoch's shards
             self._loader._end_stream()
 
     def __del__(self) -> None:

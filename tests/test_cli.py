@@ -56,7 +56,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
 
 def test_every_option_has_a_help_text_that_states_its_default() -> None:
     commands = subparsers(build_parser())
-    assert set(commands) == {"bench", "tune"}
+    assert set(commands) == {"bench", "tune", "shards"}
     for name, parser in commands.items():
         for action in options(parser):
             flag = f"prefetch {name} {action.option_strings[0]}"

@@ -124,7 +124,7 @@ def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarr
     start = time.perf_counter()
     if is_file_source(reader.source):
         rng = reader.augment.rng(0, 0, index) if reader.augment else None
-        image = reader.decode_file(str(reader.source.paths[index]), rng)
+        image = reader.decode_file(reader.file_path(index), rng)
         spent = time.perf_counter() - start
         # The crop path (libjpeg-turbo, OpenCV or Pillow) decodes without the GIL.
         free = releases_gil(reader.decoder) or reader.augment.crop is not None

@@ -25,6 +25,7 @@ from prefetch.cache import ObjectCache
 from prefetch.decode import DecodeOptions, Decoder, decode_image, decoder_name, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
+from prefetch.shard_stream import spooled_path
 from prefetch.sources import is_file_source
 from prefetch.storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.window_decode import crop_image, decode_window, flip_left_right
@@ -59,7 +60,9 @@ class SampleReader:
     from the image's size and decoded alone (`prefetch.window_decode`, by `window_engine`),
     or cut from the source's image; the flip is a view; then `transform` runs. Files are read
     within `remote` (`storage.using`: deadlines, size caps; None: the defaults); a cached copy
-    is decoded through `ObjectCache.decoded`, which keeps only copies that decode.
+    is decoded through `ObjectCache.decoded`, which keeps only copies that decode. With
+    `spool` (a streamed shard source's folder, `prefetch.shard_stream`), samples of URL
+    shards are read from the shards' local copies there.
     """
 
     source: Any
@@ -73,6 +76,7 @@ class SampleReader:
     augment: Augment = field(default_factory=Augment)
     window_engine: str = "turbo"
     remote: RemoteOptions | None = None
+    spool: str | None = None
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -85,6 +89,12 @@ class SampleReader:
             paths = self.source.paths
             if len(paths) and is_url(str(paths[0])):
                 filesystem_for(str(paths[0]))
+
+    def file_path(self, index: int) -> str:
+        """The path a file source's sample `index` is read from (its spooled copy's, when
+        the source is streamed)."""
+        path = str(self.source.paths[index])
+        return spooled_path(self.spool, path) if self.spool is not None else path
 
     def describe(self, index: int) -> str:
         """The file (or sample) behind `index`, for messages."""
@@ -150,7 +160,7 @@ class SampleReader:
         augment = self.augment
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
         if is_file_source(self.source):
-            path = str(self.source.paths[index])
+            path = self.file_path(index)
             own_decoder = augment.crop is None and not _is_builtin(self.decoder)
             # The cache may decode twice (a kept copy that fails is read again): both draw alike.
             again = rng.bit_generator.state if rng is not None and self.cache else None

@@ -1,0 +1,569 @@
+"""TFRecord, tf.train.Example and tar shards, read and written without TensorFlow.
+
+Worker processes index and read shards with these functions, so the module imports only the
+standard library, numpy and `google_crc32c`. Every function is pure (no state of its own) and
+thread-safe; the readers take an open binary file and seek in it, so one file object belongs to
+one reader at a time. Readers touch only framing: TFRecord headers, tar headers and protobuf tags
+and lengths; the payload (an encoded image) is never scanned nor copied, only located, so an
+index can point at the image bytes inside a shard. Damaged framing raises `CorruptShardError`
+naming the file and the byte offset. Formats, as TensorFlow and WebDataset write them:
+
+- TFRecord: uint64 LE length, uint32 LE masked CRC32C of those 8 bytes, the data, uint32 LE
+  masked CRC32C of the data.
+- tf.train.Example: protobuf `Example{features: Features{feature: map<string, Feature>}}`.
+- tar: POSIX ustar, GNU (long names) and pax; members grouped into samples by `sample_key`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import google_crc32c
+import numpy as np
+
+
+class CorruptShardError(ValueError):
+    """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
+
+    The message names the file and the byte offset (of the record or tar header) and the fix:
+    re-write or re-download the shard, or pass `on_error="skip"`. `path` and `offset` are kept
+    as attributes of those names (offset -1 when unknown); the error pickles with them.
+    """
+
+    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+def _corrupt(path: str, offset: int, what: str) -> CorruptShardError:
+    """The error for damage `what` in the record or header at `offset` of `path`."""
+    where = f"{path or '<bytes>'} at offset {offset}"
+    return CorruptShardError(
+        f"corrupt shard {where}: {what}. Re-write or re-download the shard, "
+        "or pass on_error='skip' to drop its bad samples",
+        path,
+        offset,
+    )
+
+
+# ---------------------------------------------------------------- TFRecord
+
+_MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask constant (from LevelDB's log format)
+_HEADER = struct.Struct("<QI")  # data length, masked CRC32C of the length's 8 bytes
+_FOOTER = struct.Struct("<I")  # masked CRC32C of the data
+RECORD_OVERHEAD = 16  # bytes of framing per record: 12 header + 4 footer
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """TFRecord's masked CRC32C of `data`: CRC rotated right by 15 bits plus a constant, mod 2**32.
+
+    A memoryview is copied once into bytes (the CRC extension accepts only bytes).
+    """
+    crc: int = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """`data` framed as one TFRecord record (header, data, footer), as tf.io.TFRecordWriter does."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (length, _FOOTER.pack(masked_crc32c(length)), data, _FOOTER.pack(masked_crc32c(data)))
+    )
+
+
+def record_length(header: bytes, path: str, offset: int) -> int:
+    """The data length in the 12 header bytes of the record at `offset` of `path`, CRC checked.
+
+    Raises `CorruptShardError` when the header is short ("truncated") or its length CRC differs.
+    """
+    if len(header) < 12:
+        raise _corrupt(path, offset, f"truncated record header ({len(header)} of 12 bytes)")
+    length, crc = _HEADER.unpack_from(header)
+    if masked_crc32c(header[:8]) != crc:
+        raise _corrupt(path, offset, "record length CRC mismatch")
+    return int(length)
+
+
+def record_data(record: bytes | memoryview, path: str, offset: int) -> memoryview:
+    """A memoryview of the data of the framed record `record` (read from `offset` of `path`).
+
+    Both CRCs are checked; bytes after the footer are ignored. Raises `CorruptShardError` when
+    the record is shorter than its header says ("truncated") or a CRC differs.
+    """
+    view = memoryview(record)
+    length = record_length(bytes(view[:12]), path, offset)
+    if len(view) < length + RECORD_OVERHEAD:
+        raise _corrupt(
+            path,
+            offset,
+            f"truncated record ({len(view)} bytes, the header says {length + RECORD_OVERHEAD})",
+        )
+    data = view[12 : 12 + length]
+    (crc,) = _FOOTER.unpack_from(view, 12 + length)
+    if masked_crc32c(data) != crc:
+        raise _corrupt(path, offset, "record data CRC mismatch")
+    return data
+
+
+def _file_size(file: BinaryIO) -> int:
+    """The size of `file` in bytes, from fstat when it has a descriptor, else by seeking."""
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return file.seek(0, os.SEEK_END)
+
+
+def iter_records(file: BinaryIO, path: str) -> Iterator[tuple[int, int]]:
+    """(record offset, data length) of each record of a TFRecord file, from its start.
+
+    Reads the 12 header bytes of each record and seeks past its data (data CRCs are checked
+    later, by `record_data`). Raises `CorruptShardError` at the first bad length CRC, or a record
+    that would run past the end of the file ("truncated"), naming the record's offset.
+    """
+    size = _file_size(file)
+    offset = 0
+    while offset < size:
+        file.seek(offset)
+        length = record_length(file.read(12), path, offset)
+        end = offset + RECORD_OVERHEAD + length
+        if end > size:
+            raise _corrupt(
+                path, offset, f"truncated record: {length} data bytes but the file ends at {size}"
+            )
+        yield offset, length
+        offset = end
+
+
+# ---------------------------------------------------------------- tf.train.Example
+
+_Features = Mapping[str, bytes | int | float | Sequence[int] | Sequence[float] | Sequence[bytes]]
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _varint(value: int) -> bytes:
+    """`value` (>= 0, or a negative int64 as 10-byte two's complement) as a protobuf varint."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(key: str, value: Any) -> bytes:
+    """The serialized `Feature` for one value of `encode_example`'s mapping."""
+    if isinstance(value, np.ndarray):
+        kind = {"S": "bytes", "O": "bytes", "f": "float", "i": "int", "u": "int", "b": "int"}
+        kind_name = kind.get(value.dtype.kind, "")
+        values = value.reshape(-1).tolist()
+    else:
+        scalar = isinstance(value, (bytes, str)) or not isinstance(value, Sequence)
+        values = [value] if scalar else list(value)
+        first = values[0] if values else None
+        kind_name = (
+            "bytes" if isinstance(first, bytes)
+            else "float" if isinstance(first, (float, np.floating))
+            else "int" if isinstance(first, (int, np.integer))
+            else ""
+        )  # fmt: skip
+    if kind_name == "bytes" and all(isinstance(v, bytes) for v in values):
+        return _field(1, b"".join(_field(1, v) for v in values))  # bytes_list
+    if kind_name == "float" and all(isinstance(v, (int, float, np.number)) for v in values):
+        packed = np.asarray(values, dtype="<f4").tobytes()
+        return _field(2, _field(1, packed) if packed else b"")  # float_list
+    if kind_name == "int" and all(
+        isinstance(v, (int, np.integer)) and _INT64_MIN <= v <= _INT64_MAX for v in values
+    ):
+        packed = b"".join(_varint(int(v)) for v in values)
+        return _field(3, _field(1, packed) if packed else b"")  # int64_list
+    raise ValueError(
+        f"feature {key!r}: cannot encode {value!r}; give bytes, an int64, a float, a non-empty "
+        "list of one type of them, or a numpy array of bytes, integers or floats"
+    )
+
+
+def encode_example(features: _Features) -> bytes:
+    """Serialize a tf.train.Example holding `features`, keys sorted (deterministic bytes).
+
+    bytes become a bytes_list, int (and bool) an int64_list, float a float_list (float32);
+    sequences take the type of their first element, numpy arrays of their dtype. The output
+    equals protobuf's `SerializeToString(deterministic=True)` (keys in UTF-8 byte order, as C++
+    protobuf sorts them; upb puts a key before its own prefixes, e.g. "ab" before "a").
+    """
+    entries = (
+        _field(1, _field(1, key.encode()) + _field(2, _feature(key, features[key])))
+        for key in sorted(features)
+    )
+    return _field(1, b"".join(entries))
+
+
+def _read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """The varint at `pos` (at most 10 bytes, before `end`) and the position after it."""
+    result, shift = 0, 0
+    while pos < end and shift < 70:
+        byte = view[pos]
+        pos += 1
+        if byte < 0x80:
+            return (result | byte << shift) & 0xFFFFFFFFFFFFFFFF, pos
+        result |= (byte & 0x7F) << shift
+        shift += 7
+    raise ValueError(f"bad varint ending at byte {pos}")
+
+
+def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, value start, value end) of the field at `pos` (before `end`).
+
+    A length-delimited value is only located, by its length, never read.
+    """
+    tag = view[pos]
+    if tag < 0x80:
+        pos += 1
+    else:
+        tag, pos = _read_varint(view, pos, end)
+    wire, start = tag & 7, pos
+    if wire == 2:
+        length = view[pos] if pos < end else 0x80
+        if length < 0x80:
+            start = pos + 1
+        else:
+            length, start = _read_varint(view, pos, end)
+        pos = start + length
+    elif wire == 0:
+        pos = _read_varint(view, pos, end)[1]
+    elif wire == 1 or wire == 5:
+        pos += 8 if wire == 1 else 4
+    else:
+        raise ValueError(f"unsupported wire type {wire} at byte {start}")
+    if tag < 8 or pos > end:
+        raise ValueError(f"field {tag >> 3} runs past its message at byte {start}")
+    return tag >> 3, wire, start, pos
+
+
+def _fields(view: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """`_next` of each field in view[start:end]."""
+    while start < end:
+        field = _next(view, start, end)
+        start = field[3]
+        yield field
+
+
+def _entries(view: memoryview) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """(key start, key end, spans of its Feature messages) of each map entry of an Example.
+
+    Written as flat loops over `_next`: this walk is the cost of reading a record's features.
+    """
+    entries = []
+    pos, end = 0, len(view)
+    while pos < end:
+        number, wire, start, pos = _next(view, pos, end)
+        while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
+            field, field_wire, entry, start = _next(view, start, pos)
+            if field == 1 and field_wire == 2:  # Features.feature: a map entry
+                key_start = key_end = 0
+                spans = []
+                while entry < start:
+                    part, part_wire, value, entry = _next(view, entry, start)
+                    if part == 1 and part_wire == 2:
+                        key_start, key_end = value, entry
+                    elif part == 2 and part_wire == 2:
+                        spans.append((value, entry))
+                entries.append((key_start, key_end, spans))
+    return entries
+
+
+def _list_values(view: memoryview, kind: str, wire: int, start: int, stop: int) -> list[Any]:
+    """The values of one `value` field of a BytesList, FloatList or Int64List (packed or not).
+
+    Values of an unexpected wire type are unknown fields to protobuf, so they are skipped.
+    """
+    if kind == "bytes":
+        return [(start, stop)] if wire == 2 else []
+    if kind == "float":
+        if wire == 2 and (stop - start) % 4:
+            raise ValueError(f"packed floats of {stop - start} bytes at byte {start}")
+        count = (stop - start) // 4 if wire in (2, 5) else 0
+        return list(struct.unpack_from(f"<{count}f", view, start))
+    ints = []
+    while wire in (0, 2) and start < stop:
+        value, start = _read_varint(view, start, stop)
+        ints.append(value - (1 << 64) if value >> 63 else value)
+    return ints
+
+
+def _find(
+    data: bytes | memoryview, key: str, path: str, offset: int
+) -> tuple[memoryview, str, list[Any]]:
+    """`data` as a byte view, and the kind and values of its feature `key` ("", [] if absent).
+
+    bytes values are (start, end) spans. Protobuf semantics: the last map entry of a key wins;
+    within a Feature the last kind set wins, and repeated occurrences of one list merge.
+    Malformed bytes raise `CorruptShardError` naming `path` and `offset`.
+    """
+    view = memoryview(data)
+    view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    wanted, kind, values = key.encode(), "", list[Any]()
+    try:
+        found = [
+            spans
+            for key_start, key_end, spans in _entries(view)
+            if key_end - key_start == len(wanted) and view[key_start:key_end] == wanted
+        ]
+        for start, stop in found[-1] if found else []:
+            for number, _, list_start, list_stop in _fields(view, start, stop):
+                if number in (1, 2, 3):  # bytes_list, float_list, int64_list
+                    new_kind = ("bytes", "float", "int64")[number - 1]
+                    kind, values = new_kind, values if new_kind == kind else []
+                    for field, wire, value_start, value_stop in _fields(
+                        view, list_start, list_stop
+                    ):
+                        if field == 1:
+                            values += _list_values(view, kind, wire, value_start, value_stop)
+    except (ValueError, struct.error) as error:
+        raise _corrupt(path, offset, f"malformed tf.train.Example ({error})") from None
+    return view, kind, values
+
+
+def example_feature(
+    data: bytes | memoryview, key: str, *, path: str = "", offset: int = 0
+) -> tuple[str, Any] | None:
+    """Feature `key` of the serialized tf.train.Example `data`, or None when it is absent.
+
+    Returns ("bytes", list of memoryviews into `data`), ("int64", list of int) or
+    ("float", list of float). Packed and unpacked lists are both read, unknown fields skipped;
+    other features are walked over by their lengths, never copied. Malformed bytes raise
+    `CorruptShardError` naming `path` and `offset` (the record's, given by the caller).
+    """
+    view, kind, values = _find(data, key, path, offset)
+    if kind == "bytes":
+        return kind, [view[start:stop] for start, stop in values]
+    return (kind, values) if kind else None
+
+
+def example_keys(data: bytes | memoryview, *, path: str = "", offset: int = 0) -> list[str]:
+    """The feature names in the serialized tf.train.Example `data`, in stored order, unique.
+
+    Raises `CorruptShardError` naming `path` and `offset` when `data` is malformed.
+    """
+    view = memoryview(data).cast("B")
+    try:
+        keys = [bytes(view[a:b]).decode(errors="replace") for a, b, _ in _entries(view)]
+    except ValueError as error:
+        raise _corrupt(path, offset, f"malformed tf.train.Example ({error})") from None
+    return list(dict.fromkeys(keys))
+
+
+def example_bytes_span(
+    data: bytes | memoryview, key: str, *, path: str = "", offset: int = 0
+) -> tuple[int, int] | None:
+    """(start, length) in `data` of the first bytes value of feature `key`.
+
+    None when the feature is absent, not a bytes list, or empty. Raises `CorruptShardError`
+    naming `path` and `offset` when `data` is malformed.
+    """
+    _, kind, values = _find(data, key, path, offset)
+    if kind != "bytes" or not values:
+        return None
+    return values[0][0], values[0][1] - values[0][0]
+
+
+# ---------------------------------------------------------------- tar
+
+_BLOCK = 512
+_ZERO_BLOCK = b"\0" * _BLOCK
+TAR_END = b"\0" * 1024  # the end-of-archive marker: two zero blocks
+_GNU_MAGIC = b"ustar  \0"  # GNU headers keep other fields where ustar keeps its name prefix
+_REGULAR = (b"0", b"\0", b"7")  # regular file, old regular file, contiguous file
+_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directory, fifo: size unused
+_SIGNED = struct.Struct("148b8x356b")  # a header's bytes less its checksum field, signed
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """A regular file in a tar archive: its full name, where its data starts, and its size."""
+
+    name: str  # the member's path in the archive (ustar prefix, GNU long name or pax applied)
+    offset: int  # byte offset of the member's data in the archive file
+    size: int  # bytes of data
+
+
+def _number(field: bytes) -> int:
+    """A numeric tar header field: octal (NUL/space terminated), or GNU base-256."""
+    if field[0] in (0x80, 0xFF):
+        value = int.from_bytes(field[1:], "big")
+        return value - 256 ** (len(field) - 1) if field[0] == 0xFF else value
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _text(field: bytes) -> str:
+    """A NUL-terminated name field, decoded like tarfile (UTF-8, undecodable bytes kept)."""
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax_records(data: bytes) -> dict[str, bytes]:
+    """The `length key=value\\n` records of a pax extended header."""
+    records, pos = {}, 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        record = data[space + 1 : pos + length]
+        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise ValueError(f"bad pax record at byte {pos}")
+        key, value = record[:-1].split(b"=", 1)
+        records[key.decode("utf-8", "surrogateescape")] = value
+        pos += length
+    return records
+
+
+def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
+    """The regular-file members of a tar archive, in archive order, reading only headers.
+
+    Supports ustar (name prefix), GNU (long names, base-256 sizes) and pax ('x' headers' path
+    and size; global 'g' headers ignored). Other entries (directories, links, devices, GNU
+    sparse files) are skipped. The archive ends at a zero block or at end of file. A bad header
+    checksum, an unreadable header, or a member running past the end of the file raises
+    `CorruptShardError` naming the header's offset.
+    """
+    size = _file_size(file)
+    offset = 0
+    long_name: str | None = None
+    pax: dict[str, bytes] = {}
+    while True:
+        file.seek(offset)
+        header = file.read(_BLOCK)
+        if not header or header == _ZERO_BLOCK:
+            return
+        if len(header) < _BLOCK:
+            raise _corrupt(path, offset, f"truncated tar header ({len(header)} of 512 bytes)")
+        try:
+            checksum = _number(header[148:156])
+            kind = header[156:157]
+            member_size = _number(header[124:136])
+            if "size" in pax and kind not in (b"L", b"K", b"x", b"g"):
+                member_size = int(pax["size"])
+        except ValueError as error:
+            raise _corrupt(path, offset, f"unreadable tar header ({error})") from None
+        unsigned = 256 + sum(header) - sum(header[148:156])
+        if checksum != unsigned and checksum != 256 + sum(_SIGNED.unpack(header)):
+            raise _corrupt(path, offset, "tar header checksum mismatch")
+        data_offset = offset + _BLOCK
+        if kind == b"S":  # GNU sparse: extension headers follow while their flag byte is set
+            extended = header[482]
+            while extended:
+                file.seek(data_offset)
+                extended = (file.read(_BLOCK) + _ZERO_BLOCK)[504]
+                data_offset += _BLOCK
+        if kind in _NO_DATA or (kind == b"\0" and header[:100].split(b"\0")[0].endswith(b"/")):
+            member_size = 0
+        if member_size < 0 or data_offset + member_size > size:
+            raise _corrupt(
+                path,
+                offset,
+                f"truncated tar member: {member_size} bytes from {data_offset}, "
+                f"the file ends at {size}",
+            )
+        if kind in (b"L", b"x"):
+            file.seek(data_offset)
+            extra = file.read(member_size)
+            try:
+                if kind == b"L":
+                    long_name = _text(extra)
+                else:
+                    pax = _pax_records(extra)
+            except ValueError as error:
+                raise _corrupt(path, offset, f"unreadable pax header ({error})") from None
+        elif kind not in (b"K", b"g"):
+            name = _text(header[0:100])
+            prefix = _text(header[345:500]) if header[257:265] != _GNU_MAGIC else ""
+            name = f"{prefix}/{name}" if prefix else name
+            name = long_name if long_name is not None else name
+            if "path" in pax:
+                name = pax["path"].decode("utf-8", "surrogateescape")
+            sparse = any(key.startswith("GNU.sparse.") for key in pax)
+            if kind in _REGULAR and not name.endswith("/") and not sparse:
+                yield TarMember(name, data_offset, member_size)
+            long_name, pax = None, {}
+        offset = data_offset + member_size + -member_size % _BLOCK
+
+
+# WebDataset's split of a member name: key up to the basename's first dot, extension after it.
+_SAMPLE_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def sample_key(name: str) -> tuple[str, str]:
+    """(key, extension) of a tar member name, split as WebDataset groups samples.
+
+    The split is at the first dot of the basename: "dir/000123.jpg" -> ("dir/000123", "jpg"),
+    "a/b.c.png" -> ("a/b", "c.png"), with WebDataset's very pattern (so "d/.x" -> ("d/", "x")).
+    A name it cannot split (no dot in the basename) gives (name, ""): WebDataset skips such
+    members, and so should callers. Callers compare the extension lower-cased.
+    """
+    match = _SAMPLE_KEY.match(name)
+    return (match.group(1), match.group(2)) if match else (name, "")
+
+
+def _octal(value: int, width: int, what: str) -> bytes:
+    """`value` as a NUL-terminated octal field of `width` bytes, or ValueError if it cannot fit."""
+    if not 0 <= value < 8 ** (width - 1):
+        raise ValueError(f"tar {what} must be in [0, {8 ** (width - 1)}), got {value}")
+    return b"%0*o\0" % (width - 1, value)
+
+
+def tar_header(name: str, size: int, mtime: int = 0) -> bytes:
+    """One 512-byte ustar header for a regular file `name` of `size` bytes (mode 0644, uid 0).
+
+    Names over 100 bytes (UTF-8) are split at a slash into the ustar prefix (up to 155 bytes)
+    and name; a name that cannot be split so raises ValueError naming it. Sizes and mtimes must
+    fit 11 octal digits (sizes under 8 GiB).
+    """
+    encoded = name.encode()
+    prefix = b""
+    if not encoded or b"\0" in encoded:
+        raise ValueError(f"tar member name must be non-empty and without NUL, got {name!r}")
+    if len(encoded) > 100:
+        parts = encoded.split(b"/")
+        for i in range(1, len(parts)):
+            head, tail = b"/".join(parts[:i]), b"/".join(parts[i:])
+            if len(head) <= 155 and 0 < len(tail) <= 100:
+                prefix, encoded = head, tail
+                break
+        else:
+            raise ValueError(
+                f"tar member name {name!r} does not fit a ustar header: it needs a slash with at "
+                "most 155 bytes before it and 100 after it; use a shorter name"
+            )
+    fields = [
+        encoded.ljust(100, b"\0"),
+        b"0000644\0",  # mode
+        b"0000000\0",  # uid
+        b"0000000\0",  # gid
+        _octal(size, 12, "member size"),
+        _octal(mtime, 12, "mtime"),
+        b" " * 8,  # checksum, counted as spaces, filled in below
+        b"0",  # typeflag: regular file
+        b"\0" * 100,  # linkname
+        b"ustar\x0000",  # magic and version (POSIX)
+        b"\0" * 64,  # uname, gname
+        b"0000000\0" * 2,  # devmajor, devminor
+        prefix.ljust(155, b"\0"),
+    ]
+    header = b"".join(fields).ljust(_BLOCK, b"\0")
+    checksum = b"%06o\0 " % sum(header)
+    return header[:148] + checksum + header[156:]
+
+
+def tar_padding(size: int) -> bytes:
+    """The zero bytes that pad a member of `size` bytes to the next 512-byte boundary."""
+    return b"\0" * (-size % _BLOCK)

@@ -1,0 +1,376 @@
+"""Datasets stored in shards: `TFRecordSource` (`tf.train.Example` records) and `TarSource`
+(WebDataset tar shards), local paths or fsspec URLs.
+
+A shard source is a `FileList` whose paths are member paths (`prefetch.shard_members`: the
+shard, then `#` and where the sample's bytes lie), so a `Loader` reads it as it reads a folder:
+both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data stage. Every
+shard is indexed once (`prefetch.shard_index`) when the source is made; its samples are the
+shards' samples in the shards' order (shards sorted by name when found by a pattern).
+
+How the loader reads it depends on `streaming`: local shards are read at random, one `pread`
+per sample, so each epoch is an exact permutation as with a folder; remote shards (URLs) are
+streamed by default: each shard is fetched whole, in large sequential reads, and a bounded
+shuffle buffer mixes their samples (`prefetch.shard_stream`). Sources are immutable after
+construction and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fnmatch
+import glob
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from prefetch import storage
+from prefetch.paths import pack_chunks
+from prefetch.shard_index import (
+    INDEX_SUFFIX,
+    IndexSpec,
+    ShardIndex,
+    build_index,
+    keep,
+    kept_index,
+    load_or_build,
+)
+from prefetch.shard_members import Member
+from prefetch.sources import FileList
+
+# Samples the shuffle buffer of a streamed source holds by default (`shuffle_buffer`).
+SHUFFLE_BUFFER = 4096
+# Shards indexed at once when a source is made (local files: the disk's queue; URLs: requests).
+INDEX_THREADS = 8
+# The file beside the shards that names the classes, one per line (the writer leaves one).
+CLASSES_FILE = "classes.txt"
+_PATTERN_CHARS = frozenset("*?[")
+
+
+class ShardSource(FileList):
+    """Samples stored in shard files: a file source; see the module docstring.
+
+    `shards` lists the shard files (paths or URLs) in order, `shard_starts` (int64, one more
+    than the shards) where each shard's samples begin among the source's samples, `streaming`
+    and `shuffle_buffer` how a Loader reads it. Made by `TFRecordSource` and `TarSource`.
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        spec: IndexSpec,
+        *,
+        class_names: Sequence[str] | None,
+        streaming: bool | None,
+        shuffle_buffer: int,
+        remote: storage.RemoteOptions | None,
+    ) -> None:
+        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int):
+            raise ValueError(f"shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
+        if shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
+        self.spec = spec
+        self.remote = remote
+        with storage.using(remote):
+            self.shards = find_shards(files, spec.format)
+            at_url = storage.is_url(self.shards[0])
+            self.streaming = at_url if streaming is None else bool(streaming)
+            self.shuffle_buffer = shuffle_buffer
+            indexes = _index_all(self.shards, spec)
+            if class_names is None:
+                class_names = _classes_beside(self.shards[0])
+        counts = np.array([len(index) for index in indexes], np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self.shard_starts[-1] == 0:
+            raise ValueError(
+                f"the shards {self.shards[:3]}{' ...' if len(self.shards) > 3 else ''} hold no "
+                f"samples{_what_counts(spec)}"
+            )
+        self.indexes = indexes
+        paths = pack_chunks(list(_member_paths(shard, index, spec)) for shard, index in zip(
+            self.shards, indexes, strict=True))  # fmt: skip
+        labelled = [index.labels is not None for index in indexes]
+        if any(labelled) and not all(labelled):
+            raise ValueError(
+                "some shards have labels and some do not: write every shard with its labels, "
+                "or read them without (label_key='' or label_ext='')"
+            )
+        labels = (
+            np.concatenate([index.labels for index in indexes if index.labels is not None])
+            if all(labelled)
+            else None
+        )
+        super().__init__(paths, labels, class_names)
+
+    def shard_of(self, index: int) -> int:
+        """The number of the shard that holds sample `index`."""
+        return int(np.searchsorted(self.shard_starts, index, side="right") - 1)
+
+    def member(self, index: int) -> Member:
+        """Where sample `index` lies."""
+        shard = self.shard_of(index)
+        row = index - int(self.shard_starts[shard])
+        found = self.indexes[shard]
+        return Member(
+            self.shards[shard],
+            self.spec.format,
+            int(found.offsets[row]),
+            int(found.lengths[row]),
+            int(found.starts[row]),
+            int(found.sizes[row]),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Worker processes need the file-source part only: paths, labels, class names.
+        state = dict(self.__dict__)
+        state["indexes"] = None
+        return _restore, (type(self), state)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
+        """A FileList of the samples at `indices` (read at random, as local files)."""
+        return FileList(
+            self.paths[np.asarray(indices, dtype=np.int64)],
+            self.labels[np.asarray(indices, dtype=np.int64)] if self.has_labels else None,
+            self.class_names,
+        )
+
+    def __repr__(self) -> str:
+        how = f"streamed, shuffle_buffer={self.shuffle_buffer}" if self.streaming else "indexed"
+        return (
+            f"{type(self).__name__}({len(self.shards)} shards, {len(self)} samples, "
+            f"{len(self.class_names)} classes, {how})"
+        )
+
+
+def _restore(kind: type[ShardSource], state: dict[str, Any]) -> ShardSource:
+    source: ShardSource = kind.__new__(kind)
+    source.__dict__.update(state)
+    return source
+
+
+class TFRecordSource(ShardSource):
+    """Samples in TFRecord files of `tf.train.Example` records, as TensorFlow Datasets and
+    TensorFlow's ImageNet scripts write them. TensorFlow is not needed to read them.
+
+    Parameters:
+
+    - `files`: the shards: a path or URL, a pattern (`"data/train-*.tfrecord"`; for a URL,
+      only in the last part), a folder (its files whose names contain ".tfrecord"), or a list
+      of paths or URLs.
+    - `image_key`: the bytes feature holding the encoded image; `None`: "image/encoded", else
+      "image" (the first one the first record has).
+    - `label_key`: the int64 feature holding the class index; `None`: "image/class/label",
+      else "label", else no labels; `""` for no labels.
+    - `class_names`: the names of the classes, label `i` being `class_names[i]`; `None`: the
+      lines of a `classes.txt` beside the shards (as `prefetch shards write` leaves), else
+      "0", "1", ... up to the largest label.
+    - `streaming`: read whole shards in sequence, mixing their samples in a shuffle buffer
+      (`True`), or each sample where it lies (`False`); `None`: streaming for URLs only.
+    - `shuffle_buffer`: samples the shuffle buffer of a streamed source holds (the memory and
+      the randomness this costs: docs/shards.md).
+    - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
+
+    Every record's CRCs are checked when it is read: a damaged record raises
+    `CorruptShardError` naming the shard and the record's byte offset (or is skipped with
+    `on_error="skip"`).
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        image_key: str | None = None,
+        label_key: str | None = None,
+        class_names: Sequence[str] | None = None,
+        streaming: bool | None = None,
+        shuffle_buffer: int = SHUFFLE_BUFFER,
+        remote: storage.RemoteOptions | None = None,
+    ) -> None:
+        spec = IndexSpec("tfrecord", image_key=image_key, label_key=label_key)
+        super().__init__(
+            files,
+            spec,
+            class_names=class_names,
+            streaming=streaming,
+            shuffle_buffer=shuffle_buffer,
+            remote=remote,
+        )
+
+
+class TarSource(ShardSource):
+    """Samples in tar shards of the WebDataset layout: the members of a sample share a key
+    (`000123.jpg` and `000123.cls`), a few thousand samples per shard.
+
+    Parameters:
+
+    - `files`: the shards: a path or URL, a pattern (`"data/shard-*.tar"`; for a URL, only in
+      the last part), a folder (its `.tar` files), or a list of paths or URLs.
+    - `image_ext`: the extensions of a sample's image member (compared lower-cased; the first
+      member of a sample with one of them is its image). Samples without one are left out.
+    - `label_ext`: the extension of the member holding the class index as ASCII decimal;
+      `""` for no labels.
+    - `class_names`, `streaming`, `shuffle_buffer`, `remote`: as for `TFRecordSource`.
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        image_ext: Sequence[str] = ("jpg", "jpeg", "png"),
+        label_ext: str = "cls",
+        class_names: Sequence[str] | None = None,
+        streaming: bool | None = None,
+        shuffle_buffer: int = SHUFFLE_BUFFER,
+        remote: storage.RemoteOptions | None = None,
+    ) -> None:
+        extensions = (image_ext,) if isinstance(image_ext, str) else tuple(image_ext)
+        spec = IndexSpec(
+            "tar",
+            image_ext=tuple(ext.lower().lstrip(".") for ext in extensions),
+            label_ext=label_ext.lower().lstrip("."),
+        )
+        super().__init__(
+            files,
+            spec,
+            class_names=class_names,
+            streaming=streaming,
+            shuffle_buffer=shuffle_buffer,
+            remote=remote,
+        )
+
+
+def find_shards(
+    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], format: str
+) -> list[str]:
+    """The shard files `files` names (see `TFRecordSource`), in order; FileNotFoundError
+    naming what matched nothing. Index files (`.prefetch-index.npz`) are never shards."""
+    if not isinstance(files, (str, os.PathLike)):
+        found = [os.fspath(path) for path in files]
+        if not found:
+            raise ValueError("files is an empty list: pass the shard files, or a pattern")
+        return found
+    name = os.fspath(files)
+    if storage.is_url(name):
+        found = _remote_matches(name)
+    elif os.path.isdir(storage.local_path(name)):
+        folder = storage.local_path(name)
+        found = sorted(
+            os.path.join(folder, entry)
+            for entry in os.listdir(folder)
+            if _is_shard_name(entry, format) and os.path.isfile(os.path.join(folder, entry))
+        )
+    elif _PATTERN_CHARS & set(name):
+        found = sorted(path for path in glob.glob(storage.local_path(name)) if _not_index(path))
+    else:
+        found = [name] if os.path.exists(storage.local_path(name)) else []
+    if not found:
+        raise FileNotFoundError(
+            f"no {format} shards at {name!r}: pass a shard file, a folder of them, a pattern "
+            f"such as 'shards/*{'.tfrecord' if format == 'tfrecord' else '.tar'}', or a list"
+        )
+    return found
+
+
+def _is_shard_name(name: str, format: str) -> bool:
+    if not _not_index(name) or name.startswith("."):
+        return False
+    return ".tfrecord" in name if format == "tfrecord" else name.lower().endswith(".tar")
+
+
+def _not_index(path: str) -> bool:
+    return not path.endswith(INDEX_SUFFIX)
+
+
+def _remote_matches(url: str) -> list[str]:
+    """The URLs a URL pattern names, from one listing of its folder (bounded as any
+    listing: `storage.RemoteTree`); a URL without a pattern is taken as is."""
+    folder, _, pattern = url.rpartition("/")
+    if not _PATTERN_CHARS & set(pattern):
+        return [url]
+    if _PATTERN_CHARS & set(folder):
+        raise ValueError(f"{url!r}: a URL pattern may have wildcards in its last part only")
+    tree = storage.RemoteTree(folder)
+    names = [name for name in tree.listdir(folder) if not tree.isdir(f"{folder}/{name}")]
+    return sorted(
+        f"{folder}/{name}" for name in names if fnmatch.fnmatch(name, pattern) and _not_index(name)
+    )
+
+
+def _index_all(shards: list[str], spec: IndexSpec) -> list[ShardIndex]:
+    """The index of every shard, several at once (local: built or loaded; URLs: see
+    `remote_index`), within the calling thread's remote options."""
+    options = storage.active_options()
+
+    def one(shard: str) -> ShardIndex:
+        with storage.using(options):
+            if storage.is_url(shard):
+                return remote_index(shard, spec)
+            return load_or_build(storage.local_path(shard), spec)
+
+    if len(shards) == 1:
+        return [one(shards[0])]
+    with concurrent.futures.ThreadPoolExecutor(min(INDEX_THREADS, len(shards))) as pool:
+        return list(pool.map(one, shards))
+
+
+def remote_index(url: str, spec: IndexSpec) -> ShardIndex:
+    """The index of the shard at `url`: the one kept for it in the index folder, else the
+    index file beside it (`<url>.prefetch-index.npz`, as `prefetch shards write` leaves),
+    else built from a whole copy fetched now into a private temporary file (then deleted),
+    and kept. Its size is checked against the shard's whenever the shard is read."""
+    found = kept_index(url, spec)
+    if found is not None:
+        return found
+    try:
+        data = storage.read_bytes(url + INDEX_SUFFIX, retries=1)
+    except (FileNotFoundError, PermissionError, OSError):
+        data = None
+    found = ShardIndex.from_bytes(data, spec) if data is not None else None
+    if found is None:
+        with tempfile.NamedTemporaryFile(prefix="prefetch-shard-") as copy:
+            size = storage.download(url, copy)  # type: ignore[arg-type]
+            copy.flush()
+            built = build_index(copy.name, spec)
+        found = ShardIndex(
+            offsets=built.offsets,
+            lengths=built.lengths,
+            starts=built.starts,
+            sizes=built.sizes,
+            labels=built.labels,
+            size=size,
+            mtime_ns=-1,
+        )
+    keep(url, found, spec)
+    return found
+
+
+def _classes_beside(shard: str) -> list[str] | None:
+    """The class names in `classes.txt` beside `shard`, or None when there is none."""
+    folder = shard.rpartition("/")[0] if storage.is_url(shard) else os.path.dirname(shard)
+    place = f"{folder}/{CLASSES_FILE}" if storage.is_url(shard) else os.path.join(
+        folder, CLASSES_FILE)  # fmt: skip
+    try:
+        data = storage.read_bytes(place, retries=1) if storage.is_url(shard) else (
+            storage.read_local(storage.local_path(place), 64 << 20))  # fmt: skip
+    except (FileNotFoundError, OSError):
+        return None
+    names = data.decode("utf-8").splitlines()
+    return [name for name in names if name] or None
+
+
+def _member_paths(shard: str, index: ShardIndex, spec: IndexSpec) -> Iterator[str]:
+    if spec.format == "tar":
+        for offset, length in zip(index.offsets.tolist(), index.lengths.tolist(), strict=True):
+            yield f"{shard}#tar@{offset}+{length}"
+        return
+    columns = (index.offsets, index.lengths, index.starts, index.sizes)
+    for offset, length, start, size in zip(*(c.tolist() for c in columns), strict=True):
+        yield f"{shard}#tfrecord@{offset}+{length}/{start}+{size}"
+
+
+def _what_counts(spec: IndexSpec) -> str:
+    if spec.format == "tar":
+        return f" (a sample is a member with an extension in {list(spec.image_ext)})"
+    return ""
