@@ -374,7 +374,12 @@ class Loader:
 
     def __enter__(self) -> Loader:
         self._entered += 1
-        self._start()
+        try:
+            self._start()
+        except BaseException:  # `with` calls no __exit__ after a failed __enter__
+            self._entered -= 1
+            self.close()
+            raise
         return self
 
     def __exit__(

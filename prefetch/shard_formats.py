@@ -31,8 +31,14 @@ class CorruptShardError(ValueError):
     """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
 
     The message names the file and the byte offset (of the record or tar header) and the fix:
-    re-write or re-download the shard, or pass `on_error="skip"`. `path` and `offset` are kept
-    as attributes of those names (offset -1 when unknown); the error pickles with them.
+    re-write or re-download the shard, or pass `on_error="skip"`.
+
+    Parameters:
+
+    - `message`: the error's text.
+    - `path`: the shard (kept as `.path`).
+    - `offset`: the byte offset of the damaged record or header (kept as `.offset`; -1 when
+      unknown). The error pickles with both.
     """
 
     def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
@@ -43,13 +49,9 @@ class CorruptShardError(ValueError):
 
 def _corrupt(path: str, offset: int, what: str) -> CorruptShardError:
     """The error for damage `what` in the record or header at `offset` of `path`."""
+    fix = "Re-write or re-download the shard, or pass on_error='skip' to drop its bad samples"
     where = f"{path or '<bytes>'} at offset {offset}"
-    return CorruptShardError(
-        f"corrupt shard {where}: {what}. Re-write or re-download the shard, "
-        "or pass on_error='skip' to drop its bad samples",
-        path,
-        offset,
-    )
+    return CorruptShardError(f"corrupt shard {where}: {what}. {fix}", path, offset)
 
 
 # ---------------------------------------------------------------- TFRecord
@@ -99,11 +101,8 @@ def record_data(record: bytes | memoryview, path: str, offset: int) -> memoryvie
     view = memoryview(record)
     length = record_length(bytes(view[:12]), path, offset)
     if len(view) < length + RECORD_OVERHEAD:
-        raise _corrupt(
-            path,
-            offset,
-            f"truncated record ({len(view)} bytes, the header says {length + RECORD_OVERHEAD})",
-        )
+        what = f"{len(view)} bytes, the header says {length + RECORD_OVERHEAD}"
+        raise _corrupt(path, offset, f"truncated record ({what})")
     data = view[12 : 12 + length]
     (crc,) = _FOOTER.unpack_from(view, 12 + length)
     if masked_crc32c(data) != crc:
@@ -133,9 +132,8 @@ def iter_records(file: BinaryIO, path: str) -> Iterator[tuple[int, int]]:
         length = record_length(file.read(12), path, offset)
         end = offset + RECORD_OVERHEAD + length
         if end > size:
-            raise _corrupt(
-                path, offset, f"truncated record: {length} data bytes but the file ends at {size}"
-            )
+            what = f"{length} data bytes but the file ends at {size}"
+            raise _corrupt(path, offset, f"truncated record: {what}")
         yield offset, length
         offset = end
 
@@ -172,12 +170,8 @@ def _feature(key: str, value: Any) -> bytes:
         scalar = isinstance(value, (bytes, str)) or not isinstance(value, Sequence)
         values = [value] if scalar else list(value)
         first = values[0] if values else None
-        kind_name = (
-            "bytes" if isinstance(first, bytes)
-            else "float" if isinstance(first, (float, np.floating))
-            else "int" if isinstance(first, (int, np.integer))
-            else ""
-        )  # fmt: skip
+        kinds = ((bytes, "bytes"), ((float, np.floating), "float"), ((int, np.integer), "int"))
+        kind_name = next((name for types, name in kinds if isinstance(first, types)), "")
     if kind_name == "bytes" and all(isinstance(v, bytes) for v in values):
         return _field(1, b"".join(_field(1, v) for v in values))  # bytes_list
     if kind_name == "float" and all(isinstance(v, (int, float, np.number)) for v in values):
@@ -211,6 +205,14 @@ def encode_example(features: _Features) -> bytes:
 
 def _read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
     """The varint at `pos` (at most 10 bytes, before `end`) and the position after it."""
+    if pos + 2 < end:  # unrolled up to 3 bytes: lengths of values up to 2 MiB
+        low, middle, high = view[pos], view[pos + 1], view[pos + 2]
+        if low < 0x80:
+            return low, pos + 1
+        if middle < 0x80:
+            return (low & 0x7F) | middle << 7, pos + 2
+        if high < 0x80:
+            return (low & 0x7F) | (middle & 0x7F) << 7 | high << 14, pos + 3
     result, shift = 0, 0
     while pos < end and shift < 70:
         byte = view[pos]
@@ -220,6 +222,18 @@ def _read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
         result |= (byte & 0x7F) << shift
         shift += 7
     raise ValueError(f"bad varint ending at byte {pos}")
+
+
+def _span(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(start, end) of the length-delimited value whose length varint is at `pos`."""
+    length = view[pos] if pos < end else 0x80
+    if length < 0x80:
+        start = pos + 1
+    else:
+        length, start = _read_varint(view, pos, end)
+    if start + length > end:
+        raise ValueError(f"a value of {length} bytes at byte {start} runs past its message")
+    return start, start + length
 
 
 def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
@@ -234,12 +248,7 @@ def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
         tag, pos = _read_varint(view, pos, end)
     wire, start = tag & 7, pos
     if wire == 2:
-        length = view[pos] if pos < end else 0x80
-        if length < 0x80:
-            start = pos + 1
-        else:
-            length, start = _read_varint(view, pos, end)
-        pos = start + length
+        start, pos = _span(view, pos, end)
     elif wire == 0:
         pos = _read_varint(view, pos, end)[1]
     elif wire == 1 or wire == 5:
@@ -251,35 +260,33 @@ def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
     return tag >> 3, wire, start, pos
 
 
-def _fields(view: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """`_next` of each field in view[start:end]."""
-    while start < end:
-        field = _next(view, start, end)
-        start = field[3]
-        yield field
+def _entries(view: memoryview) -> list[tuple[int, int, int, int]]:
+    """(key start, key end, entry start, entry end) of each map entry of a serialized Example.
 
-
-def _entries(view: memoryview) -> list[tuple[int, int, list[tuple[int, int]]]]:
-    """(key start, key end, spans of its Feature messages) of each map entry of an Example.
-
-    Written as flat loops over `_next`: this walk is the cost of reading a record's features.
+    Flat loops with a fast path for what writers emit (one-byte tags, the key first): this walk
+    is the cost of reading a record's features. `_find` reads the value of the entry it wants.
     """
     entries = []
     pos, end = 0, len(view)
     while pos < end:
         number, wire, start, pos = _next(view, pos, end)
         while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
-            field, field_wire, entry, start = _next(view, start, pos)
-            if field == 1 and field_wire == 2:  # Features.feature: a map entry
-                key_start = key_end = 0
-                spans = []
-                while entry < start:
-                    part, part_wire, value, entry = _next(view, entry, start)
+            if view[start] != 0x0A:  # not Features.feature (a map entry): an unknown field
+                start = _next(view, start, pos)[3]
+                continue
+            entry, start = _span(view, start + 1, pos)
+            if entry + 1 < start and view[entry] == 0x0A and view[entry + 1] < 0x80:
+                key_start = entry + 2  # the key first, under 128 bytes: the usual layout
+                key_end = key_start + view[entry + 1]
+                if key_end > start:
+                    raise ValueError(f"a key at byte {key_start} runs past its map entry")
+            else:
+                key_start = key_end = part_end = entry
+                while part_end < start:
+                    part, part_wire, value, part_end = _next(view, part_end, start)
                     if part == 1 and part_wire == 2:
-                        key_start, key_end = value, entry
-                    elif part == 2 and part_wire == 2:
-                        spans.append((value, entry))
-                entries.append((key_start, key_end, spans))
+                        key_start, key_end = value, part_end
+            entries.append((key_start, key_end, entry, start))
     return entries
 
 
@@ -313,23 +320,25 @@ def _find(
     """
     view = memoryview(data)
     view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
-    wanted, kind, values = key.encode(), "", list[Any]()
+    wanted, kind = key.encode(), ""
+    values: list[Any] = []
     try:
-        found = [
-            spans
-            for key_start, key_end, spans in _entries(view)
-            if key_end - key_start == len(wanted) and view[key_start:key_end] == wanted
-        ]
-        for start, stop in found[-1] if found else []:
-            for number, _, list_start, list_stop in _fields(view, start, stop):
-                if number in (1, 2, 3):  # bytes_list, float_list, int64_list
-                    new_kind = ("bytes", "float", "int64")[number - 1]
-                    kind, values = new_kind, values if new_kind == kind else []
-                    for field, wire, value_start, value_stop in _fields(
-                        view, list_start, list_stop
-                    ):
-                        if field == 1:
-                            values += _list_values(view, kind, wire, value_start, value_stop)
+        pos = end = 0
+        for key_start, key_end, entry_start, entry_end in _entries(view):
+            if key_end - key_start == len(wanted) and view[key_start:key_end] == wanted:
+                pos, end = entry_start, entry_end
+        while pos < end:  # the map entry: its values (Features) merge
+            part, wire, start, pos = _next(view, pos, end)
+            while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
+                number, list_wire, list_start, start = _next(view, start, pos)
+                if number not in (1, 2, 3) or list_wire != 2:
+                    continue
+                new_kind = ("bytes", "float", "int64")[number - 1]
+                kind, values = new_kind, values if new_kind == kind else []
+                while list_start < start:  # a BytesList, FloatList or Int64List
+                    field, value_wire, value, list_start = _next(view, list_start, start)
+                    if field == 1:
+                        values += _list_values(view, kind, value_wire, value, list_start)
     except (ValueError, struct.error) as error:
         raise _corrupt(path, offset, f"malformed tf.train.Example ({error})") from None
     return view, kind, values
@@ -358,7 +367,7 @@ def example_keys(data: bytes | memoryview, *, path: str = "", offset: int = 0) -
     """
     view = memoryview(data).cast("B")
     try:
-        keys = [bytes(view[a:b]).decode(errors="replace") for a, b, _ in _entries(view)]
+        keys = [bytes(view[a:b]).decode(errors="replace") for a, b, _, _ in _entries(view)]
     except ValueError as error:
         raise _corrupt(path, offset, f"malformed tf.train.Example ({error})") from None
     return list(dict.fromkeys(keys))
@@ -431,10 +440,10 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
     """The regular-file members of a tar archive, in archive order, reading only headers.
 
     Supports ustar (name prefix), GNU (long names, base-256 sizes) and pax ('x' headers' path
-    and size; global 'g' headers ignored). Other entries (directories, links, devices, GNU
-    sparse files) are skipped. The archive ends at a zero block or at end of file. A bad header
-    checksum, an unreadable header, or a member running past the end of the file raises
-    `CorruptShardError` naming the header's offset.
+    and size; global 'g' headers ignored). Directories, links, devices and sparse files are
+    skipped (old GNU sparse files with extension headers are refused). The archive ends at a
+    zero block or at end of file. A bad header checksum, an unreadable header, or a member
+    running past the end of the file raises `CorruptShardError` naming the header's offset.
     """
     size = _file_size(file)
     offset = 0
@@ -459,21 +468,11 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
         if checksum != unsigned and checksum != 256 + sum(_SIGNED.unpack(header)):
             raise _corrupt(path, offset, "tar header checksum mismatch")
         data_offset = offset + _BLOCK
-        if kind == b"S":  # GNU sparse: extension headers follow while their flag byte is set
-            extended = header[482]
-            while extended:
-                file.seek(data_offset)
-                extended = (file.read(_BLOCK) + _ZERO_BLOCK)[504]
-                data_offset += _BLOCK
         if kind in _NO_DATA or (kind == b"\0" and header[:100].split(b"\0")[0].endswith(b"/")):
             member_size = 0
         if member_size < 0 or data_offset + member_size > size:
-            raise _corrupt(
-                path,
-                offset,
-                f"truncated tar member: {member_size} bytes from {data_offset}, "
-                f"the file ends at {size}",
-            )
+            what = f"{member_size} bytes from {data_offset}, the file ends at {size}"
+            raise _corrupt(path, offset, f"truncated tar member: {what}")
         if kind in (b"L", b"x"):
             file.seek(data_offset)
             extra = file.read(member_size)
@@ -491,7 +490,7 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
             name = long_name if long_name is not None else name
             if "path" in pax:
                 name = pax["path"].decode("utf-8", "surrogateescape")
-            sparse = any(key.startswith("GNU.sparse.") for key in pax)
+            sparse = any(key.startswith("GNU.sparse.") for key in pax)  # data is not the file
             if kind in _REGULAR and not name.endswith("/") and not sparse:
                 yield TarMember(name, data_offset, member_size)
             long_name, pax = None, {}
@@ -544,24 +543,14 @@ def tar_header(name: str, size: int, mtime: int = 0) -> bytes:
                 f"tar member name {name!r} does not fit a ustar header: it needs a slash with at "
                 "most 155 bytes before it and 100 after it; use a shorter name"
             )
-    fields = [
-        encoded.ljust(100, b"\0"),
-        b"0000644\0",  # mode
-        b"0000000\0",  # uid
-        b"0000000\0",  # gid
-        _octal(size, 12, "member size"),
-        _octal(mtime, 12, "mtime"),
-        b" " * 8,  # checksum, counted as spaces, filled in below
-        b"0",  # typeflag: regular file
-        b"\0" * 100,  # linkname
-        b"ustar\x0000",  # magic and version (POSIX)
-        b"\0" * 64,  # uname, gname
-        b"0000000\0" * 2,  # devmajor, devminor
-        prefix.ljust(155, b"\0"),
-    ]
-    header = b"".join(fields).ljust(_BLOCK, b"\0")
+    numbers = _octal(size, 12, "member size") + _octal(mtime, 12, "mtime")
+    # name, mode, uid, gid, size, mtime; checksum (spaces until summed), type, linkname, magic
+    # and version, uname and gname, devmajor and devminor; prefix, and padding to 512 bytes
+    header = bytearray(encoded.ljust(100, b"\0") + b"0000644\0" + b"0000000\0" * 2 + numbers)
+    header += b" " * 8 + b"0" + b"\0" * 100 + b"ustar\x0000" + b"\0" * 64 + b"0000000\0" * 2
+    header += prefix.ljust(167, b"\0")
     checksum = b"%06o\0 " % sum(header)
-    return header[:148] + checksum + header[156:]
+    return bytes(header[:148] + checksum + header[156:])
 
 
 def tar_padding(size: int) -> bytes:

@@ -27,6 +27,7 @@ import mmap
 import os
 import stat
 import tempfile
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,8 @@ class IndexSpec:
 
     def key(self) -> str:
         """The spec as a string, stored in the index and compared when it is loaded."""
-        return json.dumps([INDEX_VERSION, self.format, self.image_key, self.label_key,
-                           list(self.image_ext), self.label_ext])  # fmt: skip
+        parts = [self.format, self.image_key, self.label_key, list(self.image_ext)]
+        return json.dumps([INDEX_VERSION, *parts, self.label_ext])
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,7 +140,7 @@ class ShardIndex:
                     size=size,
                     mtime_ns=mtime_ns,
                 )
-        except (OSError, ValueError, KeyError, TypeError):
+        except Exception:  # not an index of ours (empty, truncated, not a zip, other arrays)
             return None
         count = len(index.offsets)
         fields = (index.lengths, index.starts, index.sizes)
@@ -148,8 +149,13 @@ class ShardIndex:
         ):
             return None
         ends = index.offsets + index.lengths
-        if count and (index.offsets.min() < 0 or ends.max() > index.size):
-            return None
+        inside = index.starts + index.sizes
+        if count and (
+            min(index.offsets.min(), index.lengths.min(), index.starts.min(), index.sizes.min()) < 0
+            or ends.max() > index.size
+            or (inside > index.lengths).any()
+        ):
+            return None  # nothing a damaged or hostile index says is read past its shard
         return index
 
 
@@ -278,32 +284,47 @@ def _tfrecord_columns(file: Any, path: str, spec: IndexSpec, size: int) -> Colum
         view = memoryview(mapped)
         try:
             for offset, length in iter_records(file, path):
-                data = view[offset + 12 : offset + 12 + length]
-                if image_key is None:
-                    image_key = _first_present(data, IMAGE_KEYS, path, offset, "image_key")
-                if label_key is None:
-                    label_key = next(
-                        (k for k in LABEL_KEYS if example_feature(data, k) is not None), ""
-                    )
-                span = example_bytes_span(data, image_key)
-                if span is None:
-                    raise _missing(data, image_key, path, offset, "image_key")
-                offsets.append(offset)
-                lengths.append(length)
-                starts.append(span[0])
-                sizes.append(span[1])
-                if label_key:
-                    assert labels is not None
-                    labels.append(_int_label(data, label_key, path, offset))
-                data.release()
+                with view[offset + 12 : offset + 12 + length] as data:  # released on errors
+                    if image_key is None:
+                        image_key = _first_present(data, IMAGE_KEYS, path, offset, "image_key")
+                    if label_key is None:
+                        found = (
+                            k
+                            for k in LABEL_KEYS
+                            if example_feature(data, k, path=path, offset=offset)
+                        )
+                        label_key = next(found, "")
+                    span = example_bytes_span(data, image_key, path=path, offset=offset)
+                    if span is None:
+                        raise _missing(data, image_key, path, offset, "image_key")
+                    offsets.append(offset)
+                    lengths.append(length)
+                    starts.append(span[0])
+                    sizes.append(span[1])
+                    if label_key:
+                        assert labels is not None
+                        labels.append(_int_label(data, label_key, path, offset))
+        except Exception as error:  # its frames hold views of the map: drop them to close it
+            _drop_frames(error)
+            raise
         finally:
             view.release()
     return offsets, lengths, starts, sizes, labels if label_key else None
 
 
+def _drop_frames(error: BaseException | None) -> None:
+    """Clear the local variables of the finished frames of `error` and of the errors it
+    carries (its cause, its context), which may hold views of a memory map."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+
+
 def _first_present(data: Any, keys: tuple[str, ...], path: str, offset: int, option: str) -> str:
     for key in keys:
-        if example_bytes_span(data, key) is not None:
+        if example_bytes_span(data, key, path=path, offset=offset) is not None:
             return key
     raise _missing(data, keys[0], path, offset, option)
 
@@ -311,17 +332,18 @@ def _first_present(data: Any, keys: tuple[str, ...], path: str, offset: int, opt
 def _missing(data: Any, key: str, path: str, offset: int, option: str) -> ValueError:
     return ValueError(
         f"{path!r}: the record at byte {offset} has no bytes feature {key!r} (it has "
-        f"{example_keys(data)}): pass {option}= naming the feature that holds the image"
+        f"{example_keys(data, path=path, offset=offset)}): pass {option}= naming the feature "
+        "that holds the image"
     )
 
 
 def _int_label(data: Any, key: str, path: str, offset: int) -> int:
-    found = example_feature(data, key)
+    found = example_feature(data, key, path=path, offset=offset)
     if found is None or found[0] != "int64" or len(found[1]) != 1:
         raise ValueError(
             f"{path!r}: the record at byte {offset} has no single int64 feature {key!r} for "
-            f"its label (it has {example_keys(data)}): pass label_key= naming it, or "
-            "label_key='' for no labels"
+            f"its label (it has {example_keys(data, path=path, offset=offset)}): pass "
+            "label_key= naming it, or label_key='' for no labels"
         )
     return int(found[1][0])
 

@@ -19,6 +19,7 @@ a URL with one ranged read. Pure functions; thread-safe.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -30,6 +31,8 @@ from prefetch.shard_formats import RECORD_OVERHEAD, record_data
 _MEMBER = re.compile(r"#(tar|tfrecord)@(\d+)\+(\d+)(?:/(\d+)\+(\d+))?$")
 FORMATS = ("tar", "tfrecord")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# The ending of a whole shard's local copy in a spool folder (`prefetch.shard_stream`).
+SPOOL_SUFFIX = ".shard"
 
 
 class Member(NamedTuple):
@@ -111,3 +114,19 @@ def _read_range(shard: str, offset: int, length: int) -> bytes:
             "changed after it was indexed; re-write it, or delete its .prefetch-index file"
         )
     return data
+
+
+def spooled_name(url: str) -> str:
+    """The file name of the local copy of the shard at `url` in a spool folder."""
+    return hashlib.sha256(url.encode("utf-8")).hexdigest()[:32] + SPOOL_SUFFIX
+
+
+def spooled_path(folder: str, path: str) -> str:
+    """The member path `path` (a sample of a URL shard) moved to its shard's copy in
+    `folder`; any other path is returned as is."""
+    member = split_member(path)
+    from prefetch import storage  # storage reads member paths through this module
+
+    if member is None or not storage.is_url(member.shard):
+        return path
+    return member.moved_to(os.path.join(folder, spooled_name(member.shard))).path()

@@ -17,6 +17,7 @@ construction and safe to share between threads.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import fnmatch
 import glob
 import os
@@ -46,6 +47,9 @@ SHUFFLE_BUFFER = 4096
 INDEX_THREADS = 8
 # The file beside the shards that names the classes, one per line (the writer leaves one).
 CLASSES_FILE = "classes.txt"
+# The most bytes read of an index file or a class list beside URL shards.
+MAX_INDEX_BYTES = 256 << 20
+MAX_CLASSES_BYTES = 16 << 20
 _PATTERN_CHARS = frozenset("*?[")
 
 
@@ -89,8 +93,8 @@ class ShardSource(FileList):
                 f"samples{_what_counts(spec)}"
             )
         self.indexes = indexes
-        paths = pack_chunks(list(_member_paths(shard, index, spec)) for shard, index in zip(
-            self.shards, indexes, strict=True))  # fmt: skip
+        pairs = zip(self.shards, indexes, strict=True)
+        paths = pack_chunks(list(_member_paths(shard, index, spec)) for shard, index in pairs)
         labelled = [index.labels is not None for index in indexes]
         if any(labelled) and not all(labelled):
             raise ValueError(
@@ -324,8 +328,8 @@ def remote_index(url: str, spec: IndexSpec) -> ShardIndex:
     if found is not None:
         return found
     try:
-        data = storage.read_bytes(url + INDEX_SUFFIX, retries=1)
-    except (FileNotFoundError, PermissionError, OSError):
+        data = storage.read_bytes(url + INDEX_SUFFIX, retries=1, options=_small(MAX_INDEX_BYTES))
+    except OSError:  # none beside it (or none readable): build one
         data = None
     found = ShardIndex.from_bytes(data, spec) if data is not None else None
     if found is None:
@@ -348,16 +352,25 @@ def remote_index(url: str, spec: IndexSpec) -> ShardIndex:
 
 def _classes_beside(shard: str) -> list[str] | None:
     """The class names in `classes.txt` beside `shard`, or None when there is none."""
-    folder = shard.rpartition("/")[0] if storage.is_url(shard) else os.path.dirname(shard)
-    place = f"{folder}/{CLASSES_FILE}" if storage.is_url(shard) else os.path.join(
-        folder, CLASSES_FILE)  # fmt: skip
+    place = f"{shard.rpartition('/')[0]}/{CLASSES_FILE}"
+    if not storage.is_url(shard):
+        place = os.path.join(os.path.dirname(shard), CLASSES_FILE)
     try:
-        data = storage.read_bytes(place, retries=1) if storage.is_url(shard) else (
-            storage.read_local(storage.local_path(place), 64 << 20))  # fmt: skip
-    except (FileNotFoundError, OSError):
+        if storage.is_url(shard):
+            data = storage.read_bytes(place, retries=1, options=_small(MAX_CLASSES_BYTES))
+        else:
+            data = storage.read_local(storage.local_path(place), MAX_CLASSES_BYTES)
+    except OSError:  # none (or none readable): the labels' numbers name the classes
         return None
     names = data.decode("utf-8").splitlines()
     return [name for name in names if name] or None
+
+
+def _small(cap: int) -> storage.RemoteOptions:
+    """The active remote options with objects capped at `cap` bytes (an index, a class list:
+    a store cannot make them cost more)."""
+    options = storage.active_options()
+    return dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))
 
 
 def _member_paths(shard: str, index: ShardIndex, spec: IndexSpec) -> Iterator[str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import hashlib
 import os
 import shutil
 import tempfile
@@ -37,7 +36,8 @@ import numpy as np
 
 from prefetch import storage
 from prefetch.plan import EpochPlan
-from prefetch.shard_members import split_member
+from prefetch.session import forget_dummy_thread
+from prefetch.shard_members import spooled_name
 
 # Appended to the seed for the shard order and the shuffle buffer's draws.
 _SHARD_ORDER_KEY = (2, 0)
@@ -45,7 +45,6 @@ _BUFFER_KEY = (2, 1)
 # Shards fetched at once, and fetched ahead of the batches being decoded.
 FETCH_THREADS = 4
 READAHEAD_SHARDS = 4
-SPOOL_SUFFIX = ".shard"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -130,20 +129,6 @@ def _through_buffer(incoming: np.ndarray, buffer: int, rng: np.random.Generator)
         held[pick] = sample
     tail = np.asarray(held, np.int64)[rng.permutation(len(held))]
     return np.concatenate([np.asarray(out, np.int64), tail])
-
-
-def spooled_name(url: str) -> str:
-    """The file name of the local copy of the shard at `url` in a spool folder."""
-    return hashlib.sha256(url.encode("utf-8")).hexdigest()[:32] + SPOOL_SUFFIX
-
-
-def spooled_path(folder: str, path: str) -> str:
-    """The member path `path` (a sample of a URL shard) moved to its shard's copy in
-    `folder`; any other path is returned as is."""
-    member = split_member(path)
-    if member is None or not storage.is_url(member.shard):
-        return path
-    return member.moved_to(os.path.join(folder, spooled_name(member.shard))).path()
 
 
 class _Stop(Exception):
@@ -270,6 +255,7 @@ class ShardSpool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            forget_dummy_thread()  # the pool started (and was joined) on tf.data's thread
         if not self.keep:
             for shard in self._fetches:
                 with contextlib.suppress(FileNotFoundError):

@@ -297,6 +297,12 @@ def test_example_feature_accepts_bytes_and_memoryviews_without_copying_the_image
     assert example_feature(view[:], "image/class/label") == ("int64", [3])
 
 
+# Feature "k" with a FloatList whose packed values are 2 bytes long (not a multiple of 4).
+ODD_PACKED_FLOATS = delimited(
+    1, delimited(1, delimited(1, b"k") + delimited(2, delimited(2, delimited(1, b"\1\2"))))
+)
+
+
 @pytest.mark.parametrize(
     "data, what",
     [
@@ -305,10 +311,9 @@ def test_example_feature_accepts_bytes_and_memoryviews_without_copying_the_image
         (b"\x0a\x01\xff", "varint"),  # a varint cut short
         (b"\x0b", "wire type"),  # a group, not valid in an Example
         (b"\x02\x00", "field 0"),  # field number 0
-        (delimited(1, delimited(1, delimited(1, b"k") + delimited(2, delimited(2, delimited(1, b"\1\2"))))),
-         "packed floats"),
+        (ODD_PACKED_FLOATS, "packed floats"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_example_is_a_corrupt_shard_naming_the_record(data: bytes, what: str) -> None:
     with pytest.raises(CorruptShardError, match=rf"shard\.tfrecord at offset 1234.*{what}"):
         example_feature(data, "k", path="shard.tfrecord", offset=1234)
@@ -317,6 +322,62 @@ def test_a_malformed_example_is_a_corrupt_shard_naming_the_record(data: bytes, w
     if what != "packed floats":
         with pytest.raises(CorruptShardError, match="offset 1234"):
             example_keys(data, path="shard.tfrecord", offset=1234)
+
+
+def random_features(rng: np.random.Generator) -> dict[str, Any]:
+    """Features of every type, with random keys, lengths and values (int64 extremes included)."""
+    features: dict[str, Any] = {}
+    for _ in range(int(rng.integers(0, 6))):
+        key = "".join(rng.choice(list("abcü/_"), int(rng.integers(1, 12))))
+        count = int(rng.integers(1, 5))
+        kind = int(rng.integers(3))
+        if kind == 0:
+            features[key] = [rng.bytes(int(rng.integers(0, 300))) for _ in range(count)]
+        elif kind == 1:
+            features[key] = [float(np.float32(v)) for v in rng.normal(0, 1e6, count)]
+        else:
+            extremes = [-(2**63), 2**63 - 1, -1, 0, 127, 128]
+            features[key] = [int(v) for v in rng.integers(-(2**63), 2**63 - 1, count)]
+            features[key][0] = extremes[int(rng.integers(len(extremes)))]
+    return features
+
+
+@pytest.mark.tf
+def test_random_examples_read_the_same_here_and_in_the_protobuf_runtime() -> None:
+    pytest.importorskip("tensorflow")
+    from tensorflow.core.example import example_pb2
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        features = random_features(rng)
+        data = encode_example(features)
+        parsed = example_pb2.Example.FromString(data).features.feature
+        assert sorted(example_keys(data)) == sorted(parsed) == sorted(features)
+        for key, values in features.items():
+            kind, got = example_feature(data, key)  # type: ignore[misc]
+            if kind == "bytes":
+                got = [bytes(v) for v in got]
+            expected = getattr(parsed[key], f"{kind}_list").value
+            assert got == list(expected) == values
+
+
+def test_damaged_examples_raise_only_corrupt_shard_errors() -> None:
+    rng = np.random.default_rng(3)
+    data = encode_example({"image/encoded": bytes(300), "label": [1, -2], "f": [0.5], "b": [b"x"]})
+    for _ in range(3000):
+        damaged = bytearray(data)
+        position = int(rng.integers(len(damaged)))
+        if rng.random() < 0.7:
+            damaged[position] = int(rng.integers(256))
+        else:
+            del damaged[position:]
+        for key in ("image/encoded", "label", "f", "b"):
+            try:
+                example_feature(bytes(damaged), key)
+                example_bytes_span(bytes(damaged), key)
+                example_keys(bytes(damaged))
+            except CorruptShardError:
+                pass
 
 
 # ---------------------------------------------------------------- corrupt TFRecord files
@@ -429,7 +490,8 @@ def test_the_module_imports_no_tensorflow() -> None:
 # ---------------------------------------------------------------- tar
 
 
-LONG_NAME = "/".join(["d" * 40, "e" * 40, "f" * 40, "sample_000001.jpg"])  # 140 bytes
+LONG_NAME = "/".join(["d" * 40, "e" * 40, "f" * 40, "sample_000001_long_name.jpg"])
+assert len(LONG_NAME) == 150  # over ustar's 100-byte name field: split into the prefix
 LONG_FLAT = "g" * 150 + ".cls"  # no slash: only GNU and pax can hold it
 
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import types
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from PIL import Image
 
 from prefetch import storage
 from prefetch.cli import main
+from prefetch.shard_index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
 from prefetch.sources import ImageFolder
 from prefetch.tools import shard_writer
 from prefetch.tools.shard_writer import write_shards
@@ -299,20 +299,23 @@ def test_a_classes_txt_of_other_classes_is_refused(folder: Path, tmp_path: Path)
     assert not list(tmp_path.glob("*.tar"))
 
 
-def test_each_shard_is_indexed_once_it_is_in_place(
+def test_each_shard_gets_its_offset_index_beside_it(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    indexed = []
-
-    def index_shard(path: str) -> None:
-        assert os.path.isfile(path)
-        indexed.append(path)
-
-    module = types.ModuleType("prefetch.shard_index")
-    module.index_shard = index_shard  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prefetch.shard_index", module)
-    paths = write_shards(folder, tmp_path, format="tar", shard_size=10)
-    assert indexed == paths
+    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(tmp_path / "cache"))
+    for format in ("tar", "tfrecord"):
+        paths = write_shards(folder, tmp_path / format, format=format, shard_size=10)
+        for path in paths:
+            spec = IndexSpec(format)
+            kept = ShardIndex.from_bytes(Path(path + INDEX_SUFFIX).read_bytes(), spec)
+            assert kept is not None
+            assert len(kept) == len(build_index(path, spec))
+        kept_sizes = [
+            len(ShardIndex.from_bytes(Path(p + INDEX_SUFFIX).read_bytes(), IndexSpec(format)) or [])
+            for p in paths
+        ]
+        assert kept_sizes == [10, 10, 5]
+    assert not (tmp_path / "cache").exists()  # nothing went to the index folder
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,8 @@ from prefetch.cache import ObjectCache
 from prefetch.decode import DecodeOptions, Decoder, decode_image, decoder_name, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
-from prefetch.shard_stream import spooled_path
+from prefetch.shard_formats import CorruptShardError
+from prefetch.shard_members import split_member, spooled_path
 from prefetch.sources import is_file_source
 from prefetch.storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.window_decode import crop_image, decode_window, flip_left_right
@@ -171,7 +172,9 @@ class SampleReader:
                 step.name = DECODER if own_decoder else FILE
                 return self.decode_file(local, rng)
 
-            if self.cache is None:
+            if self.spool is not None:
+                image = _naming_the_url(decode, path, str(self.source.paths[index]))
+            elif self.cache is None:
                 image = decode(path)
             else:
                 image, kept = self.cache.decoded(path, decode)
@@ -253,6 +256,21 @@ class SampleReader:
                 "shape it was given"
             )
         return f"prefetch: while reading {where}; pass on_error='skip' to drop unreadable samples"
+
+
+def _naming_the_url(decode: Callable[[str], np.ndarray], copy: str, url: str) -> np.ndarray:
+    """`decode(copy)` of a sample in a spooled copy of a URL shard; a damaged record's error
+    names the shard's URL (`url`'s), not the temporary copy."""
+    try:
+        return decode(copy)
+    except CorruptShardError as error:
+        copied, original = split_member(copy), split_member(url)
+        if copied is None or original is None:
+            raise
+        message = str(error).replace(copied.shard, original.shard)
+        raise CorruptShardError(message, original.shard, error.offset).with_traceback(
+            error.__traceback__
+        ) from None
 
 
 def _is_builtin(decoder: Decoder) -> bool:

@@ -26,7 +26,6 @@ Layouts (the names the readers expect):
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
 import re
@@ -37,6 +36,7 @@ import numpy as np
 
 from prefetch import storage
 from prefetch.shard_formats import TAR_END, encode_example, frame_record, tar_header, tar_padding
+from prefetch.shard_index import index_shard
 from prefetch.sources import ImageFolder
 
 # The shard formats `write_shards` writes, by `format` name.
@@ -90,11 +90,11 @@ def write_shards(
       reader's pattern sees only this run's shards.
     - `on_shard`: called as `on_shard(path, samples)` after each shard is in place.
 
-    After each shard is in place, `prefetch.shard_index.index_shard(path)` is called when that
-    module exists (it writes the shard's offset index next to it). Raises `FileNotFoundError`
-    for a missing `folder`, `ValueError` for a folder without images or a bad option, and
-    `FileExistsError` as said; a read error names the file. The bytes written depend only on
-    the files, `format`, `shard_size`, `seed`, `shuffle` and `prefix`.
+    After each shard is in place, its offset index is written beside it
+    (`prefetch.shard_index.index_shard`), so that readers do not index it again. Raises
+    `FileNotFoundError` for a missing `folder`, `ValueError` for a folder without images or a
+    bad option, and `FileExistsError` as said; a read error names the file. The bytes written
+    depend only on the files, `format`, `shard_size`, `seed`, `shuffle` and `prefix`.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -118,7 +118,6 @@ def write_shards(
     if not overwrite:
         _refuse_existing(out_dir, existing, classes_text)
     _write_atomically(os.path.join(out_dir, CLASSES_FILE), [classes_text.encode()])
-    indexer = _shard_indexer()
     written = []
     for index, name in enumerate(names):
         numbers = range(index * shard_size, min((index + 1) * shard_size, len(order)))
@@ -129,8 +128,7 @@ def write_shards(
         path = os.path.join(out_dir, name)
         _write_atomically(path, _shard_chunks(format, samples, top))
         written.append(path)
-        if indexer is not None:
-            indexer(path)
+        index_shard(path)
         if on_shard is not None:
             on_shard(path, len(numbers))
     for stale in sorted(set(existing) - set(names)):
@@ -202,22 +200,6 @@ def _refuse_existing(out: str, existing: list[str], classes_text: str) -> None:
                     f"{classes_path!r} already lists other classes: choose an empty folder, or "
                     "pass overwrite=True (--overwrite) to replace it"
                 )
-
-
-def _shard_indexer() -> Callable[[str], object] | None:
-    """`prefetch.shard_index.index_shard`, or None when that module or function is absent.
-
-    Looked up when a run starts, so that the indexer is used as soon as it is installed; an
-    ImportError raised inside that module (a real bug) is not hidden.
-    """
-    try:
-        module = importlib.import_module("prefetch.shard_index")
-    except ModuleNotFoundError as error:
-        if error.name in ("prefetch.shard_index", "prefetch"):
-            return None
-        raise
-    indexer = getattr(module, "index_shard", None)
-    return indexer if callable(indexer) else None
 
 
 def _shard_chunks(format: str, samples: Iterable[_Sample], top: str) -> Iterable[bytes]:
