@@ -21,8 +21,11 @@ also derive from `RuntimeError`, so code that catches `RuntimeError` keeps worki
      |    |                     Coordinator.join: threads or processes still running after the
      |    |                     stop grace period ("Coordinator stopped with threads still ...")
      |    +-- DoesNotFitError (+ MemoryError)
-     |                          prefetch.tf.resident / resident_stream: the data exceed the
-     |                          memory budget; the message says what would fit
+     |    |                     prefetch.tf.resident / resident_stream: the data exceed the
+     |    |                     memory budget; the message says what would fit
+     |    +-- CorruptShardError (+ ValueError)
+     |                          a TFRecord record or tar header is damaged (a CRC, a
+     |                          truncation): names the shard and the byte offset
      +-- RemoteTraceback        not raised: the `__cause__` of an error raised in a worker
                                 process, holding that worker's formatted traceback
 

@@ -26,8 +26,10 @@ from typing import Any, BinaryIO
 import google_crc32c
 import numpy as np
 
+from prefetch.errors import PrefetchError
 
-class CorruptShardError(ValueError):
+
+class CorruptShardError(PrefetchError, ValueError):
     """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
 
     The message names the file and the byte offset (of the record or tar header) and the fix:
