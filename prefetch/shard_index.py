@@ -39,9 +39,8 @@ from prefetch.shard_formats import (
     example_feature,
     example_keys,
     iter_records,
-    iter_tar_members,
-    sample_key,
 )
+from prefetch.tar_format import iter_tar_members, sample_key
 
 # Bumped whenever what an index holds changes: older indexes are rebuilt.
 INDEX_VERSION = 1

@@ -21,19 +21,21 @@ from PIL import Image
 
 from prefetch.shard_formats import (
     RECORD_OVERHEAD,
-    TAR_END,
     CorruptShardError,
-    TarMember,
     encode_example,
     example_bytes_span,
     example_feature,
     example_keys,
     frame_record,
     iter_records,
-    iter_tar_members,
     masked_crc32c,
     record_data,
     record_length,
+)
+from prefetch.tar_format import (
+    TAR_END,
+    TarMember,
+    iter_tar_members,
     sample_key,
     tar_header,
     tar_padding,

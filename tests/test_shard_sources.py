@@ -25,9 +25,10 @@ from PIL import Image
 import prefetch
 from prefetch import shard_index, storage
 from prefetch.cli import main
-from prefetch.shard_formats import encode_example, frame_record, tar_header, tar_padding
+from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import INDEX_SUFFIX, index_folder
 from prefetch.sources import ImageFolder
+from prefetch.tar_format import tar_header, tar_padding
 from prefetch.testing import serve_folder
 from prefetch.tools.shard_writer import write_shards
 

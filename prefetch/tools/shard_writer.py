@@ -35,9 +35,10 @@ from typing import BinaryIO
 import numpy as np
 
 from prefetch import storage
-from prefetch.shard_formats import TAR_END, encode_example, frame_record, tar_header, tar_padding
+from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import index_shard
 from prefetch.sources import ImageFolder
+from prefetch.tar_format import TAR_END, tar_header, tar_padding
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
