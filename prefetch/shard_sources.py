@@ -215,7 +215,12 @@ class TarSource(ShardSource):
       member of a sample with one of them is its image). Samples without one are left out.
     - `label_ext`: the extension of the member holding the class index as ASCII decimal;
       `""` for no labels.
-    - `class_names`, `streaming`, `shuffle_buffer`, `remote`: as for `TFRecordSource`.
+    - `class_names`: the names of the classes; `None`: `classes.txt` beside the shards, else
+      "0", "1", ... up to the largest label.
+    - `streaming`: read whole shards in sequence through a shuffle buffer (`True`) or each
+      sample where it lies (`False`); `None`: streaming for URLs only.
+    - `shuffle_buffer`: samples the shuffle buffer of a streamed source holds.
+    - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
     """
 
     def __init__(
