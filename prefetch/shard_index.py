@@ -251,6 +251,8 @@ def build_index(path: str, spec: IndexSpec) -> ShardIndex:
     """Index the local shard at `path` now (see the module docstring)."""
     info = os.stat(path)
     with open(path, "rb") as file:
+        if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
             columns = _tfrecord_columns(file, path, spec, info.st_size)
         else:
@@ -280,6 +282,8 @@ def _tfrecord_columns(file: Any, path: str, spec: IndexSpec, size: int) -> Colum
         return offsets, lengths, starts, sizes, labels if spec.label_key != "" else None
     image_key, label_key = spec.image_key, spec.label_key
     with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            mapped.madvise(mmap.MADV_RANDOM)  # headers only: no readahead of the images
         view = memoryview(mapped)
         try:
             for offset, length in iter_records(file, path):
