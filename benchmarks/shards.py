@@ -71,8 +71,14 @@ over the rounds, and the rounds' own values):
         [--seconds 4] [--remote-seconds 8] [--latency-ms 80] [--shard-size 250]
         [--index-samples 10000] [--tf-shuffle 1000] [--skip-index] [--skip-remote] [--skip-tf]
 
-The machine's cores are shared by everything here (the server included); rates on a busy or
-small machine are noisy, which is why ratios are taken within a round and ranges are shown.
+"CPU ms/image" (parts 1, 3, 4) is this process's CPU time (all its threads: the thread
+backend's decoders, tf.data's pool) over a row's timed epochs per image; "n/a" for a process
+backend (its decoding is in the workers). On a machine whose cores are all busy, images/s is
+about cores / CPU per image, and CPU per image moves far less than images/s when other programs
+take the cores for a while, so its ratios (part 1: the row / the folder, lower is cheaper; part
+4: tf.data / prefetch) check the images/s ratios. The machine's cores are shared by everything
+here (the server included); rates on a busy or small machine are noisy, which is why ratios
+are taken within a round and ranges are shown.
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ from typing import Any
 
 import numpy as np
 from remote_latency import served_in_child
-from training_shape import CROP_PADDING, timed
+from training_shape import CROP_PADDING
 
 import prefetch
 from prefetch.shard_index import INDEX_SUFFIX
@@ -118,9 +124,26 @@ def augment(crop: bool) -> dict[str, Any]:
     return {"crop": prefetch.RandomResizedCrop(), "flip": True} if crop else {}
 
 
+def timed(epoch: Callable[[], int], seconds: float) -> dict[str, Any]:
+    """One warm-up epoch, then whole epochs until `seconds` have passed (as
+    benchmarks/training_shape.py times its rows): images/s over those, and this process's
+    CPU time per image (all its threads; not the children of a process backend)."""
+    epoch()
+    began, cpu = time.perf_counter(), time.process_time()
+    images = epochs = 0
+    while epochs == 0 or time.perf_counter() - began < seconds:
+        images += epoch()
+        epochs += 1
+    return {
+        "rate": images / (time.perf_counter() - began),
+        "cpu_ms": (time.process_time() - cpu) / images * 1000,
+        "images": images,
+        "epochs": epochs,
+    }
+
+
 def loader_row(source: Any, seconds: float, **options: Any) -> dict[str, Any]:
-    """A Loader on `source` (defaults as a user gets them): construction time, then one
-    warm-up epoch and whole epochs until `seconds` (training_shape.timed)."""
+    """A Loader on `source` (defaults as a user gets them): construction time, then `timed`."""
     began = time.perf_counter()
     loader = prefetch.Loader(source, batch_size=BATCH, image_size=SIZE, seed=0, **options)
     setup = time.perf_counter() - began
@@ -135,12 +158,11 @@ def loader_row(source: Any, seconds: float, **options: Any) -> dict[str, Any]:
         return images
 
     with loader:
-        rate, images, epochs = timed(epoch, seconds, None)
+        row = timed(epoch, seconds)
         stats = loader.stats()
-    return {
-        "rate": rate,
-        "images": images,
-        "epochs": epochs,
+    if stats.backend != "thread":
+        row["cpu_ms"] = float("nan")  # the decoding is in other processes
+    return row | {
         "setup": setup,
         "first": statistics.median(waits[1:]) if len(waits) > 1 else float("nan"),
         "how": f"{stats.backend} x{stats.workers}",
@@ -156,6 +178,12 @@ def spread(values: Sequence[float], digits: int = 0, suffix: str = "") -> str:
     if len(values) == 1:
         return median
     return f"{median} ({f.format(min(values))}-{f.format(max(values))})"
+
+
+def cpu(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows' CPU ms per image, "median (min-max)"; n/a for a process backend."""
+    values = [r["cpu_ms"] for r in rows if r["cpu_ms"] == r["cpu_ms"]]
+    return spread(values, 2) if values else "n/a"
 
 
 def listing(values: Sequence[float], digits: int = 0) -> str:
@@ -260,11 +288,17 @@ def part_local(
     rows = []
     for round_ in range(repeats):
         for crop in (False, True):
-            base = None
+            base: dict[str, Any] = {}
             for name, source in sources.items():
                 row = loader_row(source, seconds, **augment(crop))
-                base = row["rate"] if name == "folder" else base
-                row |= {"round": round_, "name": name, "crop": crop, "ratio": row["rate"] / base}
+                base = row if name == "folder" else base
+                row |= {
+                    "round": round_,
+                    "name": name,
+                    "crop": crop,
+                    "ratio": row["rate"] / base["rate"],
+                    "cpu_ratio": row["cpu_ms"] / base["cpu_ms"],
+                }
                 rows.append(row)
                 print(
                     f"  [local] round {round_ + 1} {name}{' crop' if crop else ''}: "
@@ -279,14 +313,15 @@ def print_local(rows: list[dict[str, Any]], target: float = 0.95) -> None:
     print("\n## 1. Local: folder vs shards (prefetch.Loader, defaults)\n")
     print(
         "| source | augment | images/s median (min-max) | rounds | vs folder, same round | "
-        "rounds | backend x workers | target |"
+        "rounds | target | CPU ms/image | CPU vs folder, same round | backend x workers |"
     )
-    print("|---|---|---:|---|---:|---|---|---|")
+    print("|---|---|---:|---|---:|---|---|---:|---:|---|")
     for crop in (False, True):
         for name in ("folder", *FORMATS):
             mine = [r for r in rows if r["name"] == name and r["crop"] == crop]
             rates = [r["rate"] for r in mine]
             ratios = [r["ratio"] for r in mine]
+            cpu_ratios = [r["cpu_ratio"] for r in mine]
             met = ""
             if name != "folder":
                 met = "met" if statistics.median(ratios) >= target else "MISSED"
@@ -295,7 +330,8 @@ def print_local(rows: list[dict[str, Any]], target: float = 0.95) -> None:
                 f"| {LABEL[name]} | {'RandomResizedCrop+flip' if crop else 'resize'} | "
                 f"{spread(rates)} | {listing(rates)} | "
                 f"{'1' if name == 'folder' else spread(ratios, 2, 'x')} | "
-                f"{'' if name == 'folder' else listing(ratios, 2)} | {mine[-1]['how']} | {met} |"
+                f"{'' if name == 'folder' else listing(ratios, 2)} | {met} | {cpu(mine)} | "
+                f"{'1' if name == 'folder' else spread(cpu_ratios, 2, 'x')} | {mine[-1]['how']} |"
             )
 
 
@@ -452,9 +488,9 @@ def print_remote(rows: list[dict[str, Any]], latency_ms: float) -> None:
     print(f"\n## 3. Remote: loopback server, {latency_ms:g} ms per request\n")
     print(
         "| reader | index | setup s | images/s median (min-max) | rounds | "
-        "first batch of an epoch, s | backend x workers |"
+        "first batch of an epoch, s | CPU ms/image | backend x workers |"
     )
-    print("|---|---|---:|---:|---|---:|---|")
+    print("|---|---|---:|---:|---|---:|---:|---|")
     names = list(dict.fromkeys(r["name"] for r in rows))
     for name in names:
         mine = [r for r in rows if r["name"] == name]
@@ -462,7 +498,7 @@ def print_remote(rows: list[dict[str, Any]], latency_ms: float) -> None:
         print(
             f"| {name} | {mine[0]['index']} | {spread([r['setup'] for r in mine], 2)} | "
             f"{spread(rates)} | {listing(rates)} | {spread([r['first'] for r in mine], 2)} | "
-            f"{mine[-1]['how']} |"
+            f"{cpu(mine)} | {mine[-1]['how']} |"
         )
     print("\n| ratio, same round | median (min-max) | rounds | target |")
     print("|---|---:|---|---|")
@@ -557,8 +593,7 @@ def part_tf(tfrecord_dir: str, repeats: int, seconds: float, shuffle: int) -> li
             def epoch(data: Any = data) -> int:
                 return sum(int(images.shape[0]) for images, _ in data)
 
-            rate, _, epochs = timed(epoch, seconds, None)
-            tf_row = {"rate": rate, "epochs": epochs, "how": "AUTOTUNE"}
+            tf_row = timed(epoch, seconds) | {"how": "AUTOTUNE"}
             ours = loader_row(source, seconds, shuffle=bool(shuffle), **augment(crop))
             for name, row in (("tf.data", tf_row), ("prefetch", ours)):
                 row |= {"round": round_, "name": name, "crop": crop}
@@ -577,8 +612,11 @@ def print_tf(rows: list[dict[str, Any]], shuffle: int, target: float = 1.3) -> N
         f"\n## 4. tf.data vs prefetch on the same TFRecord files "
         f"({f'both shuffle: tf.data shuffle({shuffle}), prefetch shuffle=True' if shuffle else 'neither shuffles'})\n"  # noqa: E501
     )
-    print("| reader | augment | images/s median (min-max) | rounds | backend x workers |")
-    print("|---|---|---:|---|---|")
+    print(
+        "| reader | augment | images/s median (min-max) | rounds | CPU ms/image | "
+        "backend x workers |"
+    )
+    print("|---|---|---:|---|---:|---|")
     for crop in (False, True):
         for name in ("tf.data", "prefetch"):
             mine = [r for r in rows if r["name"] == name and r["crop"] == crop]
@@ -586,7 +624,10 @@ def print_tf(rows: list[dict[str, Any]], shuffle: int, target: float = 1.3) -> N
             what = "resize"
             if crop:
                 what = "Model Garden crop + flip" if name == "tf.data" else "RandomResizedCrop+flip"
-            print(f"| {name} | {what} | {spread(rates)} | {listing(rates)} | {mine[-1]['how']} |")
+            print(
+                f"| {name} | {what} | {spread(rates)} | {listing(rates)} | {cpu(mine)} | "
+                f"{mine[-1]['how']} |"
+            )
     print("\n| ratio, same round | median (min-max) | rounds | target |")
     print("|---|---:|---|---|")
     for crop in (False, True):
@@ -597,6 +638,12 @@ def print_tf(rows: list[dict[str, Any]], shuffle: int, target: float = 1.3) -> N
         print(
             f"| prefetch / tf.data{', crop' if crop else ''} | {spread(ratios, 2, 'x')} | "
             f"{listing(ratios, 2)} | {met} (>= {target:g}x) |"
+        )
+        cost = {(r["round"], r["name"]): r["cpu_ms"] for r in rows if r["crop"] == crop}
+        ratios = [cost[(k, "tf.data")] / cost[(k, "prefetch")] for k in rounds]
+        print(
+            f"| CPU per image: tf.data / prefetch{', crop' if crop else ''} | "
+            f"{spread(ratios, 2, 'x')} | {listing(ratios, 2)} | - |"
         )
 
 
