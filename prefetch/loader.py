@@ -395,13 +395,18 @@ class Loader:
             if undelivered is not exc:
                 raise  # the original of an error that TensorFlow (or a thread) swallowed
 
-    def _start(self, epoch: int | None = None, position: int = 0) -> tuple[Backend, SlotRing]:
-        """Start the workers unless they run; returns the backend and its ring. The first
-        batch of `epoch` from `position` (default: where the next iteration begins) is what
-        backend="auto" measures; for a streamed source, its shards are fetched first."""
+    def _start(
+        self, epoch: int | None = None, position: int = 0, batches: list[np.ndarray] | None = None
+    ) -> tuple[Backend, SlotRing]:
+        """Start the workers unless they run; returns the backend and its ring. The first of
+        `batches` (default: the plan's for `epoch` from `position`, where the next iteration
+        begins) is what backend="auto" measures; for a streamed source, its shards are fetched
+        first."""
         if epoch is None:
             epoch, position = self._cursor.next_epoch, self._cursor.next_position
-        batches = self._plan.batches(epoch, position) or self._plan.batches(epoch)
+        if batches is None:
+            batches = self._plan.batches(epoch, position)
+        batches = batches or self._plan.batches(epoch)
         if self._spool is not None:
             self._spool.begin(epoch, batches, position)
             self._spool.ready(position)

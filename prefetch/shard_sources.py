@@ -38,7 +38,7 @@ from prefetch.shard_index import (
     kept_index,
     load_or_build,
 )
-from prefetch.shard_members import Member
+from prefetch.shard_members import Member, split_member
 from prefetch.sources import FileList
 
 # Samples the shuffle buffer of a streamed source holds by default (`shuffle_buffer`).
@@ -108,23 +108,11 @@ class ShardSource(FileList):
         )
         super().__init__(paths, labels, class_names)
 
-    def shard_of(self, index: int) -> int:
-        """The number of the shard that holds sample `index`."""
-        return int(np.searchsorted(self.shard_starts, index, side="right") - 1)
-
     def member(self, index: int) -> Member:
-        """Where sample `index` lies."""
-        shard = self.shard_of(index)
-        row = index - int(self.shard_starts[shard])
-        found = self.indexes[shard]
-        return Member(
-            self.shards[shard],
-            self.spec.format,
-            int(found.offsets[row]),
-            int(found.lengths[row]),
-            int(found.starts[row]),
-            int(found.sizes[row]),
-        )
+        """Where sample `index` lies (what its member path names)."""
+        member = split_member(str(self.paths[index]))
+        assert member is not None  # every path of a shard source is a member path
+        return member
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes need the file-source part only: paths, labels, class names.
@@ -379,13 +367,9 @@ def _small(cap: int) -> storage.RemoteOptions:
 
 
 def _member_paths(shard: str, index: ShardIndex, spec: IndexSpec) -> Iterator[str]:
-    if spec.format == "tar":
-        for offset, length in zip(index.offsets.tolist(), index.lengths.tolist(), strict=True):
-            yield f"{shard}#tar@{offset}+{length}"
-        return
     columns = (index.offsets, index.lengths, index.starts, index.sizes)
     for offset, length, start, size in zip(*(c.tolist() for c in columns), strict=True):
-        yield f"{shard}#tfrecord@{offset}+{length}/{start}+{size}"
+        yield Member(shard, spec.format, offset, length, start, size).path()
 
 
 def _what_counts(spec: IndexSpec) -> str:

@@ -26,7 +26,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 # The options live in prefetch.remote_options; `using` and `RemoteOptions` are re-exported
 # because readers and sources reach them through this module.
@@ -34,6 +34,9 @@ from prefetch.remote_options import LISTING_PAGE_ENTRIES
 from prefetch.remote_options import RemoteOptions as RemoteOptions
 from prefetch.remote_options import active_options as active_options
 from prefetch.remote_options import using as using
+
+if TYPE_CHECKING:
+    from prefetch import remote_http
 
 log = logging.getLogger("prefetch.loader")
 
@@ -171,20 +174,7 @@ def fetch_object(
         return read_local(local_path(url), options.max_object_bytes), True
     fs, path = filesystem_for(url)
     if _protocols(fs) & _PAGED_PROTOCOLS:
-        from prefetch import remote_http
-
-        fetched = remote_http.run(
-            fs,
-            remote_http.fetch_retrying(
-                fs,
-                url,
-                options,
-                retries,
-                max_bytes=options.max_object_bytes,
-                cap_name="max_object_bytes",
-            ),
-            _backstop_s(options, retries),
-        )
+        fetched = _http_get(fs, url, options, retries, options.max_object_bytes)
         return fetched.data, fetched.whole
     cap = options.max_object_bytes
     kwargs: dict[str, Any] = {"start": 0, "end": cap + 1}  # a range: never more than cap + 1
@@ -233,22 +223,8 @@ def read_range(url: str, offset: int, length: int, retries: int = READ_RETRIES) 
     options = active_options()
     fs, path = filesystem_for(url)
     if _protocols(fs) & _PAGED_PROTOCOLS:
-        from prefetch import remote_http
-
-        fetched = remote_http.run(
-            fs,
-            remote_http.fetch_retrying(
-                fs,
-                url,
-                options,
-                retries,
-                max_bytes=length,
-                cap_name="the sample's length",
-                byte_range=(offset, offset + length),
-            ),
-            _backstop_s(options, retries),
-        )
-        return fetched.data
+        span = (offset, offset + length)
+        return _http_get(fs, url, options, retries, length, "the sample's length", span).data
     return bytes(
         _retrying(url, retries, lambda: fs.cat_file(path, start=offset, end=offset + length))
     )
@@ -263,15 +239,7 @@ def download(url: str, file: BinaryIO, retries: int = READ_RETRIES) -> int:
     cap = options.max_object_bytes
     fs, path = filesystem_for(url)
     if _protocols(fs) & _PAGED_PROTOCOLS:
-        from prefetch import remote_http
-
-        remote_http.run(
-            fs,
-            remote_http.fetch_retrying(
-                fs, url, options, retries, max_bytes=cap, cap_name="max_object_bytes", sink=file
-            ),
-            _backstop_s(options, retries),
-        )
+        _http_get(fs, url, options, retries, cap, sink=file)
         return file.tell()
 
     def attempt() -> int:
@@ -326,6 +294,33 @@ def read_local(path: str, max_bytes: int | None = None) -> bytes:
 
 # Bytes `read_local` reads at a time after the file's stated size.
 _LOCAL_CHUNK = 64 * 1024
+
+
+def _http_get(
+    fs: Any,
+    url: str,
+    options: RemoteOptions,
+    retries: int,
+    max_bytes: int,
+    cap_name: str = "max_object_bytes",
+    byte_range: tuple[int, int] | None = None,
+    sink: BinaryIO | None = None,
+) -> remote_http.Fetched:
+    """One http(s) GET through `remote_http` (retried, within `options`, at most `max_bytes`,
+    optionally a byte range or into `sink`), run to its end or to the backstop."""
+    from prefetch import remote_http
+
+    get = remote_http.fetch_retrying(
+        fs,
+        url,
+        options,
+        retries,
+        max_bytes=max_bytes,
+        cap_name=cap_name,
+        byte_range=byte_range,
+        sink=sink,
+    )
+    return remote_http.run(fs, get, _backstop_s(options, retries))
 
 
 def _with_request_timeout(options: RemoteOptions, timeout_s: float) -> RemoteOptions:

@@ -128,8 +128,9 @@ class Stream:
     def _begin(self) -> None:
         loader = self._loader
         self.epoch, self.position = loader._begin_stream(self)
-        self._todo = deque(loader._plan.batches(self.epoch, self.position))
-        self._backend, self._ring = loader._start(self.epoch, self.position)
+        batches = loader._plan.batches(self.epoch, self.position)
+        self._todo = deque(batches)
+        self._backend, self._ring = loader._start(self.epoch, self.position, batches)
 
     def _top_up(self) -> None:
         backend, ring, loader = self._backend, self._ring, self._loader
