@@ -99,7 +99,7 @@ from typing import Any
 
 import numpy as np
 from remote_latency import served_in_child
-from training_shape import CROP_PADDING
+from training_shape import random_window
 
 import prefetch
 from prefetch.shard_index import INDEX_SUFFIX
@@ -542,26 +542,6 @@ def tf_dataset(files: list[str], crop: bool, shuffle: int) -> Any:
 
     # Model Garden's windows, as in benchmarks/training_shape.py (which keeps them inside its
     # own tf_dataset, so they are written again here).
-    def centre_window(shape: Any) -> Any:
-        height, width = shape[0], shape[1]
-        short = tf.cast(tf.minimum(height, width), tf.float32)
-        size = tf.cast(SIZE / (SIZE + CROP_PADDING) * short, tf.int32)
-        return tf.stack([((height - size) + 1) // 2, ((width - size) + 1) // 2, size, size])
-
-    def random_window(shape: Any) -> Any:
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape,
-            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-            min_object_covered=0.1,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        window = tf.stack([begin[0], begin[1], size[0], size[1]])
-        failed = tf.logical_and(tf.equal(size[0], shape[0]), tf.equal(size[1], shape[1]))
-        return tf.cond(failed, lambda: centre_window(shape), lambda: window)
-
     def load(record: Any) -> tuple[Any, Any]:
         example = tf.io.parse_single_example(record, features)
         contents = example["image/encoded"]

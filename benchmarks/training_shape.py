@@ -62,34 +62,45 @@ def list_folder(folder: str) -> tuple[list[str], list[int]]:
     return [p for p, _ in pairs], [c for _, c in pairs]
 
 
+def centre_window(shape: Any) -> Any:
+    """Model Garden's evaluation window of an image of `shape` (a tensor: height, width, ...):
+    the centred square of SIZE / (SIZE + CROP_PADDING) of the short side, as
+    [top, left, height, width] for `tf.io.decode_and_crop_jpeg`."""
+    import tensorflow as tf
+
+    height, width = shape[0], shape[1]
+    short = tf.cast(tf.minimum(height, width), tf.float32)
+    crop = tf.cast(SIZE / (SIZE + CROP_PADDING) * short, tf.int32)
+    return tf.stack([((height - crop) + 1) // 2, ((width - crop) + 1) // 2, crop, crop])
+
+
+def random_window(shape: Any) -> Any:
+    """Model Garden's training window (`sample_distorted_bounding_box`, area 0.08-1, ratio
+    3/4-4/3, 10 attempts), the centre window when every attempt failed."""
+    import tensorflow as tf
+
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    # Model Garden: a draw that failed returns the whole image; use the centre crop then
+    # (decided before decoding here, so the fallback decodes once).
+    failed = tf.logical_and(tf.equal(size[0], shape[0]), tf.equal(size[1], shape[1]))
+    return tf.cond(failed, lambda: centre_window(shape), lambda: window)
+
+
 def tf_dataset(folder: str, train: bool) -> Any:
     """Model Garden's ImageNet input (train: random crop and flip; eval: centre crop)."""
     import tensorflow as tf
 
     tf.random.set_seed(0)
     paths, labels = list_folder(folder)
-
-    def centre_window(shape: tf.Tensor) -> tf.Tensor:
-        height, width = shape[0], shape[1]
-        short = tf.cast(tf.minimum(height, width), tf.float32)
-        crop = tf.cast(SIZE / (SIZE + CROP_PADDING) * short, tf.int32)
-        return tf.stack([((height - crop) + 1) // 2, ((width - crop) + 1) // 2, crop, crop])
-
-    def random_window(shape: tf.Tensor) -> tf.Tensor:
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape,
-            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-            min_object_covered=0.1,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        window = tf.stack([begin[0], begin[1], size[0], size[1]])
-        # Model Garden: a draw that failed returns the whole image; use the centre crop then
-        # (decided before decoding here, so the fallback decodes once).
-        failed = tf.logical_and(tf.equal(size[0], shape[0]), tf.equal(size[1], shape[1]))
-        return tf.cond(failed, lambda: centre_window(shape), lambda: window)
 
     def load(path: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         contents = tf.io.read_file(path)
