@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import fnmatch
-import glob
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -27,8 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from prefetch import storage
+from prefetch import shard_manifest, storage
 from prefetch.paths import pack_chunks
+from prefetch.shard_files import CLASSES_FILE as CLASSES_FILE
+from prefetch.shard_files import class_names_beside, resolve
+from prefetch.shard_files import find_shards as find_shards
 from prefetch.shard_index import (
     INDEX_SUFFIX,
     IndexSpec,
@@ -45,12 +46,8 @@ from prefetch.sources import FileList
 SHUFFLE_BUFFER = 4096
 # Shards indexed at once when a source is made (local files: the disk's queue; URLs: requests).
 INDEX_THREADS = 8
-# The file beside the shards that names the classes, one per line (the writer leaves one).
-CLASSES_FILE = "classes.txt"
-# The most bytes read of an index file or a class list beside URL shards.
+# The most bytes read of an index file beside URL shards.
 MAX_INDEX_BYTES = 256 << 20
-MAX_CLASSES_BYTES = 16 << 20
-_PATTERN_CHARS = frozenset("*?[")
 
 
 class ShardSource(FileList):
@@ -78,13 +75,21 @@ class ShardSource(FileList):
         self.spec = spec
         self.remote = remote
         with storage.using(remote):
-            self.shards = find_shards(files, spec.format)
+            found = resolve(files, spec.format)
+            self.shards = found.shards
             at_url = storage.is_url(self.shards[0])
             self.streaming = at_url if streaming is None else bool(streaming)
             self.shuffle_buffer = shuffle_buffer
+            manifest = shard_manifest.read_manifest(self.shards, spec.format)
+            if manifest is not None:
+                shard_manifest.check_shards(*manifest, self.shards, found.selects)
             indexes = _index_all(self.shards, spec)
+            if manifest is not None:
+                _check_against(manifest, self.shards, indexes, spec)
+            if class_names is None and manifest is not None:
+                class_names = list(manifest[0].class_names)
             if class_names is None:
-                class_names = _classes_beside(self.shards[0])
+                class_names = class_names_beside(self.shards[0])
         counts = np.array([len(index) for index in indexes], np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if self.shard_starts[-1] == 0:
@@ -238,63 +243,6 @@ class TarSource(ShardSource):
         )
 
 
-def find_shards(
-    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], format: str
-) -> list[str]:
-    """The shard files `files` names (see `TFRecordSource`), in order; FileNotFoundError
-    naming what matched nothing. Index files (`.prefetch-index.npz`) are never shards."""
-    if not isinstance(files, (str, os.PathLike)):
-        found = [os.fspath(path) for path in files]
-        if not found:
-            raise ValueError("files is an empty list: pass the shard files, or a pattern")
-        return found
-    name = os.fspath(files)
-    if storage.is_url(name):
-        found = _remote_matches(name)
-    elif os.path.isdir(storage.local_path(name)):
-        folder = storage.local_path(name)
-        found = sorted(
-            os.path.join(folder, entry)
-            for entry in os.listdir(folder)
-            if _is_shard_name(entry, format) and os.path.isfile(os.path.join(folder, entry))
-        )
-    elif _PATTERN_CHARS & set(name):
-        found = sorted(path for path in glob.glob(storage.local_path(name)) if _not_index(path))
-    else:
-        found = [name] if os.path.exists(storage.local_path(name)) else []
-    if not found:
-        raise FileNotFoundError(
-            f"no {format} shards at {name!r}: pass a shard file, a folder of them, a pattern "
-            f"such as 'shards/*{'.tfrecord' if format == 'tfrecord' else '.tar'}', or a list"
-        )
-    return found
-
-
-def _is_shard_name(name: str, format: str) -> bool:
-    if not _not_index(name) or name.startswith("."):
-        return False
-    return ".tfrecord" in name if format == "tfrecord" else name.lower().endswith(".tar")
-
-
-def _not_index(path: str) -> bool:
-    return not path.endswith(INDEX_SUFFIX)
-
-
-def _remote_matches(url: str) -> list[str]:
-    """The URLs a URL pattern names, from one listing of its folder (bounded as any
-    listing: `storage.RemoteTree`); a URL without a pattern is taken as is."""
-    folder, _, pattern = url.rpartition("/")
-    if not _PATTERN_CHARS & set(pattern):
-        return [url]
-    if _PATTERN_CHARS & set(folder):
-        raise ValueError(f"{url!r}: a URL pattern may have wildcards in its last part only")
-    tree = storage.RemoteTree(folder)
-    names = [name for name in tree.listdir(folder) if not tree.isdir(f"{folder}/{name}")]
-    return sorted(
-        f"{folder}/{name}" for name in names if fnmatch.fnmatch(name, pattern) and _not_index(name)
-    )
-
-
 def _index_all(shards: list[str], spec: IndexSpec) -> list[ShardIndex]:
     """The index of every shard, several at once (local: built or loaded; URLs: see
     `remote_index`), within the calling thread's remote options."""
@@ -343,20 +291,22 @@ def remote_index(url: str, spec: IndexSpec) -> ShardIndex:
     return found
 
 
-def _classes_beside(shard: str) -> list[str] | None:
-    """The class names in `classes.txt` beside `shard`, or None when there is none."""
-    place = f"{shard.rpartition('/')[0]}/{CLASSES_FILE}"
-    if not storage.is_url(shard):
-        place = os.path.join(os.path.dirname(shard), CLASSES_FILE)
-    try:
-        if storage.is_url(shard):
-            data = storage.read_bytes(place, retries=1, options=_small(MAX_CLASSES_BYTES))
-        else:
-            data = storage.read_local(storage.local_path(place), MAX_CLASSES_BYTES)
-    except OSError:  # none (or none readable): the labels' numbers name the classes
-        return None
-    names = data.decode("utf-8").splitlines()
-    return [name for name in names if name] or None
+def _check_against(
+    manifest: tuple[shard_manifest.Manifest, str],
+    shards: list[str],
+    indexes: list[ShardIndex],
+    spec: IndexSpec,
+) -> None:
+    """Refuse shards whose sizes or sample counts are not their manifest's; counts are
+    compared when this source counts samples as the writer did (its keys or extensions)."""
+    written, _ = manifest
+    if spec.format == "tar":
+        same_counting = set(written.image_extensions) <= set(spec.image_ext)
+    else:
+        same_counting = spec.image_key in (None, "image/encoded")
+    counts = [len(index) for index in indexes] if same_counting else None
+    sizes = [index.size for index in indexes]
+    shard_manifest.check_indexes(*manifest, shards, sizes, counts)
 
 
 def _small(cap: int) -> storage.RemoteOptions:

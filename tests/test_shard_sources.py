@@ -228,11 +228,15 @@ def test_a_shuffled_write_stores_the_files_in_the_writers_permutation(
     assert [int(labels[0]) for _, labels in got] == [int(reference[n][1][0]) for n in order]
 
 
-def test_class_names_come_from_classes_txt_beside_the_shards(folder: Path, tmp_path: Path) -> None:
+def test_class_names_come_from_the_manifest_else_classes_txt_beside_the_shards(
+    folder: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     write(folder, out, "tar")
     assert prefetch.TarSource(out).class_names == list(CLASSES)
     (out / "classes.txt").write_text("lion\ntiger\nbear\n")
+    assert prefetch.TarSource(out).class_names == list(CLASSES)  # the manifest's, exact
+    (out / "shard-tar.manifest.json").unlink()
     assert prefetch.TarSource(out).class_names == ["lion", "tiger", "bear"]
     with loader(prefetch.TarSource(out), shuffle=False) as made:
         assert made.class_names == ["lion", "tiger", "bear"]
@@ -636,9 +640,11 @@ def test_a_record_that_is_not_an_example_is_refused_naming_shard_and_offset(
 
 @pytest.fixture
 def fresh(folder: Path, tmp_path: Path) -> Path:
-    """Tar shards of the folder without index files."""
+    """Tar shards of the folder without index files, nor a manifest (these tests are of the
+    index's own checks, which must hold for sets written by other tools)."""
     out = tmp_path / "fresh"
     write(folder, out, "tar")
+    (out / "shard-tar.manifest.json").unlink()
     for index in sidecars(out):
         index.unlink()
     return out

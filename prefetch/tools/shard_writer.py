@@ -1,58 +1,72 @@
-"""Write an image folder into shards: WebDataset tar files or TFRecord files.
+"""Write an image folder into shards: WebDataset tar files or TFRecord files, and their manifest.
 
 `write_shards(folder, out, ...)` lists `folder` with `ImageFolder` (Keras's rules), shuffles the
 samples once, cuts them into shards of `shard_size` samples and writes each shard, copying the
-image bytes as stored (nothing is decoded or re-encoded), plus `classes.txt`. It runs in the
-calling thread, starts no thread or process, and owns only the files it writes in `out`.
+image bytes as stored (nothing is re-encoded). Each image's header is read first (Pillow): an
+empty file or one that is not an image is skipped and reported (`on_skip`), or refused with
+`strict=True`. It runs in the calling thread, starts no thread or process, and owns only the
+files it writes in `out`.
 
-Each shard is written to a hidden temporary name in `out` (`.<name>.partial`), fsynced and then
-renamed into place with `os.replace`, so a shard under its final name is always complete; an
-interrupted run leaves at most the temporary file, which no reader's pattern matches and the
-next run overwrites. The output depends only on the folder's files, the order (`seed`,
+Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
+as a folder descriptor and every file is created under a fresh unpredictable name, never
+through a link (`prefetch.tools.out_folder`); all shards of the new set are written first,
+then committed together with a journal, and the manifest (`prefetch.shard_manifest`: names,
+sizes, sample counts, SHA-256, class names) is written last (`prefetch.tools.shard_set`), so
+an interrupted or failed write leaves the old complete set or the new one, never a mix that
+reads as complete. The shards depend only on the folder's files, the order (`seed`,
 `shuffle`) and the options: tar headers carry mtime 0, so the same input gives the same bytes.
 
 Layouts (the names the readers expect):
 
-- tar (WebDataset): `<prefix>-000000.tar`, ...; sample number k (counted across shards) is the
-  members `<k:09d>.<ext>` (the image, `ext` its lower-cased extension) and `<k:09d>.cls` (its
-  label as ASCII decimal), then the tar end-of-archive blocks.
+- tar (WebDataset): `<prefix>-000000.tar`, ...; sample number k (counted across shards, in the
+  shuffled order, skipped files keeping their number) is the members `<k:09d>.<ext>` (the
+  image, `ext` its lower-cased extension) and `<k:09d>.cls` (its label as ASCII decimal),
+  then the tar end-of-archive blocks.
 - tfrecord: `<prefix>-00000-of-00003.tfrecord`, ...; one `tf.train.Example` per sample with
   `image/encoded` (the bytes), `image/class/label` (int64, 0-based, the folder's label),
   `image/format` (`b"jpeg"`, `b"png"`, ...) and `image/filename` (the path relative to
   `folder`, `/`-separated).
-- `classes.txt`: one class name per line, line i naming label i.
+- `<prefix>-<format>.manifest.json`: the set (`prefetch.shard_manifest`).
+- `classes.txt`: one class name per line, line i naming label i, for other tools; written only
+  when no name holds a line break (the manifest always names the classes exactly).
 """
 
 from __future__ import annotations
 
-import contextlib
+import io
 import math
 import os
 import re
-from collections.abc import Callable, Iterable
-from typing import BinaryIO
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+from PIL import Image
 
 from prefetch import storage
+from prefetch.shard_files import parse_class_names
 from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import index_shard
+from prefetch.shard_manifest import Manifest, ShardEntry, manifest_name
 from prefetch.sources import ImageFolder
 from prefetch.tar_format import TAR_END, tar_header, tar_padding
+from prefetch.tools import shard_set
+from prefetch.tools.out_folder import OutFolder
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
 # The shard file names start with this unless a `prefix` is given.
 DEFAULT_PREFIX = "shard"
 # The class names, one per line, written next to the shards (the readers' `class_names`).
-CLASSES_FILE = "classes.txt"
-# A shard is written under `.<final name><PARTIAL_SUFFIX>` until it is complete.
-PARTIAL_SUFFIX = ".partial"
+CLASSES_FILE = shard_set.CLASSES_FILE
+# The most bytes read of a `classes.txt` already in the output folder.
+MAX_CLASSES_BYTES = 16 << 20
 # `image/format` of a TFRecord example, by lower-cased file extension (TF's conventions).
 IMAGE_FORMATS = {"jpg": b"jpeg", "jpeg": b"jpeg", "png": b"png", "bmp": b"bmp", "gif": b"gif"}
 
-# What `write_shards` calls after each shard is in place: `(path, samples)`.
-ShardCallback = Callable[[str, int], None]
+# What `write_shards` calls after each shard is written: `(path, samples, size in bytes)`.
+ShardCallback = Callable[[str, int, int], None]
+# What `write_shards` calls for each file it skips: `(path, reason)`.
+SkipCallback = Callable[[str, str], None]
 
 
 def write_shards(
@@ -65,7 +79,9 @@ def write_shards(
     shuffle: bool = True,
     prefix: str | None = None,
     overwrite: bool = False,
+    strict: bool = False,
     on_shard: ShardCallback | None = None,
+    on_skip: SkipCallback | None = None,
 ) -> list[str]:
     """Write the images of `folder` into shards in `out`; return the shard paths, in order.
 
@@ -73,29 +89,35 @@ def write_shards(
 
     - `folder`: an image folder with one subfolder per class, listed by `ImageFolder` (Keras's
       order and rules; a path or an fsspec URL).
-    - `out`: the folder the shards and `classes.txt` go into; created (with its parents) if
-      missing.
+    - `out`: the folder the shards, their manifest and `classes.txt` go into; created (with
+      its parents) if missing; not a symbolic link.
     - `format`: `"tar"` (WebDataset layout) or `"tfrecord"` (`tf.train.Example` records); the
       module docstring gives both layouts.
-    - `shard_size`: samples per shard, >= 1; the last shard holds the rest.
+    - `shard_size`: samples per shard, >= 1; the last shard holds the rest (a shard holds
+      fewer when files of its part were skipped).
     - `seed`: the seed of the one shuffle, `np.random.default_rng(seed).permutation`.
     - `shuffle`: shuffle the samples before cutting them into shards. A streaming reader's
       shuffle buffer only mixes samples that are near each other in the stream, so shards in
       the folder's class order would give batches of one class; `False` keeps the listing
       order (for evaluation data, or when the order is meant).
     - `prefix`: the start of the shard file names (default `"shard"`); no path separator.
-    - `overwrite`: replace the shards of an earlier run. Without it, `out` must hold no file
-      that matches this prefix's shard names in this format, nor a `classes.txt` with other
-      classes (`FileExistsError`, naming them). With it, matching shards that this run does
-      not write (an earlier run had more) are removed once the new ones are in place, so a
-      reader's pattern sees only this run's shards.
-    - `on_shard`: called as `on_shard(path, samples)` after each shard is in place.
+    - `overwrite`: replace the set of an earlier run. Without it, `out` must hold no file
+      that matches this prefix's shard names in this format, no manifest of them, nor a
+      `classes.txt` with other classes (`FileExistsError`, naming them). With it, the old
+      set is replaced as a whole: its shards that this run does not write are removed.
+    - `strict`: refuse (ValueError naming the file and why) a file that is empty or not an
+      image Pillow can read, instead of skipping it.
+    - `on_shard`: called as `on_shard(path, samples, size)` after each shard is written (under
+      a temporary name; all are put at their `path` together at the end).
+    - `on_skip`: called as `on_skip(path, reason)` for each file skipped.
 
-    After each shard is in place, its offset index is written beside it
-    (`prefetch.shard_index.index_shard`), so that readers do not index it again. Raises
-    `FileNotFoundError` for a missing `folder`, `ValueError` for a folder without images or a
-    bad option, and `FileExistsError` as said; a read error names the file. The bytes written
-    depend only on the files, `format`, `shard_size`, `seed`, `shuffle` and `prefix`.
+    An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
+    none, and no temporary file; a crash while the set is put in place is finished by the
+    next write (the module docstring). After the set is in place each shard's offset index
+    is written beside it (`prefetch.shard_index.index_shard`). Raises `FileNotFoundError`
+    for a missing `folder`, `ValueError` for a folder without images or a bad option, and
+    `FileExistsError` as said; a read error names the file, a write error the shard, the
+    byte offset and the temporary file.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -110,31 +132,65 @@ def write_shards(
     )
     count = math.ceil(len(order) / shard_size)
     names = [shard_name(format, prefix, index, count) for index in range(count)]
-    out_dir = os.fspath(out)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise NotADirectoryError(f"output {out_dir!r} is a file: give a folder for the shards")
-    os.makedirs(out_dir, exist_ok=True)
-    existing = matching_shards(out_dir, format, prefix)
-    classes_text = "".join(f"{name}\n" for name in source.class_names)
-    if not overwrite:
-        _refuse_existing(out_dir, existing, classes_text)
-    _write_atomically(os.path.join(out_dir, CLASSES_FILE), [classes_text.encode()])
-    written = []
-    for index, name in enumerate(names):
-        numbers = range(index * shard_size, min((index + 1) * shard_size, len(order)))
-        samples = (
-            _Sample(number, source.paths[int(order[number])], int(source.labels[order[number]]))
-            for number in numbers
-        )
-        path = os.path.join(out_dir, name)
-        _write_atomically(path, _shard_chunks(format, samples, top))
-        written.append(path)
+    class_names = tuple(source.class_names)
+    with OutFolder(os.fspath(out)) as place:
+        abandoned = _earlier_write(place, format, prefix, overwrite)
+        existing = matching_shards(place.names(), format, prefix)
+        if not overwrite:
+            _refuse_existing(place, format, prefix, existing, class_names)
+        moves: list[tuple[str, str]] = []
+        entries = []
+        skipped: list[tuple[str, str]] = []
+
+        def skip(path: str, reason: str) -> None:
+            if strict:
+                raise ValueError(
+                    f"{path!r}: {reason}; remove it, or write without --strict to skip such files"
+                )
+            skipped.append((_relative(path, top), reason))
+            if on_skip is not None:
+                on_skip(path, reason)
+
+        try:
+            for index, name in enumerate(names):
+                numbers = range(index * shard_size, min((index + 1) * shard_size, len(order)))
+                samples = [
+                    _Sample(
+                        number, source.paths[int(order[number])], int(source.labels[order[number]])
+                    )
+                    for number in numbers
+                ]
+                kept = _Kept(samples, skip)
+                written = place.write_temporary(name, _shard_chunks(format, kept, top), "shard")
+                moves.append((written.temporary, name))
+                entries.append(ShardEntry(name, written.size, kept.count, written.sha256))
+                if on_shard is not None:
+                    on_shard(place.where(name), kept.count, written.size)
+            manifest = Manifest(
+                format=format,
+                prefix=prefix,
+                shards=tuple(entries),
+                class_names=class_names,
+                image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
+                options={
+                    "shard_size": shard_size,
+                    "seed": seed,
+                    "shuffle": shuffle,
+                    "strict": strict,
+                },
+                skipped=tuple(skipped),
+            )
+            for temporary in abandoned:
+                place.remove(temporary)
+            shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
+        except BaseException:
+            for temporary, _ in moves:
+                place.remove(temporary)
+            raise
+        paths = [place.where(name) for name in names]
+    for path in paths:
         index_shard(path)
-        if on_shard is not None:
-            on_shard(path, len(numbers))
-    for stale in sorted(set(existing) - set(names)):
-        os.remove(os.path.join(out_dir, stale))
-    return written
+    return paths
 
 
 def shard_name(format: str, prefix: str, index: int, count: int) -> str:
@@ -149,16 +205,12 @@ def shard_pattern(format: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}-*.tar" if format == "tar" else f"{prefix}-*-of-*.tfrecord"
 
 
-def matching_shards(out: str | os.PathLike[str], format: str, prefix: str) -> list[str]:
-    """The names of the files in `out` that are shards of `format` and `prefix`, sorted."""
+def matching_shards(names: Iterable[str], format: str, prefix: str) -> list[str]:
+    """The names among `names` (a folder's) that are shards of `format` and `prefix`, sorted."""
     if format == "tar":
         pattern = re.compile(rf"{re.escape(prefix)}-\d{{6,}}\.tar")
     else:
         pattern = re.compile(rf"{re.escape(prefix)}-\d{{5,}}-of-\d{{5,}}\.tfrecord")
-    try:
-        names = os.listdir(out)
-    except FileNotFoundError:
-        return []
     return sorted(name for name in names if pattern.fullmatch(name))
 
 
@@ -183,32 +235,93 @@ def _check_prefix(prefix: str) -> None:
         )
 
 
-def _refuse_existing(out: str, existing: list[str], classes_text: str) -> None:
-    """Raise FileExistsError if `out` holds shards of these names or other classes."""
+def _refuse_existing(
+    out: OutFolder, format: str, prefix: str, existing: list[str], class_names: tuple[str, ...]
+) -> None:
+    """Raise FileExistsError if `out` holds shards or a manifest of these names, or a
+    `classes.txt` of other classes."""
     if existing:
         shown = ", ".join(existing[:3]) + (
             f" and {len(existing) - 3} more" if len(existing) > 3 else ""
         )
         raise FileExistsError(
-            f"{out!r} already holds shards with these names ({shown}): choose an empty "
+            f"{out.path!r} already holds shards with these names ({shown}): choose an empty "
             "folder or another prefix, or pass overwrite=True (--overwrite) to replace them"
         )
-    classes_path = os.path.join(out, CLASSES_FILE)
-    if os.path.exists(classes_path):
-        with open(classes_path, encoding="utf-8", errors="replace") as file:
-            if file.read() != classes_text:
-                raise FileExistsError(
-                    f"{classes_path!r} already lists other classes: choose an empty folder, or "
-                    "pass overwrite=True (--overwrite) to replace it"
-                )
+    manifest = manifest_name(format, prefix)
+    if out.is_file(manifest):
+        raise FileExistsError(
+            f"{out.where(manifest)!r} already describes a set of these shards: choose an empty "
+            "folder or another prefix, or pass overwrite=True (--overwrite) to replace it"
+        )
+    data = out.read_small(CLASSES_FILE, MAX_CLASSES_BYTES)
+    if data is not None and parse_class_names(data, out.where(CLASSES_FILE)) != list(class_names):
+        raise FileExistsError(
+            f"{out.where(CLASSES_FILE)!r} already lists other classes: choose an empty folder, "
+            "or pass overwrite=True (--overwrite) to replace it"
+        )
 
 
-def _shard_chunks(format: str, samples: Iterable[_Sample], top: str) -> Iterable[bytes]:
+def _earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) -> list[str]:
+    """Finish an earlier write of this set that was interrupted while it was put in place;
+    return the temporary files of one that cannot be finished (abandoned: only with
+    `overwrite`, else FileExistsError saying what to run)."""
+    journal = shard_set.read_manifest(out, format, prefix)
+    if journal is None or journal.complete:
+        return []
+    problem = shard_set.roll_forward(out, journal)
+    if problem is None:
+        return []
+    if overwrite:
+        return shard_set.temporaries(journal)
+    where = out.where(manifest_name(format, prefix))
+    raise FileExistsError(
+        f"{where!r} records a write of these shards that was interrupted and cannot be "
+        f"finished ({problem}): write them again with --overwrite (overwrite=True)"
+    )
+
+
+class _Kept:
+    """The samples of one shard whose files are images; others go to `skip(path, reason)`."""
+
+    def __init__(self, samples: list[_Sample], skip: SkipCallback) -> None:
+        self.samples = samples
+        self.skip = skip
+        self.count = 0
+
+    def __iter__(self) -> Iterator[tuple[_Sample, bytes]]:
+        for sample in self.samples:
+            data = storage.read_whole(sample.path)
+            reason = image_problem(data)
+            if reason is not None:
+                self.skip(sample.path, reason)
+                continue
+            self.count += 1
+            yield sample, data
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why `data` cannot be a sample's image (empty, not an image Pillow can open, no
+    pixels), or None. Reads the header only (Pillow's `open`), not the pixels."""
+    if not data:
+        return "empty file (0 bytes)"
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError as error:
+        return f"decompression bomb ({error})"
+    except Exception as error:  # Pillow raises many kinds for a file that is not an image
+        return f"not an image ({type(error).__name__}: {error})"
+    if width < 1 or height < 1:
+        return f"an image of {width}x{height} pixels"
+    return None
+
+
+def _shard_chunks(format: str, samples: _Kept, top: str) -> Iterable[bytes]:
     """The bytes of one shard of `samples`, in pieces (a sample's image is read when reached)."""
     if format == "tar":
-        for sample in samples:
+        for sample, image in samples:
             key = f"{sample.number:09d}"
-            image = storage.read_whole(sample.path)
             label = str(sample.label).encode("ascii")
             for name, data in ((f"{key}.{_extension(sample.path)}", image), (f"{key}.cls", label)):
                 yield tar_header(name, len(data), mtime=0)
@@ -216,11 +329,11 @@ def _shard_chunks(format: str, samples: Iterable[_Sample], top: str) -> Iterable
                 yield tar_padding(len(data))
         yield TAR_END
     else:
-        for sample in samples:
+        for sample, image in samples:
             extension = _extension(sample.path)
             example = encode_example(
                 {
-                    "image/encoded": storage.read_whole(sample.path),
+                    "image/encoded": image,
                     "image/class/label": sample.label,
                     "image/format": IMAGE_FORMATS.get(extension, extension.encode()),
                     "image/filename": _relative(sample.path, top).encode(
@@ -243,43 +356,3 @@ def _relative(path: str, top: str) -> str:
     else:
         relative = os.path.relpath(path, top)
     return relative.replace(os.sep, "/")
-
-
-def _write_atomically(path: str, chunks: Iterable[bytes]) -> None:
-    """Write `chunks` to `path` through a hidden temporary file: fsync, then `os.replace`.
-
-    On any error (Ctrl-C included) the temporary file is removed and `path` is untouched.
-    """
-    folder, name = os.path.split(path)
-    partial = os.path.join(folder, f".{name}{PARTIAL_SUFFIX}")
-    try:
-        with open(partial, "wb") as file:
-            _write_all(file, chunks)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(partial)
-        raise
-    _fsync_folder(folder)
-
-
-def _write_all(file: BinaryIO, chunks: Iterable[bytes]) -> None:
-    """Write every chunk to `file`."""
-    for chunk in chunks:
-        file.write(chunk)
-
-
-def _fsync_folder(folder: str) -> None:
-    """Make a rename in `folder` durable (where the system can open folders; POSIX)."""
-    try:
-        handle = os.open(folder or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)

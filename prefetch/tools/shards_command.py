@@ -1,8 +1,10 @@
 """`prefetch shards`: its arguments, and running it (`prefetch.tools.shard_writer` writes).
 
-`add_shards_parser(subparsers)` registers the subcommand and its action `write` with
-`handler=run_shards_write`. One line is printed per shard as it is put in place, then a summary
-with the Python lines that read the shards back.
+`add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
+(`handler=run_shards_write`: one line per shard as it is written, then a summary naming the
+files skipped and the Python lines that read the shards back) and `verify`
+(`handler=run_shards_verify`: every shard of each manifest in OUT against its size and
+SHA-256; exit status 1 when one differs).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from prefetch.tools import shard_writer
+from prefetch import shard_manifest
+from prefetch.tools import shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
+from prefetch.tools.out_folder import OutFolder
 
 # `prefetch shards write` defaults.
 DEFAULT_FORMAT = "tar"
@@ -42,14 +46,19 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="pack an image folder (FOLDER/<class>/<image>) into shards in OUT",
         description=(
             "Pack the images of FOLDER (one subfolder per class, listed with Keras's rules) "
-            "into shards in OUT, copying the image bytes as stored (no re-encode), and write "
-            "OUT/classes.txt (line i names label i). tar: WebDataset layout, "
+            "into shards in OUT, copying the image bytes as stored (no re-encode). tar: "
+            "WebDataset layout, "
             "PREFIX-000000.tar, ..., sample k as the members <k:09d>.<ext> (the image) and "
             "<k:09d>.cls (its label). tfrecord: PREFIX-00000-of-0000N.tfrecord, ..., one "
             "tf.train.Example per sample (image/encoded, image/class/label, image/format, "
-            f"image/filename). {_SHUFFLE_WHY} Each shard is written under a temporary name "
-            "and renamed when complete, so an interrupted run leaves no shard that looks "
-            "complete; the same input and options give the same bytes."
+            f"image/filename). {_SHUFFLE_WHY} Each image's header is read: an empty file or one "
+            "that is not an image is skipped and named in the summary (--strict: refused). "
+            "Every shard is written under a temporary name, then the set is put in place "
+            "together and its manifest (OUT/PREFIX-FORMAT.manifest.json: names, sizes, "
+            "sample counts, SHA-256, class names) written last, so an interrupted or failed "
+            "run leaves the earlier set or the new one, never a mix; the same input and "
+            "options give the same bytes. OUT/classes.txt (line i names label i) is written "
+            "when no class name holds a line break."
         ),
     )
     write.add_argument("folder", metavar="FOLDER", help="image folder (FOLDER/<class>/<image>)")
@@ -84,18 +93,36 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     write.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace shards with the same names in OUT (default: refuse to write over them)",
+        help="replace the set of shards with the same names in OUT, as a whole (default: "
+        "refuse to write over them)",
+    )
+    write.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a file that is empty or not an image (default: skip it and name it)",
     )
     write.set_defaults(handler=run_shards_write, parser=write)
+    verify = actions.add_parser(
+        "verify",
+        help="check every shard in OUT against its manifest (size and SHA-256)",
+        description=(
+            "Read every shard that a manifest in OUT (PREFIX-FORMAT.manifest.json, as `write` "
+            "leaves) lists, and compare its size and SHA-256 with the manifest's. Readers check "
+            "names, sizes and sample counts when a source is made; this reads every byte. "
+            "Exit status 0 when all match, 1 when one does not (each named)."
+        ),
+    )
+    verify.add_argument("out", metavar="OUT", help="the folder of the shards")
+    verify.set_defaults(handler=run_shards_verify, parser=verify)
 
 
 def run_shards_write(args: argparse.Namespace) -> int:
     """`prefetch shards write`: write the shards, one line each, then the summary."""
     parser: argparse.ArgumentParser = args.parser
     totals = {"samples": 0, "bytes": 0}
+    skipped: list[tuple[str, str]] = []
 
-    def report(path: str, samples: int) -> None:
-        size = os.path.getsize(path)
+    def report(path: str, samples: int, size: int) -> None:
         totals["samples"] += samples
         totals["bytes"] += size
         print(f"{path}  {samples} samples  {size / 1e6:.1f} MB", flush=True)
@@ -110,14 +137,21 @@ def run_shards_write(args: argparse.Namespace) -> int:
             shuffle=args.shuffle,
             prefix=args.prefix,
             overwrite=args.overwrite,
+            strict=args.strict,
             on_shard=report,
+            on_skip=lambda path, reason: skipped.append((path, reason)),
         )
     except (ValueError, OSError) as error:
         parser.error(str(error))
     print(
         f"wrote {totals['samples']} samples in {len(paths)} {args.format} shards "
-        f"({totals['bytes'] / 1e6:.1f} MB) and {shard_writer.CLASSES_FILE} to {args.out}"
+        f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
+        + (f", skipped {len(skipped)}:" if skipped else "")
     )
+    for path, reason in skipped[:_SKIPS_SHOWN]:
+        print(f"  skipped {path}: {reason}")
+    if len(skipped) > _SKIPS_SHOWN:
+        print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
     pattern = os.path.join(args.out, shard_writer.shard_pattern(args.format, args.prefix))
     source = "TarSource" if args.format == "tar" else "TFRecordSource"
     print("read them back with:")
@@ -127,3 +161,45 @@ def run_shards_write(args: argparse.Namespace) -> int:
         "image_size=(224, 224))"
     )
     return 0
+
+
+def run_shards_verify(args: argparse.Namespace) -> int:
+    """`prefetch shards verify`: each manifest's shards against their sizes and SHA-256."""
+    parser: argparse.ArgumentParser = args.parser
+    if not os.path.isdir(args.out):
+        parser.error(f"{args.out!r} is not a folder")
+    failed = False
+    found = 0
+    with OutFolder(args.out) as out:
+        for name in sorted(out.names()):
+            if not shard_manifest.is_manifest_name(name):
+                continue
+            found += 1
+            try:
+                data = out.read_small(name, shard_manifest.MAX_MANIFEST_BYTES)
+                manifest = shard_manifest.Manifest.from_bytes(data or b"", out.where(name))
+            except (ValueError, OSError) as error:
+                print(f"{out.where(name)}: {error}")
+                failed = True
+                continue
+            if not manifest.complete:
+                print(f"{out.where(name)}: an interrupted write (run the write again)")
+                failed = True
+                continue
+            problems = shard_manifest.verify(args.out, manifest)
+            for problem in problems:
+                print(f"{out.where(problem)}")  # "<shard>: what differs"
+            failed = failed or bool(problems)
+            if not problems:
+                samples = sum(entry.samples for entry in manifest.shards)
+                print(f"{out.where(name)}: {len(manifest.shards)} shards, {samples} samples: OK")
+    if not found:
+        parser.error(
+            f"no manifest in {args.out!r} ({shard_set.CLASSES_FILE} alone is not one): write "
+            "the shards with `prefetch shards write` to get one"
+        )
+    return 1 if failed else 0
+
+
+# Skipped files named one by one in the summary (the manifest lists them all).
+_SKIPS_SHOWN = 20

@@ -1,0 +1,221 @@
+"""An output folder that a neighbour cannot subvert: opened once, every file relative to it.
+
+`OutFolder(path)` opens the folder once as a directory descriptor (`O_DIRECTORY|O_NOFOLLOW`:
+the folder itself is not a link) and does everything after through it (`dir_fd=`), so a folder
+renamed or replaced under it by someone else does not redirect a write. Files are created only
+under fresh, unpredictable hidden names (`.<name>.<random>.partial`, `O_CREAT|O_EXCL|
+O_NOFOLLOW`, mode 0o644), so a link planted at any name is never written through, and put in
+place with `os.replace` (which replaces a link at the final name, never follows it). Files
+read from the folder (`read_small`) are opened without following a link and without blocking
+(a FIFO does not hang), must be regular files, and are capped in size. Not thread-safe: one
+writer uses one `OutFolder`, and closes it (a context manager).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from types import TracebackType
+
+# Where the system lacks a flag, 0 (no effect) rather than a failure.
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# A temporary file is `.<final name>.<TOKEN_BYTES random bytes as hex>.partial`.
+TEMPORARY_SUFFIX = ".partial"
+TOKEN_BYTES = 8
+# Mode of the files written (before the umask): readable by all, written by the owner.
+FILE_MODE = 0o644
+# Errors that mean the disk (or a quota, or a file size limit) is full.
+_FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class OutFolder:
+    """The folder `path` (created with its parents when missing), opened as a descriptor."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(f"output {path!r} is a file: give a folder for the shards")
+        os.makedirs(path, exist_ok=True)
+        try:
+            self.fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+        except OSError as error:
+            if os.path.islink(path):
+                raise NotADirectoryError(
+                    f"output {path!r} is a symbolic link: give the folder it points to "
+                    f"({os.path.realpath(path)!r})"
+                ) from None
+            raise OSError(error.errno, f"cannot open the output folder {path!r}: {error}") from None
+
+    def __enter__(self) -> OutFolder:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the folder's descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def names(self) -> list[str]:
+        """The names in the folder."""
+        return os.listdir(self.fd)
+
+    def where(self, name: str) -> str:
+        """The path of `name` in the folder (for messages and for readers)."""
+        return os.path.join(self.path, name)
+
+    def is_file(self, name: str) -> bool:
+        """Whether `name` is a regular file of the folder (a link is not)."""
+        try:
+            info = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(info.st_mode)
+
+    def size(self, name: str) -> int:
+        """The size of the regular file `name` (FileNotFoundError when there is none)."""
+        info = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileNotFoundError(f"{self.where(name)!r} is not a regular file")
+        return info.st_size
+
+    def write_temporary(self, name: str, chunks: Iterable[bytes], what: str) -> Written:
+        """Write `chunks` to a new temporary file for the final name `name`, fsynced; return
+        it (its temporary name, size and SHA-256). On any error (Ctrl-C included) it is
+        removed; an OSError is raised again naming `what`, the file and the byte offset."""
+        temporary, handle = self._create(name)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            try:
+                for chunk in chunks:  # reading a chunk may fail too: its error is its own
+                    try:
+                        _write_all(handle, chunk)
+                    except OSError as error:
+                        raise self._failed(error, what, name, temporary, size) from error
+                    digest.update(chunk)
+                    size += len(chunk)
+                try:
+                    os.fsync(handle)
+                except OSError as error:
+                    raise self._failed(error, what, name, temporary, size) from error
+            finally:
+                os.close(handle)
+        except BaseException:
+            self.remove(temporary)
+            raise
+        return Written(temporary, size, digest.hexdigest())
+
+    def write_file(self, name: str, data: bytes, what: str) -> None:
+        """Put a file of `data` at `name`: written under a temporary name, then renamed."""
+        written = self.write_temporary(name, [data], what)
+        try:
+            self.replace(written.temporary, name)
+        except BaseException:
+            self.remove(written.temporary)
+            raise
+
+    def replace(self, source: str, target: str) -> None:
+        """Rename `source` to `target` in the folder (a link at `target` is replaced)."""
+        os.replace(source, target, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def remove(self, name: str) -> None:
+        """Remove the file `name` (nothing when it is not there)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)
+
+    def sync(self) -> None:
+        """Make the renames and removals so far durable (where the system can; POSIX)."""
+        with contextlib.suppress(OSError):
+            os.fsync(self.fd)
+
+    def read_small(self, name: str, cap: int) -> bytes | None:
+        """The bytes of the file `name`, None when there is none. A link, a FIFO, a device or
+        a file of more than `cap` bytes raises OSError naming it, at once: nothing is
+        followed, nothing blocks, nothing past the cap is read."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+        try:
+            handle = os.open(name, flags, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise OSError(
+                    error.errno,
+                    f"{self.where(name)!r} is a symbolic link: not read (remove it, or write "
+                    "into another folder)",
+                ) from None
+            raise
+        with os.fdopen(handle, "rb", buffering=0) as file:
+            info = os.fstat(handle)
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError(
+                    f"{self.where(name)!r} is not a regular file (a FIFO, a device, a socket): "
+                    "not read; remove it, or write into another folder"
+                )
+            if info.st_size > cap:
+                raise OSError(
+                    f"{self.where(name)!r} is {info.st_size} bytes, more than the {cap} that "
+                    "such a file can hold: not read; remove it, or write into another folder"
+                )
+            data = file.read(cap + 1)
+        if len(data) > cap:
+            raise OSError(f"{self.where(name)!r} grew past {cap} bytes while it was read")
+        return data
+
+    def _create(self, name: str) -> tuple[str, int]:
+        """A new file under a fresh temporary name for `name`: (that name, its descriptor)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+        for _ in range(8):
+            temporary = f".{name}.{secrets.token_hex(TOKEN_BYTES)}{TEMPORARY_SUFFIX}"
+            try:
+                return temporary, os.open(temporary, flags, FILE_MODE, dir_fd=self.fd)
+            except FileExistsError:
+                continue  # someone took that name first: draw another
+        raise FileExistsError(f"cannot create a temporary file in {self.path!r}: names taken")
+
+    def _failed(self, error: OSError, what: str, name: str, temporary: str, offset: int) -> OSError:
+        full = error.errno in _FULL
+        advice = (
+            ": the disk (or a quota, or a file size limit) is full; free space there or write "
+            "into another folder"
+            if full
+            else ""
+        )
+        return OSError(
+            error.errno,
+            f"cannot write {what} {self.where(name)!r} at byte {offset} (temporary file "
+            f"{temporary!r}): {error.strerror}{advice}",
+        )
+
+
+def _write_all(handle: int, chunk: bytes) -> None:
+    """Write `chunk` whole (a full disk may give short writes before its error)."""
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(handle, view) :]
+
+
+class Written:
+    """A temporary file written by `OutFolder.write_temporary`: its name, size, SHA-256."""
+
+    __slots__ = ("sha256", "size", "temporary")
+
+    def __init__(self, temporary: str, size: int, sha256: str) -> None:
+        self.temporary = temporary
+        self.size = size
+        self.sha256 = sha256
