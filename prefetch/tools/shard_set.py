@@ -45,13 +45,20 @@ def commit(
     out: OutFolder, manifest: Manifest, moves: list[tuple[str, str]], stale: list[str]
 ) -> None:
     """Put the new set in place (the module docstring's steps 1 to 3): `moves` are the
-    (temporary, final) names of its shards, `stale` the old shards to remove."""
+    (temporary, final) names of its shards, `stale` the old shards to remove. When the
+    journal cannot be written the temporary shards are removed (the old set stays); after
+    it, an error leaves them for the next write to finish."""
     journal = dataclasses.replace(manifest, complete=False, moves=tuple(moves), remove=tuple(stale))
     with _interrupt_held():
-        out.write_file(
-            manifest_name(manifest.format, manifest.prefix), journal.to_bytes(), "the journal"
-        )
-        out.sync()
+        try:
+            out.write_file(
+                manifest_name(manifest.format, manifest.prefix), journal.to_bytes(), "the journal"
+            )
+            out.sync()
+        except BaseException:
+            for temporary, _ in moves:
+                out.remove(temporary)
+            raise
         _finish(out, journal)
 
 

@@ -180,13 +180,13 @@ def write_shards(
                 },
                 skipped=tuple(skipped),
             )
-            for temporary in abandoned:
-                place.remove(temporary)
-            shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
         except BaseException:
             for temporary, _ in moves:
                 place.remove(temporary)
             raise
+        for temporary in abandoned:
+            place.remove(temporary)
+        shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
         paths = [place.where(name) for name in names]
     for path in paths:
         index_shard(path)
