@@ -154,22 +154,26 @@ class TFRecordSource(ShardSource):
     Parameters:
 
     - `files`: the shards: a path or URL, a pattern (`"data/train-*.tfrecord"`; for a URL,
-      only in the last part), a folder (its files whose names contain ".tfrecord"), or a list
-      of paths or URLs.
+      only in the last part), a folder (its files whose names contain ".tfrecord"; a URL
+      ending in "/" is listed), WebDataset's braces (`"train-{00000..00127}-of-00128.tfrecord"`),
+      or a list of paths or URLs.
     - `image_key`: the bytes feature holding the encoded image; `None`: "image/encoded", else
       "image" (the first one the first record has).
     - `label_key`: the int64 feature holding the class index; `None`: "image/class/label",
       else "label", else no labels; `""` for no labels.
     - `class_names`: the names of the classes, label `i` being `class_names[i]`; `None`: the
-      lines of a `classes.txt` beside the shards (as `prefetch shards write` leaves), else
-      "0", "1", ... up to the largest label.
+      manifest's beside the shards (as `prefetch shards write` leaves), else the lines of a
+      `classes.txt` beside them, else "0", "1", ... up to the largest label.
     - `streaming`: read whole shards in sequence, mixing their samples in a shuffle buffer
       (`True`), or each sample where it lies (`False`); `None`: streaming for URLs only.
     - `shuffle_buffer`: samples the shuffle buffer of a streamed source holds (the memory and
       the randomness this costs: docs/shards.md).
     - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
 
-    Every record's CRCs are checked when it is read: a damaged record raises
+    When a manifest (`prefetch.shard_manifest`) is beside the shards, a set that disagrees
+    with it (an unfinished write, a missing or extra shard, another size or sample count) is
+    refused naming the difference. Every record's CRCs are checked when it is read: a damaged
+    record raises
     `CorruptShardError` naming the shard and the record's byte offset (or is skipped with
     `on_error="skip"`).
     """
@@ -203,13 +207,14 @@ class TarSource(ShardSource):
     Parameters:
 
     - `files`: the shards: a path or URL, a pattern (`"data/shard-*.tar"`; for a URL, only in
-      the last part), a folder (its `.tar` files), or a list of paths or URLs.
+      the last part), a folder (its `.tar` files; a URL ending in "/" is listed), WebDataset's
+      braces (`"data/shard-{000000..000099}.tar"`), or a list of paths or URLs.
     - `image_ext`: the extensions of a sample's image member (compared lower-cased; the first
       member of a sample with one of them is its image). Samples without one are left out.
     - `label_ext`: the extension of the member holding the class index as ASCII decimal;
       `""` for no labels.
-    - `class_names`: the names of the classes; `None`: `classes.txt` beside the shards, else
-      "0", "1", ... up to the largest label.
+    - `class_names`: the names of the classes; `None`: the manifest's beside the shards, else
+      `classes.txt` beside them, else "0", "1", ... up to the largest label.
     - `streaming`: read whole shards in sequence through a shuffle buffer (`True`) or each
       sample where it lies (`False`); `None`: streaming for URLs only.
     - `shuffle_buffer`: samples the shuffle buffer of a streamed source holds.

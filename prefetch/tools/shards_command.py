@@ -148,6 +148,12 @@ def run_shards_write(args: argparse.Namespace) -> int:
         f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
         + (f", skipped {len(skipped)}:" if skipped else "")
     )
+    written = shard_manifest.read_manifest(paths[:1], args.format)
+    if written is not None and shard_set.classes_text(written[0].class_names) is None:
+        print(
+            f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
+            "manifest names the classes; the sources read them from it)"
+        )
     for path, reason in skipped[:_SKIPS_SHOWN]:
         print(f"  skipped {path}: {reason}")
     if len(skipped) > _SKIPS_SHOWN:
