@@ -49,7 +49,7 @@ from prefetch.shard_index import index_shard
 from prefetch.shard_manifest import Manifest, ShardEntry, manifest_name
 from prefetch.sources import ImageFolder
 from prefetch.tar_format import TAR_END, tar_header, tar_padding
-from prefetch.tools import shard_set
+from prefetch.tools import fit_crop, shard_set
 from prefetch.tools.out_folder import OutFolder
 
 # The shard formats `write_shards` writes, by `format` name.
@@ -80,6 +80,7 @@ def write_shards(
     prefix: str | None = None,
     overwrite: bool = False,
     strict: bool = False,
+    fit_crop: int | None = None,
     on_shard: ShardCallback | None = None,
     on_skip: SkipCallback | None = None,
 ) -> list[str]:
@@ -107,6 +108,10 @@ def write_shards(
       set is replaced as a whole: its shards that this run does not write are removed.
     - `strict`: refuse (ValueError naming the file and why) a file that is empty or not an
       image Pillow can read, instead of skipping it.
+    - `fit_crop`: re-encode each image larger than needed at the smallest size at which every
+      window of the default `RandomResizedCrop` is still at least `fit_crop` pixels on each
+      side (`prefetch.tools.fit_crop`; lossy: JPEGs are compressed again); smaller images
+      are kept byte for byte. None (default): every image's bytes are copied as stored.
     - `on_shard`: called as `on_shard(path, samples, size)` after each shard is written (under
       a temporary name; all are put at their `path` together at the end).
     - `on_skip`: called as `on_skip(path, reason)` for each file skipped.
@@ -123,6 +128,10 @@ def write_shards(
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be an int >= 1 (samples per shard), got {shard_size!r}")
+    if fit_crop is not None and (
+        isinstance(fit_crop, bool) or not isinstance(fit_crop, int) or fit_crop < 1
+    ):
+        raise ValueError(f"fit_crop must be None or an int >= 1 (pixels), got {fit_crop!r}")
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     _check_prefix(prefix)
     source = ImageFolder(folder)
@@ -141,6 +150,7 @@ def write_shards(
         moves: list[tuple[str, str]] = []
         entries = []
         skipped: list[tuple[str, str]] = []
+        resized = [0]  # images that fit_crop encoded again
 
         def skip(path: str, reason: str) -> None:
             if strict:
@@ -160,7 +170,7 @@ def write_shards(
                     )
                     for number in numbers
                 ]
-                kept = _Kept(samples, skip)
+                kept = _Kept(samples, skip, fit_crop, resized)
                 written = place.write_temporary(name, _shard_chunks(format, kept, top), "shard")
                 moves.append((written.temporary, name))
                 entries.append(ShardEntry(name, written.size, kept.count, written.sha256))
@@ -172,12 +182,7 @@ def write_shards(
                 shards=tuple(entries),
                 class_names=class_names,
                 image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
-                options={
-                    "shard_size": shard_size,
-                    "seed": seed,
-                    "shuffle": shuffle,
-                    "strict": strict,
-                },
+                options=_options(shard_size, seed, shuffle, strict, fit_crop, resized[0]),
                 skipped=tuple(skipped),
             )
         except BaseException:
@@ -281,12 +286,38 @@ def _earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) ->
     )
 
 
-class _Kept:
-    """The samples of one shard whose files are images; others go to `skip(path, reason)`."""
+def _options(
+    shard_size: int, seed: int, shuffle: bool, strict: bool, fit: int | None, resized: int
+) -> dict[str, object]:
+    """The writer's options as the manifest records them."""
+    options: dict[str, object] = {
+        "shard_size": shard_size,
+        "seed": seed,
+        "shuffle": shuffle,
+        "strict": strict,
+    }
+    if fit is not None:
+        options["fit_crop"] = {
+            "size": fit,
+            "scale": list(fit_crop.DEFAULT_SCALE),
+            "ratio": list(fit_crop.DEFAULT_RATIO),
+            "jpeg_quality": fit_crop.JPEG_QUALITY,
+            "resized": resized,
+        }
+    return options
 
-    def __init__(self, samples: list[_Sample], skip: SkipCallback) -> None:
+
+class _Kept:
+    """The samples of one shard whose files are images (resized to `fit` when given, counted
+    in `resized[0]`); others go to `skip(path, reason)`."""
+
+    def __init__(
+        self, samples: list[_Sample], skip: SkipCallback, fit: int | None, resized: list[int]
+    ) -> None:
         self.samples = samples
         self.skip = skip
+        self.fit = fit
+        self.resized = resized
         self.count = 0
 
     def __iter__(self) -> Iterator[tuple[_Sample, bytes]]:
@@ -296,6 +327,9 @@ class _Kept:
             if reason is not None:
                 self.skip(sample.path, reason)
                 continue
+            if self.fit is not None:
+                data, changed = fit_crop.fit_image(data, self.fit)
+                self.resized[0] += changed
             self.count += 1
             yield sample, data
 

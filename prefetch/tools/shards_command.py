@@ -101,6 +101,17 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         action="store_true",
         help="refuse a file that is empty or not an image (default: skip it and name it)",
     )
+    write.add_argument(
+        "--fit-crop",
+        type=positive_int,
+        default=None,
+        metavar="SIZE",
+        help="re-encode each image larger than needed at the smallest size at which every "
+        "RandomResizedCrop window (scale 0.08-1, ratio 3/4-4/3) is still at least SIZE "
+        "pixels on each side; smaller images are kept byte for byte. Lossy (JPEGs are "
+        "compressed again, quality 95): not for evaluation data, other crop recipes or a "
+        "larger image size later (default: off, every image copied as stored)",
+    )
     write.set_defaults(handler=run_shards_write, parser=write)
     verify = actions.add_parser(
         "verify",
@@ -138,6 +149,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             overwrite=args.overwrite,
             strict=args.strict,
+            fit_crop=args.fit_crop,
             on_shard=report,
             on_skip=lambda path, reason: skipped.append((path, reason)),
         )
@@ -153,6 +165,12 @@ def run_shards_write(args: argparse.Namespace) -> int:
         print(
             f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
             "manifest names the classes; the sources read them from it)"
+        )
+    if written is not None and args.fit_crop is not None:
+        resized = written[0].options.get("fit_crop", {}).get("resized", 0)
+        print(
+            f"  --fit-crop {args.fit_crop}: {resized} images re-encoded smaller (lossy), the "
+            "others stored as they were"
         )
     for path, reason in skipped[:_SKIPS_SHOWN]:
         print(f"  skipped {path}: {reason}")
