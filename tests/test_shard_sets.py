@@ -471,3 +471,18 @@ def test_fit_crop_resizes_large_images_keeps_small_ones_byte_for_byte_and_record
         "jpeg_quality": 95,
         "resized": 2,
     }
+
+
+def test_a_damaged_manifest_is_refused_naming_it_and_replaced_by_overwrite(
+    tar_set: Path, folder: Path
+) -> None:
+    (tar_set / MANIFEST).write_text('{"prefetch_shards_manifest": 1, "shards": 3}')
+    for attempt in (
+        lambda: prefetch.TarSource(tar_set),
+        lambda: write_shards(folder, tar_set, format="tar", shard_size=5),
+    ):
+        with pytest.raises(ValueError, match="is not a readable shard manifest") as raised:
+            attempt()
+        assert str(tar_set / MANIFEST) in str(raised.value)
+    write_shards(folder, tar_set, format="tar", shard_size=5, overwrite=True)
+    assert len(prefetch.TarSource(tar_set)) == COUNT

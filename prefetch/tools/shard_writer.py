@@ -271,7 +271,12 @@ def _earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) ->
     """Finish an earlier write of this set that was interrupted while it was put in place;
     return the temporary files of one that cannot be finished (abandoned: only with
     `overwrite`, else FileExistsError saying what to run)."""
-    journal = shard_set.read_manifest(out, format, prefix)
+    try:
+        journal = shard_set.read_manifest(out, format, prefix)
+    except ValueError:
+        if overwrite:
+            return []  # not a manifest we can read: the new one replaces it
+        raise
     if journal is None or journal.complete:
         return []
     problem = shard_set.roll_forward(out, journal)

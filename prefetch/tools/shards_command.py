@@ -192,9 +192,24 @@ def run_shards_verify(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.parser
     if not os.path.isdir(args.out):
         parser.error(f"{args.out!r} is not a folder")
+    try:
+        failed, found = _verify_all(args.out)
+    except OSError as error:
+        parser.error(str(error))
+    if not found:
+        parser.error(
+            f"no manifest in {args.out!r} ({shard_set.CLASSES_FILE} alone is not one): write "
+            "the shards with `prefetch shards write` to get one"
+        )
+    return 1 if failed else 0
+
+
+def _verify_all(folder: str) -> tuple[bool, int]:
+    """Verify every manifest in `folder`, printing one line each (and one per problem);
+    return (whether one failed, how many manifests there are)."""
     failed = False
     found = 0
-    with OutFolder(args.out) as out:
+    with OutFolder(folder) as out:
         for name in sorted(out.names()):
             if not shard_manifest.is_manifest_name(name):
                 continue
@@ -210,19 +225,14 @@ def run_shards_verify(args: argparse.Namespace) -> int:
                 print(f"{out.where(name)}: an interrupted write (run the write again)")
                 failed = True
                 continue
-            problems = shard_manifest.verify(args.out, manifest)
+            problems = shard_manifest.verify(folder, manifest)
             for problem in problems:
                 print(f"{out.where(problem)}")  # "<shard>: what differs"
             failed = failed or bool(problems)
             if not problems:
                 samples = sum(entry.samples for entry in manifest.shards)
                 print(f"{out.where(name)}: {len(manifest.shards)} shards, {samples} samples: OK")
-    if not found:
-        parser.error(
-            f"no manifest in {args.out!r} ({shard_set.CLASSES_FILE} alone is not one): write "
-            "the shards with `prefetch shards write` to get one"
-        )
-    return 1 if failed else 0
+    return failed, found
 
 
 # Skipped files named one by one in the summary (the manifest lists them all).
