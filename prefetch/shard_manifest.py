@@ -122,7 +122,7 @@ class Manifest:
             if where in str(error):
                 raise
             raise ValueError(f"{where!r} is not a readable shard manifest: {error}") from None
-        except (KeyError, TypeError, AttributeError) as error:
+        except (KeyError, TypeError, AttributeError, RecursionError) as error:
             raise ValueError(
                 f"{where!r} is not a readable shard manifest ({type(error).__name__}: {error}): "
                 "write the shards again, or delete it to read the shards without one"
@@ -171,7 +171,7 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
             data = storage.read_bytes(place, retries=1, options=capped)
         else:
             data = storage.read_local(storage.local_path(place), MAX_MANIFEST_BYTES)
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place
 

@@ -486,3 +486,40 @@ def test_a_damaged_manifest_is_refused_naming_it_and_replaced_by_overwrite(
         assert str(tar_set / MANIFEST) in str(raised.value)
     write_shards(folder, tar_set, format="tar", shard_size=5, overwrite=True)
     assert len(prefetch.TarSource(tar_set)) == COUNT
+
+
+def test_ctrl_c_while_the_set_is_put_in_place_is_delivered_after_it_is_complete(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = out_folder.OutFolder.replace
+    renamed: list[str] = []
+
+    def interrupted(self: out_folder.OutFolder, source: str, target: str) -> None:
+        renamed.append(target)
+        if target == "shard-000001.tar":
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, mid-way through the renames
+        real(self, source, target)
+
+    monkeypatch.setattr(out_folder.OutFolder, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(folder, tmp_path, format="tar", shard_size=10)
+    assert renamed[-1] == MANIFEST  # the complete manifest was written before it was raised
+    assert main(["shards", "verify", str(tmp_path)]) == 0
+    assert len(prefetch.TarSource(tmp_path)) == COUNT
+
+
+def test_a_shard_of_the_same_size_with_another_sample_count_is_refused(tar_set: Path) -> None:
+    path = tar_set / "shard-000002.tar"
+    data = bytearray(path.read_bytes())
+    name = bytes(data[:100]).rstrip(b"\0")
+    assert name.endswith(b".jpg")  # the first member: sample 10's image
+    data[:100] = name[:-4].ljust(100, b"\0")[:100]
+    data[len(name) - 4 : len(name)] = b".txt"  # no longer an image member: 4 samples, not 5
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="holds 4 samples but") as raised:
+        prefetch.TarSource(tar_set)
+    assert str(path) in str(raised.value)
+    # with .txt as an image extension the shard holds its 5 samples again, as the manifest says
+    assert len(prefetch.TarSource(tar_set, image_ext=("jpg", "txt"))) == COUNT
