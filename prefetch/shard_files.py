@@ -119,11 +119,6 @@ def expand_braces(text: str) -> list[str]:
     lists, `{0000..0099}` ranges (zero-padded to the wider end when either end starts with a
     0), `{0..10..2}` steps, nested; a brace without a comma or range is kept as is. More
     than `MAX_BRACE_NAMES` names raise ValueError."""
-    names = _expand(text)
-    return names
-
-
-def _expand(text: str) -> list[str]:
     start = 0
     while (opening := text.find("{", start)) >= 0:
         closing = _matching(text, opening)
@@ -133,8 +128,8 @@ def _expand(text: str) -> list[str]:
         if options is None:
             start = opening + 1
             continue
-        heads = [text[:opening] + part for option in options for part in _expand(option)]
-        tails = _expand(text[closing + 1 :])
+        heads = [text[:opening] + part for option in options for part in expand_braces(option)]
+        tails = expand_braces(text[closing + 1 :])
         if len(heads) * len(tails) > MAX_BRACE_NAMES:
             raise ValueError(
                 f"{text!r} expands to {len(heads) * len(tails)} names, more than "
