@@ -173,9 +173,8 @@ class TFRecordSource(ShardSource):
     When a manifest (`prefetch.shard_manifest`) is beside the shards, a set that disagrees
     with it (an unfinished write, a missing or extra shard, another size or sample count) is
     refused naming the difference. Every record's CRCs are checked when it is read: a damaged
-    record raises
-    `CorruptShardError` naming the shard and the record's byte offset (or is skipped with
-    `on_error="skip"`).
+    record raises `CorruptShardError` naming the shard and the record's byte offset (or is
+    skipped with `on_error="skip"`).
     """
 
     def __init__(
