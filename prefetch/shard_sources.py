@@ -218,6 +218,8 @@ class TarSource(ShardSource):
       sample where it lies (`False`); `None`: streaming for URLs only.
     - `shuffle_buffer`: samples the shuffle buffer of a streamed source holds.
     - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
+
+    A manifest beside the shards is checked as for `TFRecordSource`.
     """
 
     def __init__(
