@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from prefetch.backends.shm import SHM_DIR
 from prefetch.testing import write_bad_files, write_image_folder
 
 if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
@@ -123,7 +124,7 @@ def _session_members(sid: int) -> list[int]:
 
 def _shm_of(pid: int) -> list[str]:
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
     return [name for name in names if name.startswith("prefetch") and f"_{pid}_" in name]

@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 # Segment names begin with this; the pid after it only says who made one (liveness is the lock).
 # Unlike the older "prefetch_" names, which were never locked: this sweep leaves those alone.
 PREFIX = "prefetch-slot_"
-# Where segments live; a module attribute so that tests can point it at a small tmpfs.
-SHM_DIR = "/dev/shm"
+# Where segments live; a module attribute so that tests can point it at a small tmpfs. The test
+# suite sets PREFETCH_SHM_DIR to a private directory of its own, inherited by the processes it
+# starts, so that another prefetch user's sweep never meets the segments a test plants.
+SHM_DIR = os.environ.get("PREFETCH_SHM_DIR") or "/dev/shm"
 
 
 @dataclass(frozen=True)
