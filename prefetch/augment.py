@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from prefetch.keywords import suggest_keywords
+
 # Drawn last into each sample's seed so that crops and flips never reuse the draws of the
 # generator that `transform` receives (seeded by (seed, epoch, index) alone).
 AUGMENT_STREAM = 0x63726F70  # "crop"
@@ -49,6 +51,7 @@ def _pair(name: str, value: object) -> tuple[float, float]:
     return low, high
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """A random window of the original image, then resized to `image_size` (training).
@@ -116,6 +119,7 @@ class RandomResizedCrop:
         return Box((height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class CenterCrop:
     """The central window of the image, `fraction` of the largest window with the target's

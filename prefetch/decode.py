@@ -33,6 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from prefetch import resize, storage
 from prefetch.decode_checks import check_image_bytes
+from prefetch.keywords import suggest_keywords
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -74,6 +75,7 @@ def _is_size(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class DecodeOptions:
     """What a decoder produces: an image of `image_size`, with `channels` channels.

@@ -32,6 +32,7 @@ from prefetch.backends.ring import SlotRing
 from prefetch.cache import cache_for
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder, decoder_name, get_decoder
+from prefetch.keywords import suggest_keywords
 from prefetch.labels import check_label_mode
 from prefetch.options import (
     LoaderOptions,
@@ -54,6 +55,7 @@ from prefetch.window_decode import window_engine_name
 __all__ = ["Batch", "Loader", "Stream"]
 
 
+@suggest_keywords
 class Loader:
     """Load a source in parallel, in order, in batches, ahead of the consumer.
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from prefetch.decode import COLOR_MODES, DecodeOptions
+from prefetch.keywords import suggest_keywords
 from prefetch.labels import LABEL_MODES
 from prefetch.sources import SUBSETS, is_file_source
 
@@ -55,6 +56,7 @@ def check_shard(num_shards: Any, shard_index: Any) -> tuple[int, int]:
     return num_shards, int(shard_index)
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class ProcessOptions:
     """Options of the process backend; `Loader(backend=ProcessOptions(...))` selects it.

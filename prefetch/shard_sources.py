@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from prefetch import storage
+from prefetch.keywords import suggest_keywords
 from prefetch.paths import pack_chunks
 from prefetch.shard_index import (
     INDEX_SUFFIX,
@@ -142,6 +143,7 @@ def _restore(kind: type[ShardSource], state: dict[str, Any]) -> ShardSource:
     return source
 
 
+@suggest_keywords
 class TFRecordSource(ShardSource):
     """Samples in TFRecord files of `tf.train.Example` records, as TensorFlow Datasets and
     TensorFlow's ImageNet scripts write them. TensorFlow is not needed to read them.
@@ -191,6 +193,7 @@ class TFRecordSource(ShardSource):
         )
 
 
+@suggest_keywords
 class TarSource(ShardSource):
     """Samples in tar shards of the WebDataset layout: the members of a sample share a key
     (`000123.jpg` and `000123.cls`), a few thousand samples per shard.

@@ -23,6 +23,7 @@ import numpy as np
 
 from prefetch import storage
 from prefetch.decode import open_image
+from prefetch.keywords import suggest_keywords
 from prefetch.paths import PathArray as PathArray
 from prefetch.paths import pack_chunks
 
@@ -57,6 +58,7 @@ class Source(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+@suggest_keywords
 class FileList:
     """Image files with integer labels given by the caller: a file source.
 
@@ -125,6 +127,7 @@ class FileList:
         return f"{type(self).__name__}({len(self)} files, {len(self.class_names)} classes)"
 
 
+@suggest_keywords
 class ImageFolder(FileList):
     """The images under `root/<class_name>/...`, listed with Keras's directory rules.
 

@@ -38,6 +38,7 @@ from typing import Any
 import tensorflow as tf
 
 from prefetch.errors import add_note
+from prefetch.keywords import suggest_keywords
 from prefetch.labels import label_spec
 from prefetch.loader import Loader
 from prefetch.sources import is_file_source
@@ -175,6 +176,7 @@ def output_signature(loader: Loader) -> Any:
     return (images, labels)
 
 
+@suggest_keywords
 def dataset(
     loader: Loader,
     *,

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
 from prefetch.options import positive
 from prefetch.plan import EpochPlan, fixed_grouping
@@ -328,6 +329,7 @@ def _read_all(loader: Loader) -> tuple[np.ndarray, np.ndarray | None]:
     return images[:filled], None if labels is None else labels[:filled]
 
 
+@suggest_keywords
 def resident(
     images: Any,
     labels: Any = None,

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from prefetch.coordinator import POLL_S
+from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
 from prefetch.tf._dataset import output_signature
 
@@ -66,6 +67,7 @@ def _queue_class(queue: Any) -> tuple[str, Any]:
     )
 
 
+@suggest_keywords
 class QueueRunner:
     """A `tf.queue` of samples, fed from `loader` by threads that a Coordinator stops.
 
