@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.keywords import suggest_keywords
+from prefetch.messages import short, suggest_keywords
 
 # Drawn last into each sample's seed so that crops and flips never reuse the draws of the
 # generator that `transform` receives (seeded by (seed, epoch, index) alone).
@@ -88,6 +88,10 @@ class RandomResizedCrop:
         object.__setattr__(self, "scale", (low, high))
         object.__setattr__(self, "ratio", (ratio_low, ratio_high))
 
+    def __repr__(self) -> str:
+        scale, ratio = (f"({short(low)}, {short(high)})" for low, high in (self.scale, self.ratio))
+        return f"RandomResizedCrop(scale={scale}, ratio={ratio})"
+
     def box(
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator
     ) -> Box:
@@ -144,6 +148,9 @@ class CenterCrop:
         if not 0 < float(fraction) <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
         object.__setattr__(self, "fraction", float(fraction))
+
+    def __repr__(self) -> str:
+        return f"CenterCrop(fraction={short(self.fraction)})"
 
     def box(
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator

@@ -33,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from prefetch import resize, storage
 from prefetch.decode_checks import check_image_bytes
-from prefetch.keywords import suggest_keywords
+from prefetch.messages import suggest_keywords
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.

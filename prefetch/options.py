@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from prefetch.decode import COLOR_MODES, DecodeOptions
-from prefetch.keywords import suggest_keywords
 from prefetch.labels import LABEL_MODES
+from prefetch.messages import suggest_keywords
 from prefetch.sources import SUBSETS, is_file_source
 
 ON_ERROR = ("raise", "skip")

@@ -12,7 +12,7 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prefetch.keywords import suggest_keywords
+from prefetch.messages import suggest_keywords
 
 # The deadlines of one request (RemoteOptions' defaults). Connecting takes milliseconds to an
 # object store; 10 s covers a lost SYN and its retransmits. 30 s without a byte is botocore's

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from prefetch import storage
-from prefetch.keywords import suggest_keywords
+from prefetch.messages import counted, suggest_keywords
 from prefetch.paths import pack_chunks
 from prefetch.shard_index import (
     INDEX_SUFFIX,
@@ -132,8 +132,8 @@ class ShardSource(FileList):
     def __repr__(self) -> str:
         how = f"streamed, shuffle_buffer={self.shuffle_buffer}" if self.streaming else "indexed"
         return (
-            f"{type(self).__name__}({len(self.shards)} shards, {len(self)} samples, "
-            f"{len(self.class_names)} classes, {how})"
+            f"{type(self).__name__}({counted(len(self.shards), 'shard')}, "
+            f"{counted(len(self), 'sample')}, {counted(len(self.class_names), 'class')}, {how})"
         )
 
 

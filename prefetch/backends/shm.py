@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch.backends.base import Slot
+from prefetch.messages import counted
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,8 @@ def _reserve(fd: int, layout: SlotLayout) -> None:
             raise
         raise MemoryError(
             f"{SHM_DIR} is full: a batch slot of {layout.nbytes / 2**20:.1f} MiB "
-            f"({layout.batch_size} images) does not fit in its {free_mib():.1f} MiB free. "
-            + how_to_fix(2 * layout.nbytes)
+            f"({counted(layout.batch_size, 'image')}) does not fit in its "
+            f"{free_mib():.1f} MiB free. " + how_to_fix(2 * layout.nbytes)
         ) from error
 
 

@@ -38,9 +38,9 @@ from typing import Any
 import tensorflow as tf
 
 from prefetch.errors import add_note
-from prefetch.keywords import suggest_keywords
 from prefetch.labels import label_spec
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.sources import is_file_source
 from prefetch.tf._device import check_device
 

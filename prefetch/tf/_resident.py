@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
+from prefetch.messages import counted, suggest_keywords
 from prefetch.options import positive
 from prefetch.plan import EpochPlan, fixed_grouping
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
@@ -280,7 +280,7 @@ class ResidentDataset:
 
     def __repr__(self) -> str:
         return (
-            f"ResidentDataset({self.num_samples} samples on {self.device}, batch_size="
+            f"ResidentDataset({counted(self.num_samples, 'sample')} on {self.device}, batch_size="
             f"{self.batch_size}, shuffle={self.shuffle!r}, uploads={self.uploads})"
         )
 

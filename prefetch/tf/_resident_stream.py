@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
-from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.options import positive
 from prefetch.tf._budget import (
     STREAM_BUFFERS,

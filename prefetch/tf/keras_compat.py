@@ -35,8 +35,8 @@ import tensorflow as tf
 
 from prefetch.decode import decode_image
 from prefetch.fast_decode import decode_turbo, fast_available
-from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.remote_options import RemoteOptions
 from prefetch.sources import (
     IMAGE_EXTENSIONS,

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from prefetch.coordinator import POLL_S
-from prefetch.keywords import suggest_keywords
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.tf._dataset import output_signature
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from prefetch.messages import counted
 from prefetch.tools import shard_writer
 from prefetch.tools.command_args import positive_int
 
@@ -98,7 +99,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
         size = os.path.getsize(path)
         totals["samples"] += samples
         totals["bytes"] += size
-        print(f"{path}  {samples} samples  {size / 1e6:.1f} MB", flush=True)
+        print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
 
     try:
         paths = shard_writer.write_shards(
@@ -115,7 +116,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         parser.error(str(error))
     print(
-        f"wrote {totals['samples']} samples in {len(paths)} {args.format} shards "
+        f"wrote {counted(totals['samples'], 'sample')} in "
+        f"{counted(len(paths), args.format + ' shard')} "
         f"({totals['bytes'] / 1e6:.1f} MB) and {shard_writer.CLASSES_FILE} to {args.out}"
     )
     pattern = os.path.join(args.out, shard_writer.shard_pattern(args.format, args.prefix))

@@ -1,9 +1,12 @@
-"""Unknown keyword arguments named with the closest accepted ones: "did you mean image_size?".
+"""How prefetch words what it tells people: counted nouns, short numbers, unknown keywords.
 
+`counted(1, "shard")` is "1 shard", `counted(2, "shard")` "2 shards" (reprs and messages never
+say "1 shards"); `short(4 / 3)` is "1.333" (four significant digits, for floats in reprs).
 `suggest_keywords` decorates a public function or class (its `__init__`): a call with a keyword
-it does not accept raises TypeError with Python's own wording, the close matches among the
-accepted keywords (`difflib.get_close_matches`), or else all of them. A call with only known
-keywords costs one set lookup per keyword; signatures, pickling and docs are unchanged.
+it does not accept raises TypeError with Python's own wording and the close matches among the
+accepted keywords (`difflib.get_close_matches`: "did you mean image_size?"), or else all of
+them. A call with only known keywords costs one set lookup per keyword; signatures, pickling
+and docs are unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +20,21 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun`, plural unless the count is 1: "1 shard", "3 shards", "0 classes"
+    (`plural` when adding "s" is wrong; nouns ending in s, x, ch or sh take "es")."""
+    if count == 1:
+        return f"{count} {noun}"
+    if plural is None:
+        plural = noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{count} {plural}"
+
+
+def short(value: float) -> str:
+    """A float in four significant digits, for reprs: 0.75, 1.333, 0.08, 1e-05."""
+    return f"{value:.4g}"
 
 
 def suggest_keywords(target: F) -> F:
