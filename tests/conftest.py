@@ -12,6 +12,11 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+# TensorFlow's C++ log kept out of the suite's output, errors included (on a machine without a
+# GPU every TensorFlow start logs "failed call to cuInit"); its Python errors still raise. Set
+# before any test module imports TensorFlow, and inherited by the processes tests start.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 # How long a test's threads and processes get to wind down before they count as leaked.
 # Generous on purpose: what a test drops (an iterator, a tf.data pipeline) ends on its next poll,
 # 0.1 s to 1 s, which a busy machine can stretch; the check ends as soon as nothing is left, so

@@ -95,14 +95,14 @@ options = dict(batch_size=8, image_size=(32, 32), workers=2, seed=seed, backend=
 try:
     if case == "dropin":
         ds = prefetch.tf.image_dataset_from_directory(root, verbose=False, **options)
-        model.fit(ds, epochs=2, verbose=0)
+        model.fit(ds, epochs=2, shuffle=False, verbose=0)
     else:
         loader = prefetch.Loader(root, **options)
         if case == "with":
             with loader:
-                model.fit(prefetch.tf.dataset(loader), epochs=2, verbose=0)
+                model.fit(prefetch.tf.dataset(loader), epochs=2, shuffle=False, verbose=0)
         else:
-            model.fit(prefetch.tf.dataset(loader), epochs=2, verbose=0)
+            model.fit(prefetch.tf.dataset(loader), epochs=2, shuffle=False, verbose=0)
 except Exception as error:
     print(f"ERROR-RAISED {time.time():.6f} {type(error).__name__}", flush=True)
 else:
