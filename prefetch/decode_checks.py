@@ -17,12 +17,15 @@ import re
 
 from PIL import Image, UnidentifiedImageError
 
-# The most scans (SOS markers) a progressive or arithmetic-coded JPEG may hold. Encoders write
-# about 10 (libjpeg's progression; 18 for CMYK), an EXIF thumbnail or an appended image (MPO,
-# gain maps) a few more. 500 is TurboJPEG's limit (TJFLAG_LIMITSCANS) and DALI's default. At
-# the cap a decode costs at most about 17 s of CPU for 8000x8000 (issue 29.13's 41 s for 1,200
-# scans, scaled), in proportion to the pixels.
 MAX_JPEG_SCANS = 500
+"""The most scans (SOS markers) a progressive or arithmetic-coded JPEG may hold.
+
+Encoders write about 10 (libjpeg's progression; 18 for CMYK), an EXIF thumbnail or an appended
+image (MPO, gain maps) a few more. 500 is TurboJPEG's limit (TJFLAG_LIMITSCANS) and DALI's
+default. At the cap a decode costs at most about 17 s of CPU for 8000x8000 (issue 29.13's 41 s
+for 1,200 scans, scaled), in proportion to the pixels. A module constant, read at each check:
+set it in every process that decodes (worker processes import prefetch afresh).
+"""
 
 _JPEG_SOI = b"\xff\xd8"
 # A scan's marker anywhere in the file: in entropy-coded data a 0xFF byte is always followed by
