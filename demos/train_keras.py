@@ -130,7 +130,8 @@ def main() -> None:
     seconds = time.perf_counter() - started
     stats = train.stats()
     accuracy = history.history["val_accuracy"][-1]
-    print(f"\ntrained {args.epochs} epochs in {seconds:.1f} s")
+    epochs = f"{args.epochs} epoch" + ("s" if args.epochs != 1 else "")
+    print(f"\ntrained {epochs} in {seconds:.1f} s")
     print(f"loader: {stats}")
     print(f"validation accuracy: {accuracy:.3f} (chance {1 / len(classes):.3f})")
     if stats.consumer_wait_fraction > INPUT_BOUND_WAIT:
