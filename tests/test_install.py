@@ -38,6 +38,8 @@ def makefile_config_settings() -> list[str]:
 def test_a_folder_named_prefetch_in_the_current_directory_does_not_shadow_the_install(
     tmp_path: Path,
 ) -> None:
+    for tool in ("pip", "setuptools"):  # the offline install borrows this environment's
+        pytest.importorskip(tool)
     parent = tmp_path / "parent"
     checkout = parent / "prefetch"
     checkout.mkdir(parents=True)
