@@ -11,10 +11,18 @@ ARGS ?=
 
 .PHONY: demo test docs clean
 
+# editable_mode=compat: a .pth with the checkout's path, so that a folder named `prefetch` in the
+# current directory (the checkout itself, seen from its parent) cannot shadow the install the way
+# it shadows setuptools' default import hook (issue 28.10). A src/ layout (issue 26) ends the need.
 $(VENV)/.installed: pyproject.toml setup.py prefetch/_jpegwindow.c
+	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
+	@echo "TensorFlow and Keras, simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec, matplotlib."
+	@echo "The first time this downloads several hundred MB (TensorFlow is most of it) and takes 1 to 3"
+	@echo "minutes; pip shows each download and the installation's progress. Later runs skip it."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs,remote,plot]"
+	$(PY) -m pip install --progress-bar on --config-settings editable_mode=compat \
+		-e ".[tf,test,fast,docs,remote,plot]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -130,12 +130,9 @@ def main() -> None:
     seconds = time.perf_counter() - started
     stats = train.stats()
     accuracy = history.history["val_accuracy"][-1]
-    print(f"\ntrained {args.epochs} epochs in {seconds:.1f} s")
+    epochs = f"{args.epochs} epoch" + ("s" if args.epochs != 1 else "")
+    print(f"\ntrained {epochs} in {seconds:.1f} s")
     print(f"loader: {stats}")
-    print(
-        f"throughput: {stats.images_per_s:.0f} images/s; "
-        f"waiting for data: {stats.consumer_wait_fraction:.1%} of step time"
-    )
     print(f"validation accuracy: {accuracy:.3f} (chance {1 / len(classes):.3f})")
     if stats.consumer_wait_fraction > INPUT_BOUND_WAIT:
         folder = args.root or str(Path(args.sample_dir) / "train")

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from prefetch.messages import short, suggest_keywords
+
 # Drawn last into each sample's seed so that crops and flips never reuse the draws of the
 # generator that `transform` receives (seeded by (seed, epoch, index) alone).
 AUGMENT_STREAM = 0x63726F70  # "crop"
@@ -49,6 +51,7 @@ def _pair(name: str, value: object) -> tuple[float, float]:
     return low, high
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """A random window of the original image, then resized to `image_size` (training).
@@ -85,6 +88,10 @@ class RandomResizedCrop:
         object.__setattr__(self, "scale", (low, high))
         object.__setattr__(self, "ratio", (ratio_low, ratio_high))
 
+    def __repr__(self) -> str:
+        scale, ratio = (f"({short(low)}, {short(high)})" for low, high in (self.scale, self.ratio))
+        return f"RandomResizedCrop(scale={scale}, ratio={ratio})"
+
     def box(
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator
     ) -> Box:
@@ -116,6 +123,7 @@ class RandomResizedCrop:
         return Box((height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class CenterCrop:
     """The central window of the image, `fraction` of the largest window with the target's
@@ -140,6 +148,9 @@ class CenterCrop:
         if not 0 < float(fraction) <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
         object.__setattr__(self, "fraction", float(fraction))
+
+    def __repr__(self) -> str:
+        return f"CenterCrop(fraction={short(self.fraction)})"
 
     def box(
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator

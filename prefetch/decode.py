@@ -9,6 +9,11 @@ decoder when it is installed (faster on every option, docs/decoders.md), else `d
 `decode_image` uses Pillow; with `antialias=True` it decodes JPEGs at a reduced scale (DCT
 scaling, Pillow's `draft`) when the file is much larger than the target, before resizing.
 
+Every built-in decoder gets a file's bytes through `read_image` (or checks bytes it was given
+with `check_image_bytes`): an empty file and a JPEG of more than `MAX_JPEG_SCANS` scans are
+refused there, before any decoder runs, with errors that name the file; `open_bytes` is
+Pillow's `Image.open` of bytes whose "cannot identify" error names the file too.
+
 `DecodeOptions(antialias=False)`, the default, is the Keras-parity path: full-size decode (no
 draft) and `prefetch.resize`, which reproduces `tf.image.resize` (no antialiasing, half-pixel
 centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
@@ -19,16 +24,16 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from prefetch import resize, storage
+from prefetch.decode_checks import check_image_bytes
+from prefetch.messages import suggest_keywords
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -70,6 +75,7 @@ def _is_size(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class DecodeOptions:
     """What a decoder produces: an image of `image_size`, with `channels` channels.
@@ -198,19 +204,23 @@ def decoder_name(decoder: Decoder) -> str:
 def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
     """Decode the image file at `path` to `options.shape` with Pillow (the default decoder).
 
-    Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image,
-    `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for a bomb).
+    Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image or
+    an empty file, `OSError` for a truncated or corrupt one, `Image.DecompressionBombError` for
+    a bomb, of pixels or of JPEG scans: `check_image_bytes`), naming the file.
 
-    - `path`: the image file, a local path (`str`) or an fsspec URL (`open_image`).
+    - `path`: the image file, a local path (`str`) or an fsspec URL (`read_image`).
     - `options`: the `DecodeOptions`: the size, channels and resizing of the result.
     """
     with open_image(path) as image:
         return _decode_opened(image, options)
 
 
-def decode_bytes(data: bytes, options: DecodeOptions) -> np.ndarray:
-    """`decode_image` of an encoded image held in memory (the bytes of a file or an object)."""
-    with Image.open(io.BytesIO(data)) as image:
+def decode_bytes(data: bytes, options: DecodeOptions, name: str | None = None) -> np.ndarray:
+    """`decode_image` of an encoded image held in memory (the bytes of a file or an object);
+    `name` (its file) is what errors name, else "<N bytes in memory>"."""
+    name = _in_memory(data) if name is None else name
+    check_image_bytes(data, name)
+    with open_bytes(data, name) as image:
         return _decode_opened(image, options)
 
 
@@ -221,26 +231,32 @@ def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
     return to_target_size(image, options)
 
 
+def read_image(path: str) -> bytes:
+    """The bytes of the image file at `path`, checked by `check_image_bytes` before any decoder
+    sees them: a local or `file://` path (a regular file), an fsspec URL (retried), a sample of
+    a shard (a member path), all through `storage.read_whole` (at most `max_object_bytes`)."""
+    data = storage.read_whole(path)
+    check_image_bytes(data, path)
+    return data
+
+
+def open_bytes(data: bytes, name: str) -> Image.Image:
+    """`Image.open` of the encoded image `data`, read from the file `name`: a file Pillow cannot
+    identify raises `PIL.UnidentifiedImageError` naming `name` (not a BytesIO object)."""
+    try:
+        return Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+
+
 def open_image(path: str) -> Image.Image:
-    """`Image.open` of a local path, a `file://` path, or an fsspec URL (the whole object read
-    with `storage.read_bytes`: retried, and its errors name the URL), or a sample of a shard
-    (a member path: `storage.read_whole`)."""
-    if "#" in path and storage.is_member(path):
-        return Image.open(io.BytesIO(storage.read_whole(path)))
-    if "://" not in path:  # the local fast path: one substring test
-        return Image.open(_regular_file(path))
-    if not storage.is_url(path):
-        return Image.open(_regular_file(storage.local_path(path)))
-    return Image.open(io.BytesIO(storage.read_bytes(path)))
+    """`Image.open` of the image file at `path` (`read_image`: a local path, a `file://` path,
+    an fsspec URL or a sample of a shard), its errors naming `path`."""
+    return open_bytes(read_image(path), path)
 
 
-def _regular_file(path: str) -> str:
-    """`path`, or OSError naming it when it is not a regular file (a FIFO would block the
-    open, a device such as /dev/zero would be read without end): the same refusal as
-    `storage.read_local`'s, for Pillow's own open."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
-    return path
+def _in_memory(data: bytes) -> str:
+    return f"<{len(data)} bytes in memory>"
 
 
 def _draft(image: Image.Image, options: DecodeOptions) -> None:

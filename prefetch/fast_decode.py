@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prefetch import resize, storage
+from prefetch import resize
 from prefetch.decode import (
     DRAFT_REDUCING_GAP,
     DecodeOptions,
@@ -49,6 +49,7 @@ from prefetch.decode import (
     crop_size,
     decode_bytes,
     decode_image,
+    read_image,
     resize_like_keras,
     to_target_size,
 )
@@ -147,16 +148,16 @@ class TurboDecoder:
         if _uses_unknown_fields(options):
             return decode_image(path, options)
         remote = "://" in path  # an fsspec URL or file://: the fallbacks decode these bytes
-        data = storage.read_whole(path)  # once, capped; a local path must be a regular file
+        data = read_image(path)  # once, capped, checked; a local path must be a regular file
         if not data.startswith(_JPEG_MAGIC):
-            return decode_bytes(data, options) if remote else decode_image(path, options)
+            return decode_bytes(data, options, path) if remote else decode_image(path, options)
         try:
             return _decode_jpeg(data, options, *modules)
         except _Unsupported:
             # Includes JPEGs that libjpeg-turbo refuses (damaged, truncated): the default
             # decoder decides, so a bad file fails with the same error as with decode_image,
             # and libjpeg-turbo's message stays attached as its __context__.
-            return decode_bytes(data, options) if remote else decode_image(path, options)
+            return decode_bytes(data, options, path) if remote else decode_image(path, options)
 
     def __repr__(self) -> str:
         return "decode_turbo"

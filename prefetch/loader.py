@@ -33,6 +33,7 @@ from prefetch.cache import cache_for
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder, decoder_name, get_decoder
 from prefetch.labels import check_label_mode
+from prefetch.messages import counted, suggest_keywords
 from prefetch.options import (
     LoaderOptions,
     ProcessOptions,
@@ -54,6 +55,7 @@ from prefetch.window_decode import window_engine_name
 __all__ = ["Batch", "Loader", "Stream"]
 
 
+@suggest_keywords
 class Loader:
     """Load a source in parallel, in order, in batches, ahead of the consumer.
 
@@ -226,7 +228,7 @@ class Loader:
             weakref.finalize(self, self._spool.close)
         if len(self._plan) == 0:
             raise ValueError(
-                f"drop_remainder=True with {len(self.source)} samples and batch_size "
+                f"drop_remainder=True with {counted(len(self.source), 'sample')} and batch_size "
                 f"{batch_size} leaves no batch; lower batch_size"
             )
         augment = Augment(crop=crop, flip=flip)
@@ -363,10 +365,10 @@ class Loader:
             plan = self._plan.replace(num_shards=num_shards, shard_index=shard_index)
             if len(plan) < max(1, self._cursor.next_position):
                 raise ValueError(
-                    f"shard {shard_index} of {num_shards} has {plan.shard_size} samples, "
-                    f"{len(plan)} batches of {self.batch_size}: too few for an epoch (or for the "
-                    f"resume position {self._cursor.next_position}); lower batch_size or the "
-                    "number of shards"
+                    f"shard {shard_index} of {num_shards} has "
+                    f"{counted(plan.shard_size, 'sample')}, {counted(len(plan), 'batch')} of "
+                    f"{self.batch_size}: too few for an epoch (or for the resume position "
+                    f"{self._cursor.next_position}); lower batch_size or the number of shards"
                 )
             self._plan = plan
 

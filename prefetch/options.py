@@ -16,6 +16,7 @@ import numpy as np
 
 from prefetch.decode import COLOR_MODES, DecodeOptions
 from prefetch.labels import LABEL_MODES
+from prefetch.messages import suggest_keywords
 from prefetch.sources import SUBSETS, is_file_source
 
 ON_ERROR = ("raise", "skip")
@@ -55,6 +56,7 @@ def check_shard(num_shards: Any, shard_index: Any) -> tuple[int, int]:
     return num_shards, int(shard_index)
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class ProcessOptions:
     """Options of the process backend; `Loader(backend=ProcessOptions(...))` selects it.

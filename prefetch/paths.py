@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.messages import counted
+
 # Paths handled per step when packing, gathering or iterating a PathArray: keeps the temporary
 # arrays (a gather's byte index is 8 bytes per byte of path) small enough to stay in cache.
 PATHS_PER_STEP = 1 << 12
@@ -133,7 +135,7 @@ class PathArray:
     def __repr__(self) -> str:
         shown = self[:3].tolist()
         more = ", ..." if len(self) > 3 else ""
-        return f"PathArray({len(self)} paths: {str(shown)[:-1]}{more}])"
+        return f"PathArray({counted(len(self), 'path')}: {str(shown)[:-1]}{more}])"
 
 
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:

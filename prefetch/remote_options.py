@@ -12,6 +12,8 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from prefetch.messages import suggest_keywords
+
 # The deadlines of one request (RemoteOptions' defaults). Connecting takes milliseconds to an
 # object store; 10 s covers a lost SYN and its retransmits. 30 s without a byte is botocore's
 # read timeout halved: stores answer in well under a second, and a stalled stream is retried.
@@ -38,6 +40,7 @@ MAX_DEPTH = 32
 FOLLOW_REDIRECTS = ("same-host", "any", "none")
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class RemoteOptions:
     """Bounds on what remote storage may cost: `Loader(..., remote=RemoteOptions(...))`,

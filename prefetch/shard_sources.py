@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
+<<<<<<< HEAD
 from prefetch import shard_manifest, storage
+=======
+from prefetch import storage
+from prefetch.messages import counted, suggest_keywords
+>>>>>>> friction
 from prefetch.paths import pack_chunks
 from prefetch.shard_files import CLASSES_FILE as CLASSES_FILE
 from prefetch.shard_files import class_names_beside, resolve
@@ -136,8 +141,8 @@ class ShardSource(FileList):
     def __repr__(self) -> str:
         how = f"streamed, shuffle_buffer={self.shuffle_buffer}" if self.streaming else "indexed"
         return (
-            f"{type(self).__name__}({len(self.shards)} shards, {len(self)} samples, "
-            f"{len(self.class_names)} classes, {how})"
+            f"{type(self).__name__}({counted(len(self.shards), 'shard')}, "
+            f"{counted(len(self), 'sample')}, {counted(len(self.class_names), 'class')}, {how})"
         )
 
 
@@ -147,6 +152,7 @@ def _restore(kind: type[ShardSource], state: dict[str, Any]) -> ShardSource:
     return source
 
 
+@suggest_keywords
 class TFRecordSource(ShardSource):
     """Samples in TFRecord files of `tf.train.Example` records, as TensorFlow Datasets and
     TensorFlow's ImageNet scripts write them. TensorFlow is not needed to read them.
@@ -199,6 +205,7 @@ class TFRecordSource(ShardSource):
         )
 
 
+@suggest_keywords
 class TarSource(ShardSource):
     """Samples in tar shards of the WebDataset layout: the members of a sample share a key
     (`000123.jpg` and `000123.cls`), a few thousand samples per shard.

@@ -23,6 +23,7 @@ import numpy as np
 
 from prefetch import storage
 from prefetch.decode import open_image
+from prefetch.messages import counted, suggest_keywords
 from prefetch.paths import PathArray as PathArray
 from prefetch.paths import pack_chunks
 
@@ -57,6 +58,7 @@ class Source(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+@suggest_keywords
 class FileList:
     """Image files with integer labels given by the caller: a file source.
 
@@ -122,9 +124,11 @@ class FileList:
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({len(self)} files, {len(self.class_names)} classes)"
+        files, classes = counted(len(self), "file"), counted(len(self.class_names), "class")
+        return f"{type(self).__name__}({files}, {classes})"
 
 
+@suggest_keywords
 class ImageFolder(FileList):
     """The images under `root/<class_name>/...`, listed with Keras's directory rules.
 
@@ -201,7 +205,8 @@ class ImageFolder(FileList):
 
     def __repr__(self) -> str:
         return (
-            f"ImageFolder({str(self.root)!r}: {len(self)} files, {len(self.class_names)} classes)"
+            f"ImageFolder({str(self.root)!r}: {counted(len(self), 'file')}, "
+            f"{counted(len(self.class_names), 'class')})"
         )
 
 
@@ -353,8 +358,8 @@ def split_files(
     held_out = int(validation_split * len(source))
     if held_out == 0 or held_out == len(source):
         raise ValueError(
-            f"validation_split={validation_split} of {len(source)} files holds out "
-            f"{held_out} files, leaving a side empty: use a validation_split between "
+            f"validation_split={validation_split} of {counted(len(source), 'file')} holds out "
+            f"{counted(held_out, 'file')}, leaving a side empty: use a validation_split between "
             f"{1 / len(source):.3g} and {1 - 1 / len(source):.3g}, or more files"
         )
     return source.subset(

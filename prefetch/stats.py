@@ -13,10 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.messages import counted
+
 # How many skipped paths the stats keep (the most recent ones); the count is exact.
 SKIPPED_PATHS_KEPT = 100
 # How many of the latest samples' read times the latency percentiles are taken over.
 READ_TIMES_KEPT = 4096
+# Up to this many samples read at once per worker, on average, the workers read one sample each
+# at a time (the excess is timing slack) and are said to be busy a share of the time; above it,
+# reader threads overlap reads, and the count of reads in progress is given instead.
+READS_OVER_WORKERS = 1.05
 
 
 @dataclass(frozen=True)
@@ -94,11 +100,13 @@ class LoaderStats:
         busy the workers were (on average, over the iteration time), how many batches were
         ready when asked for, a sample's typical and slow read time, what was skipped.
 
-        Worker time is given as samples read at once on average, not as seconds summed over
-        workers and reader threads (which, on remote storage, can be many times the run).
+        Worker time is given as the share of the time the workers were busy (or, with reader
+        threads, as samples read at once on average), not as seconds summed over workers and
+        reader threads (which, on remote storage, can be many times the run).
         """
         parts = [
-            f"{self.images} images in {self.batches} batches, {self.images_per_s:.0f} images/s",
+            f"{counted(self.images, 'image')} in {counted(self.batches, 'batch')}, "
+            f"{self.images_per_s:.0f} images/s",
             f"the consumer waited {self.consumer_wait_s:.2f} s for batches "
             f"({self.consumer_wait_fraction:.1%} of the time)",
             f"{self.backend} backend, {self.decoder or 'own'} decoder, {self._busy_words()}",
@@ -106,24 +114,27 @@ class LoaderStats:
             f"{self.window or self.depth} in flight were ready (average)",
         ]
         if self.reads_in_flight:
-            parts.append(f"{self.reads_in_flight} samples being read now")
+            parts.append(f"{counted(self.reads_in_flight, 'sample')} being read now")
         parts.append(
             f"reading and decoding a sample took typically {1000 * self.read_p50_s:.1f} ms "
             f"(p50), 1 in 100 over {1000 * self.read_p99_s:.1f} ms (p99)"
         )
-        skipped = f"{self.skipped} {'sample' if self.skipped == 1 else 'samples'} skipped"
+        skipped = f"{counted(self.skipped, 'sample')} skipped"
         return "; ".join([*parts, skipped + self._cache_words()])
 
     def _busy_words(self) -> str:
-        """The workers and how busy they were, as in "4 workers reading 3.6 samples at once
-        on average": `producer_busy_s / elapsed_s`. A worker reads one sample at a time, so
-        up to the workers this is how many were busy; worker processes with reader threads
-        (remote storage) read many at once, and the figure can exceed the workers."""
-        workers = f"{self.workers} {'worker' if self.workers == 1 else 'workers'}"
+        """The workers and how busy they were, from `producer_busy_s / elapsed_s` (how many
+        samples were being read at once, on average): "4 workers busy 90% of the time". Worker
+        processes with reader threads (remote storage) read many samples at once, and the
+        figure can exceed the workers: "4 workers with 50.6 samples being read at once on
+        average"."""
+        workers = counted(self.workers, "worker")
         if self.elapsed_s <= 0:
             return workers
         busy = self.producer_busy_s / self.elapsed_s
-        return f"{workers} reading {busy:.1f} samples at once on average"
+        if self.workers and busy <= self.workers * READS_OVER_WORKERS:
+            return f"{workers} busy {min(busy / self.workers, 1.0):.0%} of the time"
+        return f"{workers} with {busy:.1f} samples being read at once on average"
 
     def _cache_words(self) -> str:
         """The cache's hits, as in "; cache: 5 of 12 read from local copies"; "" without one."""

@@ -33,9 +33,8 @@ from types import ModuleType
 import numpy as np
 from PIL import Image
 
-from prefetch import storage
 from prefetch.augment import Box, Crop
-from prefetch.decode import DecodeOptions, convert_mode, to_target_size
+from prefetch.decode import DecodeOptions, convert_mode, open_bytes, read_image, to_target_size
 from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
 
 
@@ -83,7 +82,7 @@ def decode_window(
     `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries).
     Raises what `decode_image` raises for a bad file.
     """
-    data = storage.read_whole(path)
+    data = read_image(path)  # checked: an empty file, too many JPEG scans
     if engine == "turbo" and data.startswith(_JPEG_MAGIC) and options.channels != 4:
         header = _jpeg_header(data)
         if header is not None:
@@ -93,7 +92,7 @@ def decode_window(
             if pixels is not None:
                 return resize_window(pixels, options)
             return _pillow_window(data, box, options)
-    with Image.open(io.BytesIO(data)) as image:
+    with open_bytes(data, path) as image:  # its errors name the file
         box = crop.box(image.height, image.width, options.image_size, rng)
         return _pillow_window(data, box, options, image)
 

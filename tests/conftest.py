@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+
+# TensorFlow's C++ log kept out of the suite's output, errors included (on a machine without a
+# GPU every TensorFlow start logs "failed call to cuInit"); its Python errors still raise. Set
+# before any test module imports TensorFlow, and inherited by the processes tests start.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # How long a test's threads and processes get to wind down before they count as leaked.
 # Generous on purpose: what a test drops (an iterator, a tf.data pipeline) ends on its next poll,
@@ -17,13 +24,39 @@ import pytest
 LEAK_GRACE_S = 10.0
 
 
+def _private_shm_dir() -> str | None:
+    """A shared-memory directory of this run's own, made before prefetch is imported.
+
+    Another prefetch process on the machine (a second test run, a user's loader) rightly sweeps
+    dead segments in /dev/shm, which is what some tests plant; and its segments are not ours
+    to count as leaks. PREFETCH_SHM_DIR (prefetch.backends.shm) is inherited by every process a
+    test starts. Sticky and world-writable like /dev/shm, for the tests that run as `nobody`.
+    None when the caller set PREFETCH_SHM_DIR or there is no /dev/shm.
+    """
+    if os.environ.get("PREFETCH_SHM_DIR") or not os.path.isdir("/dev/shm"):
+        return None
+    private = tempfile.mkdtemp(prefix="pytest-shm-", dir="/dev/shm")
+    os.chmod(private, 0o1777)
+    os.environ["PREFETCH_SHM_DIR"] = private
+    return private
+
+
+PRIVATE_SHM_DIR = _private_shm_dir()
+SHM_DIR = os.environ.get("PREFETCH_SHM_DIR") or "/dev/shm"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if PRIVATE_SHM_DIR is not None:
+        shutil.rmtree(PRIVATE_SHM_DIR, ignore_errors=True)
+
+
 def _shm_entries() -> set[str]:
-    """Our /dev/shm entries: those of this process tree, or of processes that no longer run.
+    """Our entries in SHM_DIR: those of this process tree, or of processes that no longer run.
 
     Segments of other live processes (another test run on the same machine) are not ours.
     """
     try:
-        names = {name for name in os.listdir("/dev/shm") if "prefetch" in name}
+        names = {name for name in os.listdir(SHM_DIR) if "prefetch" in name}
     except FileNotFoundError:
         return set()
     ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}

@@ -23,7 +23,7 @@ import pytest
 
 import prefetch
 from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
-from prefetch.backends.shm import PREFIX
+from prefetch.backends.shm import PREFIX, SHM_DIR
 from prefetch.decode import get_decoder
 from prefetch.testing import (
     FailingDecoder,
@@ -93,7 +93,7 @@ def all_notes(error: BaseException) -> str:
 
 
 def our_segments() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{os.getpid()}_")]
+    return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{os.getpid()}_")]
 
 
 # --- order and determinism ----------------------------------------------------------------------

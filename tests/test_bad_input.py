@@ -3,9 +3,10 @@
 The files: good JPEGs, the odd-but-valid images of `prefetch.testing.write_odd_images`
 (grayscale JPEG, CMYK JPEG, 16-bit PNG, palette PNG with transparency), and one bad file of
 each kind of `write_bad_files`: corrupt, truncated, zero-byte, non-image text, a decompression
-bomb and (in a subprocess, see below) a file without read permission. A `FileList` gives every
-file its own label, its position in the list, so each delivered row names its file whatever
-the backend and the order; its pixels are then compared with what that file must give.
+bomb, a JPEG of too many scans and (in a subprocess, see below) a file without read
+permission. A `FileList` gives every file its own label, its position in the list, so each
+delivered row names its file whatever the backend and the order; its pixels are then compared
+with what that file must give.
 
 The unreadable file: root reads a mode-000 file anyway (CAP_DAC_OVERRIDE), so its tests run the
 loaders in a subprocess that first drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its
@@ -38,13 +39,15 @@ BACKENDS = ("thread", "process")
 # The target (height, width): the odd images are written at this size, so they arrive unresized
 # and their pixels can be compared exactly; the good JPEGs (24x20) are resized.
 SIZE = (16, 16)
-# What Pillow raises for each bad kind that every user can produce in this process.
+# What Pillow raises for each bad kind that every user can produce in this process (for a JPEG
+# of too many scans, prefetch raises Pillow's bomb error before Pillow runs).
 PILLOW_ERRORS: dict[str, type[Exception]] = {
     "corrupt": UnidentifiedImageError,
     "truncated": OSError,
     "zero_byte": UnidentifiedImageError,
     "text": UnidentifiedImageError,
     "bomb": Image.DecompressionBombError,
+    "scans": Image.DecompressionBombError,
 }
 WORKER_NAMES = {"thread": "prefetch-worker-", "process": "prefetch-process-"}
 

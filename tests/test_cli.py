@@ -199,11 +199,11 @@ def test_the_statistics_line_says_what_each_figure_means() -> None:
 
     assert "600 images in 20 batches, 8571 images/s" in text
     assert "the consumer waited 0.07 s for batches (99.8% of the time)" in text
-    assert "thread backend, turbo decoder, 4 workers reading 3.6 samples at once on average" in text
+    assert "thread backend, turbo decoder, 4 workers busy 90% of the time" in text
     assert "when a batch was asked for, 1.9 of the 2 in flight were ready (average)" in text
     assert "typically 0.3 ms (p50), 1 in 100 over 1.8 ms (p99)" in text
     assert text.endswith("0 samples skipped")
-    assert "busy" not in text and "/2 batches" not in text  # the old, puzzling words
+    assert " s busy" not in text and "/2 batches" not in text  # the old, puzzling words
 
 
 def test_reader_threads_read_many_samples_at_once_and_say_so_in_samples_not_seconds() -> None:
@@ -214,6 +214,6 @@ def test_reader_threads_read_many_samples_at_once_and_say_so_in_samples_not_seco
 
     text = str(remote)
 
-    assert "4 workers reading 50.6 samples at once on average" in text
+    assert "4 workers with 50.6 samples being read at once on average" in text
     assert "506" not in text
     assert "of the 8 in flight" in text

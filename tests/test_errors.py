@@ -270,3 +270,36 @@ def test_a_reported_error_wins_over_the_stop_timeout() -> None:
     finally:
         release.set()
         stubborn.join()
+
+
+# --- a misspelt keyword names what was meant (issue 28.13) ---------------------------------------
+
+MISSPELT: list[tuple[str, str, str]] = [
+    # (public callable, misspelt keyword, what it should suggest)
+    ("Loader", "imgsize", "image_size"),
+    ("ImageFolder", "folow_links", "follow_links"),
+    ("FileList", "class_name", "class_names"),
+    ("TFRecordSource", "label_keys", "label_key"),
+    ("TarSource", "image_exts", "image_ext"),
+    ("DecodeOptions", "chanels", "channels"),
+    ("RemoteOptions", "max_object_size", "max_object_bytes"),
+    ("ProcessOptions", "threads_per_workers", "threads_per_worker"),
+    ("RandomResizedCrop", "scales", "scale"),
+    ("CenterCrop", "fractions", "fraction"),
+]
+
+
+@pytest.mark.parametrize(("name", "keyword", "meant"), MISSPELT)
+def test_a_misspelt_keyword_says_did_you_mean_the_accepted_one(
+    name: str, keyword: str, meant: str
+) -> None:
+    with pytest.raises(TypeError) as raised:
+        getattr(prefetch, name)("unused", **{keyword: 1})
+    message = str(raised.value)
+    assert message.startswith(f"{name}() got an unexpected keyword argument {keyword!r}")
+    assert f"did you mean {meant}" in message
+
+
+def test_a_keyword_like_none_accepted_lists_them_all() -> None:
+    with pytest.raises(TypeError, match=r"'wat': it accepts paths, labels, class_names$"):
+        prefetch.FileList([], wat=1)  # type: ignore[call-arg]

@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from prefetch.backends.shm import SHM_DIR
 from prefetch.testing import write_bad_files, write_image_folder
 
 if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
@@ -94,14 +95,14 @@ options = dict(batch_size=8, image_size=(32, 32), workers=2, seed=seed, backend=
 try:
     if case == "dropin":
         ds = prefetch.tf.image_dataset_from_directory(root, verbose=False, **options)
-        model.fit(ds, epochs=2, verbose=0)
+        model.fit(ds, epochs=2, shuffle=False, verbose=0)
     else:
         loader = prefetch.Loader(root, **options)
         if case == "with":
             with loader:
-                model.fit(prefetch.tf.dataset(loader), epochs=2, verbose=0)
+                model.fit(prefetch.tf.dataset(loader), epochs=2, shuffle=False, verbose=0)
         else:
-            model.fit(prefetch.tf.dataset(loader), epochs=2, verbose=0)
+            model.fit(prefetch.tf.dataset(loader), epochs=2, shuffle=False, verbose=0)
 except Exception as error:
     print(f"ERROR-RAISED {time.time():.6f} {type(error).__name__}", flush=True)
 else:
@@ -123,7 +124,7 @@ def _session_members(sid: int) -> list[int]:
 
 def _shm_of(pid: int) -> list[str]:
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
     return [name for name in names if name.startswith("prefetch") and f"_{pid}_" in name]

@@ -374,7 +374,7 @@ def test_keras_fit_with_training_and_validation_sets(mixed: Path) -> None:
         verbose=False,
     )
     model = small_cnn(16, len(train.class_names))
-    history = model.fit(train, validation_data=validation, epochs=2, verbose=0)
+    history = model.fit(train, validation_data=validation, epochs=2, shuffle=False, verbose=0)
     assert len(history.history["loss"]) == len(history.history["val_loss"]) == 2
     assert np.isfinite(history.history["val_loss"]).all()
     assert train.loader.stats().images == 2 * len(train.file_paths)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.backends.shm import PREFIX, check_free_space, sweep_stale
+from prefetch.backends.shm import PREFIX, SHM_DIR, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
 from prefetch.options import ProcessOptions
 from prefetch.testing import (
@@ -43,7 +43,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def our_segments() -> list[str]:
     """This process's segments (other test runs on the machine have their own)."""
     ours = f"{PREFIX}{os.getpid()}_"
-    return [name for name in os.listdir("/dev/shm") if name.startswith(ours)]
+    return [name for name in os.listdir(SHM_DIR) if name.startswith(ours)]
 
 
 def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -169,7 +169,7 @@ def test_batches_kept_after_close_stay_readable_and_no_segment_remains(folder: P
 
 
 def test_too_little_shared_memory_fails_early_saying_how_to_fix_it() -> None:
-    with pytest.raises(MemoryError, match=r"Enlarge /dev/shm .* or lower depth or batch_size"):
+    with pytest.raises(MemoryError, match=rf"Enlarge {SHM_DIR} .* or lower depth or batch_size"):
         check_free_space(1 << 60, slots=6, batch_size=64)
 
 
@@ -180,7 +180,7 @@ def test_segments_of_a_dead_parent_are_swept() -> None:
         text=True,
         check=True,
     )
-    stale = f"/dev/shm/{PREFIX}{int(dead.stdout)}_deadbeef"
+    stale = f"{SHM_DIR}/{PREFIX}{int(dead.stdout)}_deadbeef"
     Path(stale).write_bytes(b"\0" * 64)
     assert Path(stale).name in sweep_stale()
     assert not Path(stale).exists()

@@ -989,7 +989,7 @@ def test_keras_fits_an_epoch_on_local_tar_shards(written: dict[str, Path]) -> No
     model = tiny_model()
     made = loader(prefetch.TarSource(written["tar"]), seed=3, batch_size=6)
     with made:
-        history = model.fit(prefetch.tf.dataset(made), epochs=1, verbose=0)  # type: ignore[attr-defined]
+        history = model.fit(prefetch.tf.dataset(made), epochs=1, shuffle=False, verbose=0)  # type: ignore[attr-defined]
         assert made.stats().images == COUNT
     assert len(history.history["loss"]) == 1 and np.isfinite(history.history["loss"][0])
 
@@ -1010,7 +1010,7 @@ def test_keras_fits_streamed_remote_tar_shards_and_leaves_no_stale_thread(
     made = loader(source, seed=3, batch_size=6)
     try:
         with made:
-            history = model.fit(prefetch.tf.dataset(made), epochs=2, verbose=0)  # type: ignore[attr-defined]
+            history = model.fit(prefetch.tf.dataset(made), epochs=2, shuffle=False, verbose=0)  # type: ignore[attr-defined]
             assert made.stats().images == 2 * COUNT
         assert len(history.history["loss"]) == 2
         assert [thread.name for thread in dummy_threads(before)] == []

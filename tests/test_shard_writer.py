@@ -400,7 +400,7 @@ def test_python_m_prefetch_shards_write_runs_in_a_subprocess(folder: Path, tmp_p
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "wrote 25 samples in 1 tar shards" in result.stdout
+    assert "wrote 25 samples in 1 tar shard " in result.stdout
     assert "prefetch.TarSource(" in result.stdout
     assert len(read_tar_shards(tmp_path)) == 25
 

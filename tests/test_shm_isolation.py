@@ -5,7 +5,9 @@ another user's, whatever else sits in /dev/shm; workers get segments as file des
 name re-created or replaced by someone else is never written; a full /dev/shm is a clear
 `MemoryError` at slot creation; a killed parent's workers unlink its segments.
 
-Cross-user cases run in a subprocess that imports prefetch as root, then drops to `nobody`
+The suite runs in a shared-memory directory of its own (tests/conftest.py sets PREFETCH_SHM_DIR
+before prefetch is imported), so that no other prefetch process on the machine sweeps what a test
+plants. Cross-user cases run in a subprocess that imports prefetch as root, then drops to `nobody`
 (uid 65534): the interpreter itself lives where `nobody` cannot read. The PID-namespace case
 uses `unshare --pid --fork` and is skipped where that is not allowed.
 """
@@ -399,3 +401,14 @@ def test_the_prefetch_command_sweeps_dead_segments_at_start() -> None:
         assert not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
+
+
+def test_this_suite_has_a_shared_memory_directory_that_other_sweeps_never_enter(
+    planted: list[Path],
+) -> None:
+    """Another prefetch process on the machine sweeps /dev/shm, never the suite's directory."""
+    assert shm.SHM_DIR != "/dev/shm" and planted[3].parent == Path(shm.SHM_DIR)
+    env = {k: v for k, v in os.environ.items() if k != "PREFETCH_SHM_DIR"}
+    sweep = "from prefetch.backends.shm import sweep_stale; sweep_stale()"
+    subprocess.run([sys.executable, "-c", sweep], env=env, check=True, timeout=30)
+    assert planted[3].exists()

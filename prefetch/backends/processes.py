@@ -44,6 +44,7 @@ from prefetch.backends.shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends.spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
+from prefetch.messages import counted
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +345,8 @@ class ProcessBackend:
             ]
             error = WorkerCrashedError(
                 f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
-                f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}); "
-                f"it was decoding {len(files)} files: {files[:8]}"
+                f"{reason}, after {counted(self.restarts, 'restart')} (max_restarts="
+                f"{self.max_restarts}); it was decoding {counted(len(files), 'file')}: {files[:8]}"
                 + (" ..." if len(files) > 8 else "")
                 + (_NEVER_ANSWERED if worker.answered == 0 else "")
             )

@@ -36,14 +36,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch.backends.base import Slot
+from prefetch.messages import counted
 
 log = logging.getLogger(__name__)
 
 # Segment names begin with this; the pid after it only says who made one (liveness is the lock).
 # Unlike the older "prefetch_" names, which were never locked: this sweep leaves those alone.
 PREFIX = "prefetch-slot_"
-# Where segments live; a module attribute so that tests can point it at a small tmpfs.
-SHM_DIR = "/dev/shm"
+# Where segments live; a module attribute so that tests can point it at a small tmpfs. The test
+# suite sets PREFETCH_SHM_DIR to a private directory of its own, inherited by the processes it
+# starts, so that another prefetch user's sweep never meets the segments a test plants.
+SHM_DIR = os.environ.get("PREFETCH_SHM_DIR") or "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,8 @@ def _reserve(fd: int, layout: SlotLayout) -> None:
             raise
         raise MemoryError(
             f"{SHM_DIR} is full: a batch slot of {layout.nbytes / 2**20:.1f} MiB "
-            f"({layout.batch_size} images) does not fit in its {free_mib():.1f} MiB free. "
-            + how_to_fix(2 * layout.nbytes)
+            f"({counted(layout.batch_size, 'image')}) does not fit in its "
+            f"{free_mib():.1f} MiB free. " + how_to_fix(2 * layout.nbytes)
         ) from error
 
 

@@ -10,10 +10,8 @@ plain picklable classes, so they work in thread and process workers alike. `serv
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,6 +20,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
+from prefetch.testing.bombs import PILLOW_DEFAULT_MAX_PIXELS as PILLOW_DEFAULT_MAX_PIXELS
+from prefetch.testing.bombs import write_decompression_bomb as write_decompression_bomb
+from prefetch.testing.bombs import write_scan_bomb as write_scan_bomb
 from prefetch.testing.hostile import Reply as Reply
 from prefetch.testing.hostile import index_page as index_page
 from prefetch.testing.hostile import redirect as redirect
@@ -92,11 +93,7 @@ def write_image_folder(
 
 
 # The kinds of bad input that `write_bad_files` writes; the first four are its default.
-BAD_FILE_KINDS = ("corrupt", "truncated", "zero_byte", "text", "bomb", "unreadable")
-
-# Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
-# twice this. Spawned worker processes start with the default whatever the parent set.
-PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+BAD_FILE_KINDS = ("corrupt", "truncated", "zero_byte", "text", "bomb", "scans", "unreadable")
 
 
 def write_bad_files(
@@ -107,7 +104,8 @@ def write_bad_files(
 
     Kinds (see `BAD_FILE_KINDS`): "corrupt" (JPEG header, garbage body), "truncated" (a JPEG
     cut in half), "zero_byte", "text" (a text file named .jpg), "bomb" (`bad_bomb.png`, see
-    `write_decompression_bomb`) and "unreadable" (a valid JPEG with permission bits 000; a
+    `write_decompression_bomb`), "scans" (a JPEG of too many scans, `write_scan_bomb`) and
+    "unreadable" (a valid JPEG with permission bits 000; a
     process with CAP_DAC_OVERRIDE, such as root, still reads it: check with `os.access`).
     """
     unknown = [kind for kind in kinds if kind not in BAD_FILE_KINDS]
@@ -135,39 +133,13 @@ def write_bad_files(
             target.write_text("this is not an image\n")
         elif kind == "bomb":
             write_decompression_bomb(target)
+        elif kind == "scans":
+            write_scan_bomb(target)
         else:
             target.write_bytes(data)
             target.chmod(0)
         paths[kind] = target
     return paths
-
-
-def write_decompression_bomb(path: str | os.PathLike[str]) -> Path:
-    """Write a valid 1-bit black PNG of over twice Pillow's default pixel limit; returns `path`.
-
-    The file is about 22 KB and takes a fraction of a second to write; `Image.open` raises
-    `PIL.Image.DecompressionBombError` for it in any process that keeps Pillow's default
-    `MAX_IMAGE_PIXELS`, spawned workers included.
-    """
-    path = Path(path)
-    width = 1 << 14
-    height = 2 * PILLOW_DEFAULT_MAX_PIXELS // width + 64
-    row = b"\0" * (1 + width // 8)  # filter byte, then `width` one-bit pixels
-    compressor = zlib.compressobj(9)
-    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + _png_chunk(b"IHDR", header)
-        + _png_chunk(b"IDAT", pixels)
-        + _png_chunk(b"IEND", b"")
-    )
-    return path
-
-
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
 
 
 class OddImage(NamedTuple):

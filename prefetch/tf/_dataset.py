@@ -40,6 +40,7 @@ import tensorflow as tf
 from prefetch.errors import add_note
 from prefetch.labels import label_spec
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.sources import is_file_source
 from prefetch.tf._device import check_device
 
@@ -175,6 +176,7 @@ def output_signature(loader: Loader) -> Any:
     return (images, labels)
 
 
+@suggest_keywords
 def dataset(
     loader: Loader,
     *,

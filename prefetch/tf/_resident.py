@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch.loader import Loader
+from prefetch.messages import counted, suggest_keywords
 from prefetch.options import positive
 from prefetch.plan import EpochPlan, fixed_grouping
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
@@ -279,7 +280,7 @@ class ResidentDataset:
 
     def __repr__(self) -> str:
         return (
-            f"ResidentDataset({self.num_samples} samples on {self.device}, batch_size="
+            f"ResidentDataset({counted(self.num_samples, 'sample')} on {self.device}, batch_size="
             f"{self.batch_size}, shuffle={self.shuffle!r}, uploads={self.uploads})"
         )
 
@@ -328,6 +329,7 @@ def _read_all(loader: Loader) -> tuple[np.ndarray, np.ndarray | None]:
     return images[:filled], None if labels is None else labels[:filled]
 
 
+@suggest_keywords
 def resident(
     images: Any,
     labels: Any = None,

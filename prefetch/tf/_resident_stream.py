@@ -24,6 +24,7 @@ import tensorflow as tf
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.options import positive
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
@@ -120,6 +121,7 @@ class ResidentStream:
         )
 
 
+@suggest_keywords
 def resident_stream(
     loader: Loader,
     *,

@@ -36,6 +36,7 @@ import tensorflow as tf
 from prefetch.decode import decode_image
 from prefetch.fast_decode import decode_turbo, fast_available
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.remote_options import RemoteOptions
 from prefetch.sources import (
     IMAGE_EXTENSIONS,
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 UNBATCHED_LOADER_BATCH = 32
 
 
+@suggest_keywords
 def image_dataset_from_directory(
     directory: str | os.PathLike[str],
     labels: str | Sequence[int] | None = "inferred",

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from prefetch.coordinator import POLL_S
 from prefetch.loader import Loader
+from prefetch.messages import suggest_keywords
 from prefetch.tf._dataset import output_signature
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def _queue_class(queue: Any) -> tuple[str, Any]:
     )
 
 
+@suggest_keywords
 class QueueRunner:
     """A `tf.queue` of samples, fed from `loader` by threads that a Coordinator stops.
 

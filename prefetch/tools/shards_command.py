@@ -13,6 +13,7 @@ import argparse
 import os
 
 from prefetch import shard_manifest
+from prefetch.messages import counted
 from prefetch.tools import shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder
@@ -136,7 +137,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
     def report(path: str, samples: int, size: int) -> None:
         totals["samples"] += samples
         totals["bytes"] += size
-        print(f"{path}  {samples} samples  {size / 1e6:.1f} MB", flush=True)
+        print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
 
     try:
         paths = shard_writer.write_shards(
@@ -156,7 +157,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         parser.error(str(error))
     print(
-        f"wrote {totals['samples']} samples in {len(paths)} {args.format} shards "
+        f"wrote {counted(totals['samples'], 'sample')} in "
+        f"{counted(len(paths), args.format + ' shard')} "
         f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
         + (f", skipped {len(skipped)}:" if skipped else "")
     )

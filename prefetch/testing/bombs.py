@@ -1,0 +1,83 @@
+"""Small files that cost a decoder far more than their size: a pixel bomb and a scan bomb.
+
+`write_decompression_bomb` writes a PNG over Pillow's pixel limit (Pillow refuses it);
+`write_scan_bomb` a progressive JPEG of more scans than
+`prefetch.decode_checks.MAX_JPEG_SCANS`
+(prefetch refuses it before any decoder runs). Both are valid enough for a decoder to start.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from prefetch.decode_checks import MAX_JPEG_SCANS
+
+# Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
+# twice this. Spawned worker processes start with the default whatever the parent set.
+PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+
+_SOS = b"\xff\xda"
+_EOI = b"\xff\xd9"
+
+
+def write_decompression_bomb(path: str | os.PathLike[str]) -> Path:
+    """Write a valid 1-bit black PNG of over twice Pillow's default pixel limit; returns `path`.
+
+    The file is about 22 KB and takes a fraction of a second to write; `Image.open` raises
+    `PIL.Image.DecompressionBombError` for it in any process that keeps Pillow's default
+    `MAX_IMAGE_PIXELS`, spawned workers included.
+    """
+    path = Path(path)
+    width = 1 << 14
+    height = 2 * PILLOW_DEFAULT_MAX_PIXELS // width + 64
+    row = b"\0" * (1 + width // 8)  # filter byte, then `width` one-bit pixels
+    compressor = zlib.compressobj(9)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", pixels)
+        + _png_chunk(b"IEND", b"")
+    )
+    return path
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def write_scan_bomb(
+    path: str | os.PathLike[str],
+    size: tuple[int, int] = (64, 64),
+    scans: int = MAX_JPEG_SCANS + 100,
+) -> Path:
+    """Write a progressive JPEG of `size` (width, height) with `scans` scans; returns `path`.
+
+    Pillow's progressive encoding (libjpeg's 10 scans) of a gradient, with its last scan (a
+    refinement of the luma's AC coefficients) repeated until the file has `scans`. libjpeg
+    decodes every repeat (with a warning), each a pass over all the image's blocks: about
+    1 ms a scan at 2000x2000. The default, 600 scans of 64x64, is about 26 KB and over the cap
+    of `prefetch.decode_checks.MAX_JPEG_SCANS` (500), which refuses it at once.
+    """
+    path = Path(path)
+    width, height = size
+    ramp = np.add.outer(
+        np.arange(height) * 255 // max(height, 1), np.arange(width) * 255 // max(width, 1)
+    )
+    pixels = np.stack([ramp // 2, np.full_like(ramp, 128), 255 - ramp // 2], axis=-1)
+    encoded = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(encoded, "JPEG", progressive=True, quality=90)
+    data = encoded.getvalue()
+    last, end = data.rindex(_SOS), data.rindex(_EOI)
+    repeats = max(0, scans - data.count(_SOS))
+    path.write_bytes(data[:end] + data[last:end] * repeats + data[end:])
+    return path
