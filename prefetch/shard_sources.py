@@ -25,12 +25,8 @@ from typing import Any
 
 import numpy as np
 
-<<<<<<< HEAD
 from prefetch import shard_manifest, storage
-=======
-from prefetch import storage
 from prefetch.messages import counted, suggest_keywords
->>>>>>> friction
 from prefetch.paths import pack_chunks
 from prefetch.shard_files import CLASSES_FILE as CLASSES_FILE
 from prefetch.shard_files import class_names_beside, resolve
