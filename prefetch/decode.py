@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from prefetch import resize, storage
+from prefetch.shard_members import Location
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -149,9 +150,11 @@ class DecodeOptions:
 
 
 class Decoder(Protocol):
-    """A picklable callable from a file path to an array of `options.shape`, dtype uint8."""
+    """A picklable callable from a file's location to an array of `options.shape`, dtype
+    uint8. The location is a path or URL (`str`), or for a sample of a shard a
+    `prefetch.shard_members.Member` (`prefetch.storage.read_whole` reads either)."""
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray: ...
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray: ...
 
 
 # The decoder names `get_decoder` (and so `Loader(decoder=...)`) accepts.
@@ -195,7 +198,7 @@ def decoder_name(decoder: Decoder) -> str:
     return str(getattr(decoder, "__qualname__", None) or type(decoder).__qualname__)
 
 
-def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
+def decode_image(path: Location, options: DecodeOptions) -> np.ndarray:
     """Decode the image file at `path` to `options.shape` with Pillow (the default decoder).
 
     Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image,
@@ -221,11 +224,11 @@ def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
     return to_target_size(image, options)
 
 
-def open_image(path: str) -> Image.Image:
+def open_image(path: Location) -> Image.Image:
     """`Image.open` of a local path, a `file://` path, or an fsspec URL (the whole object read
     with `storage.read_bytes`: retried, and its errors name the URL), or a sample of a shard
-    (a member path: `storage.read_whole`)."""
-    if "#" in path and storage.is_member(path):
+    (a `Member` value: `storage.read_whole`). A string is always a path or URL."""
+    if not isinstance(path, str):
         return Image.open(io.BytesIO(storage.read_whole(path)))
     if "://" not in path:  # the local fast path: one substring test
         return Image.open(_regular_file(path))

@@ -52,6 +52,7 @@ from prefetch.decode import (
     resize_like_keras,
     to_target_size,
 )
+from prefetch.shard_members import Location
 
 # What `pip install` needs for this module's decoder.
 INSTALL_HINT = 'pip install "prefetch[fast]" (or: pip install simplejpeg opencv-python-headless)'
@@ -140,13 +141,14 @@ class TurboDecoder:
         """Import libjpeg-turbo and OpenCV now (a worker process does, before its first task)."""
         _modules()
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         modules = _modules()
         if modules is None:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        remote = "://" in path  # an fsspec URL or file://: the fallbacks decode these bytes
+        # An fsspec URL, file:// or a shard's member: the fallbacks decode these bytes.
+        remote = not isinstance(path, str) or "://" in path
         data = storage.read_whole(path)  # once, capped; a local path must be a regular file
         if not data.startswith(_JPEG_MAGIC):
             return decode_bytes(data, options) if remote else decode_image(path, options)

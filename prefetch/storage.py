@@ -37,6 +37,7 @@ from prefetch.remote_options import using as using
 
 if TYPE_CHECKING:
     from prefetch import remote_http
+    from prefetch.shard_members import Location
 
 log = logging.getLogger("prefetch.loader")
 
@@ -78,13 +79,6 @@ def is_url(path: Any) -> bool:
         return False
     match = _SCHEME.match(path)
     return match is not None and match.group(1).lower() != "file"
-
-
-def is_member(path: str) -> bool:
-    """Whether `path` names a sample inside a shard (`prefetch.shard_members`)."""
-    from prefetch.shard_members import split_member
-
-    return split_member(path) is not None
 
 
 def source_scheme(source: Any) -> str:
@@ -202,16 +196,15 @@ def fetch_object(
     return _retrying(url, retries, attempt), True
 
 
-def read_whole(path: str) -> bytes:
+def read_whole(path: Location) -> bytes:
     """The bytes of `path`: a local or `file://` path through `read_local` (a regular file, at
     most `max_object_bytes`), an fsspec URL through `read_bytes` (retried, capped), a sample
-    of a shard (a member path, `prefetch.shard_members`) through `read_member`."""
-    if "#" in path:
-        from prefetch.shard_members import read_member, split_member
+    of a shard (a `Member` value, `prefetch.shard_members`) through `read_member`. A string
+    is always a path or URL, whatever its characters."""
+    if not isinstance(path, str):
+        from prefetch.shard_members import read_member
 
-        member = split_member(path)
-        if member is not None:
-            return read_member(member)
+        return read_member(path)
     if "://" not in path:  # the local fast path: one substring test
         return read_local(path)
     return read_bytes(path) if is_url(path) else read_local(local_path(path))

@@ -37,6 +37,7 @@ from prefetch import storage
 from prefetch.augment import Box, Crop
 from prefetch.decode import DecodeOptions, convert_mode, to_target_size
 from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
+from prefetch.shard_members import Location
 
 
 def _compiled() -> ModuleType | None:
@@ -76,11 +77,12 @@ def window_engine_name(engine: str) -> str:
 
 
 def decode_window(
-    path: str, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
+    path: Location, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
 ) -> np.ndarray:
     """The window `crop` draws (from `rng`) of the image at `path`, resized to `options.shape`.
 
-    `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries).
+    `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries), or a
+    shard's `Member`.
     Raises what `decode_image` raises for a bad file.
     """
     data = storage.read_whole(path)
