@@ -47,7 +47,7 @@ _BUFFER_KEY = (2, 1)
 # Epoch orders a StreamingPlan keeps (the current epoch's and the next one's).
 KEPT_ORDERS = 2
 # Samples of the shuffle buffer's draws computed at once (a few arrays of this length).
-STEPS_AT_ONCE = 1 << 20
+STEPS_AT_ONCE = 1 << 18
 # Shards fetched at once, and fetched ahead of the batches being decoded.
 FETCH_THREADS = 4
 READAHEAD_SHARDS = 4
