@@ -168,11 +168,6 @@ class ShardIndex:
                 "index it again"
             )
 
-    def check_size(self, shard: str, size: int) -> None:
-        """OSError naming `shard` when it has `size` bytes but was indexed at another size."""
-        if size != self.size:
-            self.check_copy(shard, ShardIdentity(size, b""))
-
     def to_bytes(self, spec: IndexSpec) -> bytes:
         """The index as an .npz file's bytes."""
         return encode_index(self, spec)

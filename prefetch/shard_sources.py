@@ -1,11 +1,14 @@
 """Datasets stored in shards: `TFRecordSource` (`tf.train.Example` records) and `TarSource`
 (WebDataset tar shards), local paths or fsspec URLs.
 
-A shard source is a `FileList` whose paths are member paths (`prefetch.shard_members`: the
-shard, then `#` and where the sample's bytes lie), so a `Loader` reads it as it reads a folder:
-both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data stage. Every
-shard is indexed once (`prefetch.shard_index`) when the source is made; its samples are the
-shards' samples in the shards' order (shards sorted by name when found by a pattern).
+A shard source is a `FileList` whose samples are located by `Member` values
+(`prefetch.shard_members`: the shard, the byte offset and length, the tar member's key) held
+in a `MemberTable` and handed to the decoders by `location(i)`, so a `Loader` reads it as it
+reads a folder: both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data
+stage. Its `paths` only name the samples for people (`describe(i)`). Every shard is indexed
+once (`prefetch.shard_index`, `prefetch.shard_remote_index`) when the source is made; its
+samples are the shards' samples in the shards' order (shards sorted by name when found by a
+pattern).
 
 How the loader reads it depends on `streaming`: local shards are read at random, one `pread`
 per sample, so each epoch is an exact permutation as with a folder; remote shards (URLs) are
