@@ -240,7 +240,7 @@ def decode_index(data: bytes, spec: IndexSpec) -> ShardIndex:
         size, mtime_ns, ctime_ns, inode, labelled = (int(x) for x in identity)
         if size < 0:
             raise IndexRefused(f"a negative shard size ({size})")
-        budget = max_index_bytes(size, spec.format)
+        budget = min(max_index_bytes(size, spec.format), len(data))  # stored, never deflated
         declared = sum(infos[f"{name}.npy"].file_size for name in _COLUMNS)
         if declared > budget:
             raise IndexRefused(
@@ -257,17 +257,26 @@ def decode_index(data: bytes, spec: IndexSpec) -> ShardIndex:
 
 
 def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int) -> np.ndarray:
-    """The array in `info`, inflated to at most its declared size and `cap` (never more)."""
+    """The array in `info`, inflated to at most its declared size and `cap` (never more), a
+    0-d or 1-d array of plain numbers or text whose header's shape is what the bytes hold."""
     if info.file_size > cap:
         raise IndexRefused(f"{info.filename} declares {info.file_size} bytes, over {cap}")
     with archive.open(info) as member:
         raw = member.read(info.file_size + 1)  # inflates at most this much
     if len(raw) != info.file_size:
         raise IndexRefused(f"{info.filename} holds other than the {info.file_size} bytes declared")
-    array = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
-    if not isinstance(array, np.ndarray):
-        raise IndexRefused(f"{info.filename} is not an array")
-    return array
+    stream = io.BytesIO(raw)
+    version = np.lib.format.read_magic(stream)
+    read_header = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, _, dtype = read_header(stream)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(shape) > 1 or dtype.hasobject or count * dtype.itemsize != len(raw) - stream.tell():
+        raise IndexRefused(f"{info.filename} is not a flat array of the size its header says")
+    return np.frombuffer(raw, dtype, count, offset=stream.tell()).reshape(shape)
 
 
 def _checked(

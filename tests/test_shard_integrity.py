@@ -16,6 +16,7 @@ import shutil
 import threading
 import tracemalloc
 import uuid
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ import prefetch
 from prefetch import storage
 from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import INDEX_SUFFIX
+from prefetch.shard_index_file import IndexRefused, decode_index
 from prefetch.shard_stream import StreamingPlan
 from prefetch.testing import serve_folder
 from prefetch.testing.shards import (
@@ -165,11 +167,33 @@ def test_an_index_claiming_millions_of_samples_for_a_small_shard_is_rebuilt(tmp_
     assert len(prefetch.TarSource(str(path))) == 6
 
 
+def test_an_index_whose_array_header_claims_more_than_its_bytes_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, samples([0, 1]))
+    spec = prefetch.TarSource(str(path)).spec
+    good = Path(str(path) + INDEX_SUFFIX).read_bytes()
+    assert decode_index(good, spec).labels.tolist() == [0, 1]  # type: ignore[union-attr]
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<i4", "fortran_order": False, "shape": (10**9,)}
+    )
+    lying = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as archive, zipfile.ZipFile(lying, "w") as out:
+        for info in archive.infolist():
+            data = archive.read(info)
+            if info.filename == "labels.npy":
+                data = header.getvalue() + data[-8:]  # 4 GB claimed, 8 bytes held
+            out.writestr(info.filename, data)
+    with pytest.raises(IndexRefused, match="not a flat array of the size its header says"):
+        decode_index(lying.getvalue(), spec)
+
+
 BOMB_CHECK = """
 import resource, sys
 from pathlib import Path
 import prefetch
 from prefetch.shard_index import INDEX_SUFFIX
+from prefetch.shard_index_file import IndexRefused, decode_index
 path = sys.argv[1] if len(sys.argv) > 1 else {path!r}
 Path(path + INDEX_SUFFIX).write_bytes(Path({bomb!r}).read_bytes())
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -85,10 +85,11 @@ class SampleReader:
         prepare = getattr(self.decoder, "prepare", None)
         if callable(prepare):
             prepare()
-        if is_file_source(self.source):
-            paths = self.source.paths
-            if len(paths) and is_url(str(paths[0])):
-                filesystem_for(str(paths[0]))
+        if is_file_source(self.source) and len(self.source):
+            first = self.source.location(0)
+            where = first if isinstance(first, str) else first.shard
+            if is_url(where):
+                filesystem_for(where)
 
     def file_path(self, index: int) -> Location:
         """Where a file source's sample `index` is read from: its path, or its shard's
