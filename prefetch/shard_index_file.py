@@ -90,16 +90,8 @@ class ShardIdentity:
         if (self.size, self.digest) != (other.size, other.digest):
             return False
         local = (self.mtime_ns, self.ctime_ns, self.inode)
-        return (
-            -1 in local
-            or -1 in (other.mtime_ns,)
-            or local
-            == (
-                other.mtime_ns,
-                other.ctime_ns,
-                other.inode,
-            )
-        )
+        now = (other.mtime_ns, other.ctime_ns, other.inode)
+        return -1 in local or -1 in now or local == now
 
 
 def edge_digest(read: Callable[[int, int], bytes], size: int) -> bytes:

@@ -110,7 +110,10 @@ class StreamingPlan(EpochPlan):
             rng = np.random.default_rng([self.seed, epoch, *_BUFFER_KEY])
             order = _through_buffer(starts[shards], counts, self.buffer, rng)
         else:
-            order = _incoming(starts[shards], counts, 0, int(counts.sum()))
+            order = np.empty(int(counts.sum()), np.int64)
+            for begin in range(0, len(order), STEPS_AT_ONCE):
+                end = min(begin + STEPS_AT_ONCE, len(order))
+                order[begin:end] = _incoming(starts[shards], counts, begin, end)
         order = order[: self.shard_size]
         if len(self._orders) >= KEPT_ORDERS:
             self._orders.pop(next(iter(self._orders)))

@@ -346,10 +346,15 @@ def test_a_tar_with_a_key_twice_is_refused_naming_shard_key_and_offset(
 # ---------------------------------------------------------------- 8. streamed order memory
 
 
-def test_a_streamed_epoch_order_of_twenty_million_samples_takes_eight_bytes_per_sample() -> None:
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_streamed_epoch_order_of_twenty_million_samples_takes_eight_bytes_per_sample(
+    shuffle: bool,
+) -> None:
     count = 20_000_000
     starts = np.linspace(0, count, 2001).astype(np.int64)  # 2,000 shards of 10,000
-    plan = StreamingPlan(size=count, batch_size=256, seed=3, shard_starts=starts, buffer=4096)
+    plan = StreamingPlan(
+        size=count, batch_size=256, seed=3, shuffle=shuffle, shard_starts=starts, buffer=4096
+    )
     tracemalloc.start()
     try:
         order = plan.order(0)
