@@ -111,10 +111,6 @@ class ShardSource(FileList):
         """Where sample `index` is read from: its `Member` (never a path to parse)."""
         return self.member(index)
 
-    def describe(self, index: int) -> str:
-        """Sample `index` for messages: its shard, its key and its byte offset."""
-        return self.member(index).describe()
-
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes need the file-source part only: members, labels, class names.
         state = dict(self.__dict__)

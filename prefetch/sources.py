@@ -118,7 +118,8 @@ class FileList:
         return str(self.paths[index])
 
     def describe(self, index: int) -> str:
-        """Sample `index` named for messages: its path (a shard source: shard, key, offset)."""
+        """Sample `index` named for messages: its path (a shard source's `paths` name the
+        shard, the member's key and its byte offset)."""
         return str(self.paths[index])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
