@@ -19,6 +19,8 @@ from prefetch.shard_formats import _next, _read_varint, _span, corrupt_shard
 
 # The feature names listed at most in an error about a record's features.
 SHOWN_KEYS = 20
+# The bytes of each feature name shown at most (a hostile name may be megabytes long).
+SHOWN_KEY_BYTES = 200
 _KINDS = ("bytes", "float", "int64")
 
 
@@ -73,7 +75,8 @@ def _walk(
                 if size == lengths[number_of_key] and view[key_start:key_end] == key:
                     found[number_of_key] = (entry, start)
             if names is not None and len(names) < SHOWN_KEYS:
-                name = bytes(view[key_start:key_end]).decode(errors="replace")
+                shown = min(key_end, key_start + SHOWN_KEY_BYTES)
+                name = bytes(view[key_start:shown]).decode(errors="replace")
                 if name not in names:
                     names.append(name)
 

@@ -44,6 +44,7 @@ from prefetch.shard_index_file import IndexRefused, decode_index, local_identity
 from prefetch.shard_index_file import IndexSpec as IndexSpec
 from prefetch.shard_index_file import ShardIdentity as ShardIdentity
 from prefetch.shard_index_file import ShardIndex as ShardIndex
+from prefetch.storage import is_url, local_path, read_capped
 from prefetch.tar_format import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
@@ -155,8 +156,6 @@ def kept_index(url: str, spec: IndexSpec) -> ShardIndex | None:
 def _places(shard: str) -> list[str]:
     """Where the index of `shard` may be kept, in the order they are tried: beside a local
     shard, then in the index folder (under a hash of its absolute path, or of its URL)."""
-    from prefetch.storage import is_url, local_path
-
     key = shard if is_url(shard) else os.path.abspath(local_path(shard))
     in_folder = os.path.join(index_folder(), hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
     return [in_folder] if is_url(shard) else [key + INDEX_SUFFIX, in_folder]
@@ -172,17 +171,9 @@ def _read_trusted(path: str, owners: set[int], cap: int) -> bytes | None:
     except OSError:
         return None
     try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid not in owners or info.st_size > cap:
+        if os.fstat(handle).st_uid not in owners:
             return None
-        chunks, total = [], 0
-        while total <= cap:
-            chunk = os.read(handle, min(cap + 1 - total, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks) if total <= cap else None
+        return read_capped(handle, path, cap)  # a regular file of at most `cap` bytes
     except OSError:
         return None
     finally:

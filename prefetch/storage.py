@@ -262,21 +262,31 @@ def read_local(path: str, max_bytes: int | None = None) -> bytes:
     nothing is read past the cap, and nothing blocks on a FIFO without a writer."""
     cap = active_options().max_object_bytes if max_bytes is None else max_bytes
     handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(handle, "rb", buffering=0) as file:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
-        if info.st_size > cap:
-            raise OSError(
-                f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
-                "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-            )
-        data = file.read(info.st_size + 1)  # usually all of it, in one read
-        while len(data) <= cap:  # to the end (it may have grown), never past the cap
-            more = file.read(min(cap + 1 - len(data), _LOCAL_CHUNK))
-            if not more:
-                break
-            data += more
+    try:
+        return read_capped(handle, path, cap)
+    finally:
+        os.close(handle)
+
+
+def read_capped(handle: int, path: str, cap: int) -> bytes:
+    """The bytes of the open file `handle` (named `path` in errors) from its start: OSError
+    when it is not a regular file or holds more than `cap` bytes (nothing is read past the
+    cap, even when it grows while read). The one bounded read of a local file: `read_local`,
+    and the index files of `prefetch.shard_index`. The caller closes `handle`."""
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
+    if info.st_size > cap:
+        raise OSError(
+            f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
+            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+        )
+    data = os.pread(handle, info.st_size + 1, 0)  # usually all of it, in one read
+    while len(data) <= cap:  # to the end (it may have grown), never past the cap
+        more = os.pread(handle, min(cap + 1 - len(data), _LOCAL_CHUNK), len(data))
+        if not more:
+            break
+        data += more
     if len(data) > cap:
         raise OSError(
             f"{path!r} grew past max_object_bytes={cap} while it was read: raise "
