@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from prefetch.paths import PathArray
+from prefetch.paths import PATHS_PER_STEP, PathArray, pack_chunks
 from prefetch.remote_options import active_options
 from prefetch.shard_formats import RECORD_OVERHEAD, CorruptShardError, record_data
 
@@ -56,8 +57,7 @@ class Member(NamedTuple):
 
     def describe(self) -> str:
         """The sample, for messages: its shard, its key and its byte offset."""
-        what = f"member {self.key!r}" if self.key else "record"
-        return f"{self.origin or self.shard} ({what} at byte {self.offset})"
+        return _describe(self.origin or self.shard, self.key, self.offset)
 
     def moved_to(self, shard: str) -> Member:
         """The same sample in a copy of the shard at `shard` (a spooled or cached copy); its
@@ -102,7 +102,20 @@ class MemberTable:
     def display_paths(self) -> PathArray:
         """Each sample's `Member.describe()` (its shard, key and byte offset), for messages
         and a source's `paths`: text only, never read as a location."""
-        return PathArray(self[index].describe() for index in range(len(self)))
+        return pack_chunks(self._descriptions())
+
+    def _descriptions(self) -> Iterator[list[str]]:
+        for begin in range(0, len(self), PATHS_PER_STEP):
+            end = min(begin + PATHS_PER_STEP, len(self))
+            shards = [self.shards[n] for n in self.columns["shard"][begin:end].tolist()]
+            offsets = self.columns["offset"][begin:end].tolist()
+            keys = self.keys[begin:end].tolist() if self.keys is not None else [""] * len(shards)
+            yield [_describe(*sample) for sample in zip(shards, keys, offsets, strict=True)]
+
+
+def _describe(shard: str, key: str, offset: int) -> str:
+    what = f"member {key!r}" if key else "record"
+    return f"{shard} ({what} at byte {offset})"
 
 
 def read_member(member: Member) -> bytes:
