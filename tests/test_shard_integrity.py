@@ -409,6 +409,17 @@ def test_errors_inside_a_shard_name_the_members_key_and_offset(tmp_path: Path) -
     assert "#tar@" not in notes and threading.active_count() >= 1
 
 
+def test_a_url_shard_that_is_not_a_tar_is_refused_naming_its_url_not_a_temporary_copy(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("fsspec", reason="the remote extra is not installed")
+    (tmp_path / "shard.tar").write_bytes(b"<html><body>a listing, not a shard</body></html>" * 20)
+    with serve_folder(tmp_path) as url, pytest.raises(prefetch.CorruptShardError) as raised:
+        prefetch.TarSource(f"{url}shard.tar")
+    assert raised.value.path == f"{url}shard.tar" and f"{url}shard.tar" in str(raised.value)
+    assert "prefetch-shard-" not in str(raised.value)
+
+
 # ---------------------------------------------------------------- 10. gzip TFRecords
 
 
