@@ -4,8 +4,10 @@
 (`prefetch.shard_formats`, `prefetch.tar_format`): a TFRecord's record headers and one walk over
 the field headers of each `tf.train.Example` (`prefetch.shard_examples`: the image bytes are
 skipped by their length, never read), a tar's 512-byte headers and its small label members.
-Building keeps 40 bytes per sample (and a tar sample's member name), never a Python object per
-sample. The result, a `ShardIndex` (`prefetch.shard_index_file`), is kept:
+Building a TFRecord's index keeps 40 bytes per sample in flat arrays, no Python object per
+sample; a tar's keeps each sample's key in a dictionary too (to pair images with labels and
+refuse duplicates: docs/shards.md gives the bytes). The result, a `ShardIndex`
+(`prefetch.shard_index_file`), is kept:
 
 - next to the shard, as `<shard>.prefetch-index.npz`, when its folder is writable (the writer,
   `prefetch shards write`, leaves one beside each shard it writes); else
@@ -319,55 +321,74 @@ def _tar_columns(
     file: Any, path: str, spec: IndexSpec
 ) -> tuple[list[array.array[int]], array.array[int] | None, PathArray]:
     """offsets, lengths, starts, sizes; labels (or None); and the image members' names of a
-    tar shard's samples. A key with two images of one extension, or two labels, is refused."""
-    images: dict[str, int] = {}  # key -> sample number
-    names: list[str] = []
-    image_exts: list[str] = []
-    offsets, lengths = array.array("q"), array.array("q")
-    label_members: dict[str, tuple[int, int, str]] = {}
+    tar shard's samples, in flat arrays and one dictionary of keys (about 150 bytes a sample
+    with WebDataset's keys). A key with two images of one extension, or two labels, is
+    refused; a label met before its image waits in a small dictionary of its own."""
+    numbers: dict[str, int] = {}  # key -> sample number
+    early: dict[str, tuple[int, int, str]] = {}  # key -> a label member met before its image
+    offsets, lengths, labels = array.array("q"), array.array("q"), array.array("q")
+    kinds, labelled = bytearray(), bytearray()  # image extension number; whether labelled
+    names, name_ends = bytearray(), array.array("q", [0])
     for member in iter_tar_members(file, path):
         key, ext = sample_key(member.name)
         ext = ext.lower()
+        number = numbers.get(key)
         if ext in spec.image_ext:
-            number = images.get(key)
-            if number is not None and image_exts[number] == ext:
+            kind = spec.image_ext.index(ext)
+            if number is not None:
+                if kinds[number] == kind:
+                    raise _duplicate(path, key, member.name, member.offset)
+                continue  # the sample's first image is its image
+            number = numbers[key] = len(offsets)
+            offsets.append(member.offset)
+            lengths.append(member.size)
+            kinds.append(kind)
+            names += member.name.encode("utf-8", "surrogatepass") + b"\0"
+            name_ends.append(len(names))
+            labels.append(-1)
+            labelled.append(0)
+            waiting = early.pop(key, None) if spec.label_ext else None
+            if waiting is not None:
+                labels[number], labelled[number] = _label(file, path, *waiting), 1
+        elif spec.label_ext and ext == spec.label_ext:
+            if (number is not None and labelled[number]) or key in early:
                 raise _duplicate(path, key, member.name, member.offset)
             if number is None:
-                images[key] = len(names)
-                names.append(member.name)
-                image_exts.append(ext)
-                offsets.append(member.offset)
-                lengths.append(member.size)
-        elif spec.label_ext and ext == spec.label_ext:
-            if key in label_members:
-                raise _duplicate(path, key, member.name, member.offset)
-            label_members[key] = (member.offset, member.size, member.name)
-    zeros = array.array("q", bytes(8 * len(names)))
-    keys = PathArray(names)
+                early[key] = (member.offset, member.size, member.name)
+            else:
+                labels[number] = _label(file, path, member.offset, member.size, member.name)
+                labelled[number] = 1
+    zeros = array.array("q", bytes(8 * len(offsets)))
+    keys = PathArray.from_parts(
+        np.frombuffer(bytes(names), np.uint8), np.frombuffer(name_ends, np.int64)
+    )
     if not spec.label_ext:
         return [offsets, lengths, zeros, zeros], None, keys
-    labels = array.array("q")
-    for key in images:
-        if key not in label_members:
-            raise ValueError(
-                f"{path!r}: sample {key!r} has an image but no .{spec.label_ext} label member: "
-                f"add one, or pass label_ext='' to read the shards without labels"
-            )
-        offset, size, name = label_members[key]
-        text = os.pread(file.fileno(), min(size, 64), offset).strip()
-        try:
-            label = int(text)
-        except ValueError:
-            label = -1
-        if not 0 <= label <= np.iinfo(np.int32).max:
-            raise CorruptShardError(
-                f"{path!r}: label member {name!r} (byte {offset}) holds {text[:20]!r}, not a "
-                "class index: write the label as ASCII decimal, e.g. b'3'",
-                path,
-                offset,
-            )
-        labels.append(label)
+    missing = labelled.find(0)
+    if missing >= 0:
+        key = sample_key(str(keys[missing]))[0]
+        raise ValueError(
+            f"{path!r}: sample {key!r} has an image but no .{spec.label_ext} label member: "
+            f"add one, or pass label_ext='' to read the shards without labels"
+        )
     return [offsets, lengths, zeros, zeros], labels, keys
+
+
+def _label(file: Any, path: str, offset: int, size: int, name: str) -> int:
+    """The class index in the label member `name` (its data at `offset`): ASCII decimal."""
+    text = os.pread(file.fileno(), min(size, 64), offset).strip()
+    try:
+        label = int(text)
+    except ValueError:
+        label = -1
+    if not 0 <= label <= np.iinfo(np.int32).max:
+        raise CorruptShardError(
+            f"{path!r}: label member {name!r} (byte {offset}) holds {text[:20]!r}, not a "
+            "class index: write the label as ASCII decimal, e.g. b'3'",
+            path,
+            offset,
+        )
+    return label
 
 
 def _duplicate(path: str, key: str, name: str, offset: int) -> CorruptShardError:

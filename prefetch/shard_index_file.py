@@ -146,10 +146,6 @@ class ShardIndex:
         """The shard's modification time when it was indexed (-1 for a URL's copy)."""
         return self.identity.mtime_ns
 
-    def key(self, number: int) -> str:
-        """The name of sample `number` of the shard: its tar member's name, else ""."""
-        return str(self.keys[number]) if self.keys is not None else ""
-
     def check_copy(self, shard: str, identity: ShardIdentity) -> None:
         """OSError naming `shard` when a copy of it (`identity`) is not the bytes indexed."""
         if not self.identity.matches(identity):
@@ -205,8 +201,9 @@ def encode_index(index: ShardIndex, spec: IndexSpec) -> bytes:
 
 
 def max_index_bytes(size: int, format: str) -> int:
-    """The most bytes the index of a `size`-byte shard can take, inflated: 40 bytes per sample
-    it can hold, plus its keys (no more bytes than the shard), plus a fixed overhead."""
+    """The most bytes the index of a `size`-byte shard can take, inflated: 48 bytes per sample
+    it can hold (five columns and a key's offset), plus its keys (no more bytes than the
+    shard), plus a fixed overhead."""
     samples = size // MIN_SAMPLE_BYTES.get(format, 16) + 1
     return _INDEX_OVERHEAD + 48 * samples + size
 

@@ -29,6 +29,7 @@ from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import INDEX_SUFFIX
 from prefetch.shard_index_file import IndexRefused, decode_index
 from prefetch.shard_stream import StreamingPlan
+from prefetch.tar_format import TAR_END, tar_header, tar_padding
 from prefetch.testing import serve_folder
 from prefetch.testing.shards import (
     bomb_index,
@@ -324,23 +325,50 @@ def test_a_tar_declaring_a_two_gigabyte_long_name_fails_fast_naming_shard_and_of
 # ---------------------------------------------------------------- 7. duplicate keys
 
 
-@pytest.mark.parametrize("twice", ["jpg", "cls"])
-def test_a_tar_with_a_key_twice_is_refused_naming_shard_key_and_offset(
-    tmp_path: Path, twice: str
-) -> None:
-    from prefetch.tar_format import TAR_END, tar_header, tar_padding
-
-    path = tmp_path / "dup.tar"
-    members = [("000001.jpg", jpeg(1)), ("000001.cls", b"1"), ("000001." + twice, b"2")]
+def write_members(path: Path, members: list[tuple[str, bytes]]) -> None:
     with open(path, "wb") as file:
         for name, data in members:
             file.write(tar_header(name, len(data)) + data + tar_padding(len(data)))
         file.write(TAR_END)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["000001.jpg", "000001.cls", "000001.jpg"],
+        ["000001.jpg", "000001.cls", "000001.cls"],
+        ["000001.cls", "000001.cls", "000001.jpg"],  # labels before their image
+        ["000001.jpg", "000002.jpg", "000002.cls", "000001.cls", "000001.jpg"],
+    ],
+)
+def test_a_tar_with_a_key_twice_is_refused_naming_shard_key_and_offset(
+    tmp_path: Path, names: list[str]
+) -> None:
+    path = tmp_path / "dup.tar"
+    write_members(path, [(name, jpeg(1) if name.endswith("jpg") else b"1") for name in names])
     with pytest.raises(prefetch.CorruptShardError) as raised:
         prefetch.TarSource(str(path))
     told = str(raised.value)
-    assert str(path) in told and "'000001'" in told and f"'000001.{twice}'" in told
+    second = next(name for n, name in enumerate(names) if name in names[:n])
+    key = second.split(".")[0]
+    assert str(path) in told and f"{key!r}" in told and f"{second!r}" in told
     assert raised.value.offset > 0 and f"at offset {raised.value.offset}" in told
+
+
+def test_a_label_before_its_image_and_a_second_image_kind_are_read_as_one_sample(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "order.tar"
+    members = [
+        ("000001.cls", b"4"),
+        ("000001.jpg", jpeg(1)),
+        ("000001.png", b"png"),
+        ("x.cls", b"9"),
+    ]
+    write_members(path, [*members, ("000002.jpg", jpeg(2)), ("000002.cls", b"5")])
+    source = prefetch.TarSource(str(path))
+    assert source.labels.tolist() == [4, 5]
+    assert [source.member(n).key for n in range(2)] == ["000001.jpg", "000002.jpg"]
 
 
 # ---------------------------------------------------------------- 8. streamed order memory
