@@ -256,6 +256,13 @@ class SampleReader:
                 f"{where}: fix {name}; it must return a uint8 array of shape {shape}, the "
                 "shape it was given"
             )
+        location = self.source.location(index) if is_file_source(self.source) else None
+        if isinstance(location, Member):
+            return (
+                f"prefetch: while reading {where}: the sample is damaged in its shard; "
+                f"re-write or re-download {location.shard!r}, or pass on_error='skip' to drop "
+                "unreadable samples"
+            )
         return f"prefetch: while reading {where}; pass on_error='skip' to drop unreadable samples"
 
 
