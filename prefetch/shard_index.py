@@ -28,18 +28,18 @@ import array
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
 import stat
 import tempfile
-import traceback
 from typing import Any
 
 import numpy as np
 
 from prefetch.paths import PathArray
-from prefetch.shard_examples import feature_names, find_entries, first_value
-from prefetch.shard_formats import CorruptShardError, corrupt_shard, iter_records
+from prefetch.shard_examples import IMAGE_KEYS as IMAGE_KEYS
+from prefetch.shard_examples import LABEL_KEYS as LABEL_KEYS
+from prefetch.shard_examples import tfrecord_columns
+from prefetch.shard_formats import CorruptShardError, corrupt_shard
 from prefetch.shard_index_file import INDEX_SUFFIX as INDEX_SUFFIX
 from prefetch.shard_index_file import INDEX_VERSION as INDEX_VERSION
 from prefetch.shard_index_file import IndexRefused, decode_index, local_identity, max_index_bytes
@@ -51,10 +51,6 @@ from prefetch.tar_format import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
 
-# The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
-# TensorFlow Datasets').
-IMAGE_KEYS = ("image/encoded", "image")
-LABEL_KEYS = ("image/class/label", "label")
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -197,7 +193,7 @@ def build_index(path: str, spec: IndexSpec) -> ShardIndex:
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
-            columns, labels = _tfrecord_columns(file, path, spec, identity.size)
+            columns, labels = tfrecord_columns(file, path, spec, identity.size)
             keys = None
         else:
             columns, labels, keys = _tar_columns(file, path, spec)
@@ -221,100 +217,6 @@ def _refuse_gzip(magic: bytes, path: str, format: str) -> None:
             f"decompress it first (gunzip -c {os.path.basename(path)} > uncompressed-shard, or "
             "`prefetch shards write` to write new ones)"
         )
-
-
-def _tfrecord_columns(
-    file: Any, path: str, spec: IndexSpec, size: int
-) -> tuple[list[array.array[int]], array.array[int] | None]:
-    """offsets, lengths, starts, sizes, and labels (None without) of a TFRecord shard's
-    samples: one walk over each record's features, 8 bytes per sample per column."""
-    columns = [array.array("q") for _ in range(4)]
-    labels = array.array("q")
-    if size == 0:
-        return columns, labels if spec.label_key != "" else None
-    image_key, label_key = spec.image_key, spec.label_key
-    with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-            mapped.madvise(mmap.MADV_RANDOM)  # headers only: no readahead of the images
-        view = memoryview(mapped)
-        try:
-            for offset, length in iter_records(file, path):
-                with view[offset + 12 : offset + 12 + length] as data:  # released on errors
-                    if image_key is None or label_key is None:
-                        image_key, label_key = _keys_of_first(data, path, offset, spec)
-                    keys = (image_key.encode(), label_key.encode())
-                    image, label = find_entries(data, keys, path, offset)
-                    kind, count, first = first_value(data, image, path, offset)
-                    if kind != "bytes" or not count:
-                        raise _missing(data, image_key, path, offset, "image_key")
-                    columns[0].append(offset)
-                    columns[1].append(length)
-                    columns[2].append(first[0])
-                    columns[3].append(first[1])
-                    if label_key:
-                        labels.append(_int_label(data, label, label_key, path, offset))
-        except Exception as error:  # its frames hold views of the map: drop them to close it
-            _drop_frames(error)
-            raise
-        finally:
-            view.release()
-    return columns, labels if label_key else None
-
-
-def _keys_of_first(data: Any, path: str, offset: int, spec: IndexSpec) -> tuple[str, str]:
-    """The image and label keys of `spec`, the defaults that the first record has filled in."""
-    image_key, label_key = spec.image_key, spec.label_key
-    names = (*IMAGE_KEYS, *LABEL_KEYS)
-    entries = find_entries(data, tuple(name.encode() for name in names), path, offset)
-    values = [first_value(data, entry, path, offset) for entry in entries]
-    if image_key is None:
-        found = (
-            k
-            for k, (kind, count, _) in zip(IMAGE_KEYS, values, strict=False)
-            if kind == "bytes" and count
-        )
-        image_key = next(found, None)
-        if image_key is None:
-            raise _missing(data, IMAGE_KEYS[0], path, offset, "image_key")
-    if label_key is None:
-        label_values = values[len(IMAGE_KEYS) :]
-        found = (k for k, (kind, _, _) in zip(LABEL_KEYS, label_values, strict=True) if kind)
-        label_key = next(found, "")
-    return image_key, label_key
-
-
-def _drop_frames(error: BaseException | None) -> None:
-    """Clear the local variables of the finished frames of `error` and of the errors it
-    carries (its cause, its context), which may hold views of a memory map."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
-
-
-def _missing(data: Any, key: str, path: str, offset: int, option: str) -> ValueError:
-    return ValueError(
-        f"{path!r}: the record at byte {offset} has no bytes feature {key!r} (it has "
-        f"{feature_names(data, path, offset)}): pass {option}= naming the feature that holds "
-        "the image"
-    )
-
-
-def _int_label(data: Any, entry: tuple[int, int] | None, key: str, path: str, offset: int) -> int:
-    kind, count, first = first_value(data, entry, path, offset)
-    if kind != "int64" or count != 1:
-        raise ValueError(
-            f"{path!r}: the record at byte {offset} has no single int64 feature {key!r} for "
-            f"its label (it has {feature_names(data, path, offset)}): pass label_key= naming "
-            "it, or label_key='' for no labels"
-        )
-    if not 0 <= first <= np.iinfo(np.int32).max:
-        raise ValueError(
-            f"{path!r}: the record at byte {offset} has label {first}, not a class index in "
-            f"[0, 2**31): write labels as class indices"
-        )
-    return int(first)
 
 
 def _tar_columns(
