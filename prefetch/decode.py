@@ -34,6 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from prefetch import resize, storage
 from prefetch.decode_checks import check_image_bytes
 from prefetch.messages import suggest_keywords
+from prefetch.shard_members import Location
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -155,9 +156,11 @@ class DecodeOptions:
 
 
 class Decoder(Protocol):
-    """A picklable callable from a file path to an array of `options.shape`, dtype uint8."""
+    """A picklable callable from a file's location to an array of `options.shape`, dtype
+    uint8. The location is a path or URL (`str`), or for a sample of a shard a
+    `prefetch.shard_members.Member` (`prefetch.storage.read_whole` reads either)."""
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray: ...
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray: ...
 
 
 # The decoder names `get_decoder` (and so `Loader(decoder=...)`) accepts.
@@ -201,7 +204,7 @@ def decoder_name(decoder: Decoder) -> str:
     return str(getattr(decoder, "__qualname__", None) or type(decoder).__qualname__)
 
 
-def decode_image(path: str, options: DecodeOptions) -> np.ndarray:
+def decode_image(path: Location, options: DecodeOptions) -> np.ndarray:
     """Decode the image file at `path` to `options.shape` with Pillow (the default decoder).
 
     Raises what Pillow raises for a bad file (`PIL.UnidentifiedImageError` for a non-image or
@@ -231,12 +234,13 @@ def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
     return to_target_size(image, options)
 
 
-def read_image(path: str) -> bytes:
-    """The bytes of the image file at `path`, checked by `check_image_bytes` before any decoder
-    sees them: a local or `file://` path (a regular file), an fsspec URL (retried), a sample of
-    a shard (a member path), all through `storage.read_whole` (at most `max_object_bytes`)."""
+def read_image(path: Location) -> bytes:
+    """The bytes of the image at `path`, checked by `check_image_bytes` before any decoder
+    sees them: a local or `file://` path (a regular file), an fsspec URL (retried), or a
+    sample of a shard (a `Member` value), all through `storage.read_whole` (at most
+    `max_object_bytes`). A string is always a path or URL, whatever its characters."""
     data = storage.read_whole(path)
-    check_image_bytes(data, path)
+    check_image_bytes(data, str(path))
     return data
 
 
@@ -249,10 +253,10 @@ def open_bytes(data: bytes, name: str) -> Image.Image:
         raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
 
 
-def open_image(path: str) -> Image.Image:
-    """`Image.open` of the image file at `path` (`read_image`: a local path, a `file://` path,
-    an fsspec URL or a sample of a shard), its errors naming `path`."""
-    return open_bytes(read_image(path), path)
+def open_image(path: Location) -> Image.Image:
+    """`Image.open` of the image at `path` (`read_image`: a local path, a `file://` path, an
+    fsspec URL or a `Member` of a shard), its errors naming `path`."""
+    return open_bytes(read_image(path), str(path))
 
 
 def _in_memory(data: bytes) -> str:

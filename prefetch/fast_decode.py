@@ -53,6 +53,7 @@ from prefetch.decode import (
     resize_like_keras,
     to_target_size,
 )
+from prefetch.shard_members import Location
 
 # What `pip install` needs for this module's decoder.
 INSTALL_HINT = 'pip install "prefetch[fast]" (or: pip install simplejpeg opencv-python-headless)'
@@ -141,23 +142,24 @@ class TurboDecoder:
         """Import libjpeg-turbo and OpenCV now (a worker process does, before its first task)."""
         _modules()
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         modules = _modules()
         if modules is None:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        remote = "://" in path  # an fsspec URL or file://: the fallbacks decode these bytes
+        # An fsspec URL, file:// or a shard's member: the fallbacks decode these bytes.
+        remote = not isinstance(path, str) or "://" in path
         data = read_image(path)  # once, capped, checked; a local path must be a regular file
         if not data.startswith(_JPEG_MAGIC):
-            return decode_bytes(data, options, path) if remote else decode_image(path, options)
+            return decode_bytes(data, options, str(path)) if remote else decode_image(path, options)
         try:
             return _decode_jpeg(data, options, *modules)
         except _Unsupported:
             # Includes JPEGs that libjpeg-turbo refuses (damaged, truncated): the default
             # decoder decides, so a bad file fails with the same error as with decode_image,
             # and libjpeg-turbo's message stays attached as its __context__.
-            return decode_bytes(data, options, path) if remote else decode_image(path, options)
+            return decode_bytes(data, options, str(path)) if remote else decode_image(path, options)
 
     def __repr__(self) -> str:
         return "decode_turbo"

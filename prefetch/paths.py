@@ -59,6 +59,28 @@ class PathArray:
         paths._set(data, starts)
         return paths
 
+    @classmethod
+    def from_parts(cls, data: np.ndarray, starts: np.ndarray) -> PathArray:
+        """The PathArray of `parts()` (a uint8 buffer and int64 offsets), checked: ValueError
+        when they are not such a pair (offsets from 0 to the buffer's end, each path ended by
+        one NUL, none inside)."""
+        data = np.ascontiguousarray(data, dtype=np.uint8)
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        ok = starts.ndim == 1 and len(starts) >= 1 and starts[0] == 0
+        ok = ok and starts[-1] == len(data) and bool((np.diff(starts) >= 1).all())
+        if ok and int(np.count_nonzero(data == 0)) != len(starts) - 1:
+            ok = False
+        if ok and len(starts) > 1 and bool(data[starts[1:] - 1].any()):
+            ok = False
+        if not ok:
+            raise ValueError("not the parts of a PathArray (a buffer and its offsets)")
+        return cls._from_parts(data, starts)
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the UTF-8 buffer, uint8, each path ended by NUL; the int64 offsets of the paths,
+        one more than the paths): what `from_parts` takes back."""
+        return self._data, self._starts
+
     def __len__(self) -> int:
         return len(self._starts) - 1
 

@@ -1,161 +1,59 @@
 """The offset index of a shard: where each sample's bytes lie, and its label; built once, kept.
 
 `index_shard(path, spec)` lists a local TFRecord or tar shard by seeking from header to header
-(`prefetch.shard_formats`): a TFRecord's record headers and the field headers of each
-`tf.train.Example` (the image bytes are skipped by their length, never read), a tar's 512-byte
-headers and its small label members. The result, a `ShardIndex`, is kept:
+(`prefetch.shard_formats`, `prefetch.tar_format`): a TFRecord's record headers and one walk over
+the field headers of each `tf.train.Example` (`prefetch.shard_examples`: the image bytes are
+skipped by their length, never read), a tar's 512-byte headers and its small label members.
+Building a TFRecord's index keeps 40 bytes per sample in flat arrays, no Python object per
+sample; a tar's keeps each sample's key in a dictionary too (to pair images with labels and
+refuse duplicates: docs/shards.md gives the bytes). The result, a `ShardIndex`
+(`prefetch.shard_index_file`), is kept:
 
 - next to the shard, as `<shard>.prefetch-index.npz`, when its folder is writable (the writer,
   `prefetch shards write`, leaves one beside each shard it writes); else
 - in the index folder (`index_folder()`: `$PREFETCH_CACHE_DIR/shard-index`, else
   `~/.cache/prefetch/shard-index`, mode 0700), under a hash of the shard's absolute path or URL.
 
-A kept index is used only while it matches: the same format version, the same reading options
-(`IndexSpec`), and for a local shard the same size and modification time (a changed shard is
-re-indexed); an index beside the shard is trusted only when it is a regular file owned by us or
-by the shard's owner (a neighbour cannot plant one in a shared folder). A remote shard's index
-records its size, which is checked when the shard is read (`ShardIndex.check_size`).
+A kept index is used only when it passes `decode_index`'s checks, was built with the same
+reading options (`IndexSpec`), and for a local shard has the shard's identity now (size,
+modification and change times, inode, and a digest of its first and last 64 KiB): a changed or
+replaced shard is re-indexed. An index beside the shard is trusted only when it is a regular
+file (opened without following a link, and without blocking) owned by us or by the shard's
+owner; anything else there (a link, a directory, a FIFO) is passed over for the index folder.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
-import io
-import json
-import mmap
+import logging
 import os
 import stat
 import tempfile
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from prefetch.shard_formats import (
-    CorruptShardError,
-    example_bytes_span,
-    example_feature,
-    example_keys,
-    iter_records,
-)
+from prefetch.paths import PathArray
+from prefetch.shard_examples import IMAGE_KEYS as IMAGE_KEYS
+from prefetch.shard_examples import LABEL_KEYS as LABEL_KEYS
+from prefetch.shard_examples import tfrecord_columns
+from prefetch.shard_formats import CorruptShardError, corrupt_shard
+from prefetch.shard_index_file import INDEX_SUFFIX as INDEX_SUFFIX
+from prefetch.shard_index_file import INDEX_VERSION as INDEX_VERSION
+from prefetch.shard_index_file import IndexRefused, decode_index, local_identity, max_index_bytes
+from prefetch.shard_index_file import IndexSpec as IndexSpec
+from prefetch.shard_index_file import ShardIdentity as ShardIdentity
+from prefetch.shard_index_file import ShardIndex as ShardIndex
+from prefetch.storage import is_url, local_path, read_capped
 from prefetch.tar_format import iter_tar_members, sample_key
 
-# Bumped whenever what an index holds changes: older indexes are rebuilt.
-INDEX_VERSION = 1
-INDEX_SUFFIX = ".prefetch-index.npz"
-# The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
-# TensorFlow Datasets').
-IMAGE_KEYS = ("image/encoded", "image")
-LABEL_KEYS = ("image/class/label", "label")
+log = logging.getLogger("prefetch.loader")
+
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-@dataclass(frozen=True)
-class IndexSpec:
-    """How samples are found in a shard, part of an index's key.
-
-    - `format`: "tfrecord" or "tar".
-    - `image_key`, `label_key`: TFRecord feature names (None: the first of `IMAGE_KEYS` /
-      `LABEL_KEYS` the first record has; no label feature means unlabelled). `label_key=""`
-      reads no labels.
-    - `image_ext`, `label_ext`: tar extensions (lower-cased) of a sample's image (the first
-      member of the sample with one of them) and of its label (ASCII decimal); `label_ext=""`
-      reads no labels.
-    """
-
-    format: str
-    image_key: str | None = None
-    label_key: str | None = None
-    image_ext: tuple[str, ...] = ("jpg", "jpeg", "png")
-    label_ext: str = "cls"
-
-    def key(self) -> str:
-        """The spec as a string, stored in the index and compared when it is loaded."""
-        parts = [self.format, self.image_key, self.label_key, list(self.image_ext)]
-        return json.dumps([INDEX_VERSION, *parts, self.label_ext])
-
-
-@dataclass(frozen=True, eq=False)
-class ShardIndex:
-    """The samples of one shard, in the shard's order: `offsets`, `lengths` (int64: a tar
-    member's data; a TFRecord record's start and data length), `starts`, `sizes` (int64, the
-    image within a record's data; zeros for tar), `labels` (int32, or None without labels),
-    and the shard's `size` in bytes and `mtime_ns` (-1 for a URL)."""
-
-    offsets: np.ndarray
-    lengths: np.ndarray
-    starts: np.ndarray
-    sizes: np.ndarray
-    labels: np.ndarray | None
-    size: int
-    mtime_ns: int
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def check_size(self, shard: str, size: int) -> None:
-        """OSError naming `shard` when its copy has `size` bytes but the index was built for
-        another size (the shard changed since it was indexed)."""
-        if size != self.size:
-            raise OSError(
-                f"{shard!r} is {size} bytes but was {self.size} bytes when it was indexed: it "
-                f"has changed; delete its index ({INDEX_SUFFIX} beside it, or the one in "
-                f"{index_folder()}) to index it again"
-            )
-
-    def to_bytes(self, spec: IndexSpec) -> bytes:
-        """The index as an .npz file's bytes."""
-        buffer = io.BytesIO()
-        labels = self.labels if self.labels is not None else np.zeros(0, np.int32)
-        np.savez(
-            buffer,
-            spec=np.array(spec.key()),
-            shape=np.array([self.size, self.mtime_ns, int(self.labels is not None)], np.int64),
-            offsets=self.offsets,
-            lengths=self.lengths,
-            starts=self.starts,
-            sizes=self.sizes,
-            labels=labels,
-        )
-        return buffer.getvalue()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, spec: IndexSpec) -> ShardIndex | None:
-        """The index in `data`, or None when it is damaged or was built for another spec."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-                if str(arrays["spec"]) != spec.key():
-                    return None
-                size, mtime_ns, labelled = (int(x) for x in arrays["shape"])
-                index = cls(
-                    offsets=arrays["offsets"].astype(np.int64),
-                    lengths=arrays["lengths"].astype(np.int64),
-                    starts=arrays["starts"].astype(np.int64),
-                    sizes=arrays["sizes"].astype(np.int64),
-                    labels=arrays["labels"].astype(np.int32) if labelled else None,
-                    size=size,
-                    mtime_ns=mtime_ns,
-                )
-        except Exception:  # not an index of ours (empty, truncated, not a zip, other arrays)
-            return None
-        count = len(index.offsets)
-        fields = (index.lengths, index.starts, index.sizes)
-        if any(len(x) != count for x in fields) or (
-            index.labels is not None and len(index.labels) != count
-        ):
-            return None
-        ends = index.offsets + index.lengths
-        inside = index.starts + index.sizes
-        if count and (
-            min(index.offsets.min(), index.lengths.min(), index.starts.min(), index.sizes.min()) < 0
-            or ends.max() > index.size
-            or (inside > index.lengths).any()
-        ):
-            return None  # nothing a damaged or hostile index says is read past its shard
-        return index
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def index_folder() -> str:
@@ -166,18 +64,49 @@ def index_folder() -> str:
     return os.path.join(root, "shard-index")
 
 
+def open_shard(path: str) -> int:
+    """A descriptor of the local shard at `path` (not blocking on a FIFO); OSError naming it
+    when it is not a regular file. The caller closes it."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise OSError(f"shard {path!r} is not a regular file (a device, a FIFO): not read")
+    except BaseException:
+        os.close(handle)
+        raise
+    return handle
+
+
 def load_or_build(path: str, spec: IndexSpec) -> ShardIndex:
-    """The index of the local shard at `path`: a kept one that still matches, else built now
-    (`build_index`) and kept (beside the shard when its folder is writable, else in
-    `index_folder()`). Errors of a damaged shard name it and the byte offset."""
-    info = os.stat(path)
-    if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"shard {path!r} is not a regular file (a device, a FIFO): not read")
+    """The index of the local shard at `path`: a kept one that passes its checks and has the
+    shard's identity now, else built now (`build_index`) and kept (beside the shard when its
+    folder is writable, else in `index_folder()`). Errors of a damaged shard name it and the
+    byte offset."""
+    handle = open_shard(path)
+    try:
+        info = os.fstat(handle)
+        identity = local_identity(handle)
+    finally:
+        os.close(handle)
+    cap = max_index_bytes(identity.size, spec.format)
     for candidate in _places(path):
         beside = candidate.endswith(INDEX_SUFFIX)  # the shard's owner may have written it
-        data = _read_trusted(candidate, {os.geteuid(), info.st_uid} if beside else {os.geteuid()})
-        index = ShardIndex.from_bytes(data, spec) if data is not None else None
-        if index is not None and (index.size, index.mtime_ns) == (info.st_size, info.st_mtime_ns):
+        data = _read_trusted(
+            candidate, {os.geteuid(), info.st_uid} if beside else {os.geteuid()}, cap
+        )
+        if data is None:
+            continue
+        try:
+            index = decode_index(data, spec)
+        except IndexRefused as error:
+            log.info(
+                "prefetch: index %r of %r not used (%s): indexing the shard again",
+                candidate,
+                path,
+                error,
+            )
+            continue
+        if index.identity == identity:
             return index
     index = build_index(path, spec)
     keep(path, index, spec)
@@ -187,7 +116,7 @@ def load_or_build(path: str, spec: IndexSpec) -> ShardIndex:
 def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
     """Write `index` beside the local `shard` when its folder is writable, else (and for a
     URL) into `index_folder()`; atomically (a reader never sees half an index), and never
-    through a link someone left at the index's name."""
+    through a link someone left at the index's name (a directory there: the index folder)."""
     data = index.to_bytes(spec)
     for candidate in _places(shard):
         folder = os.path.dirname(candidate)
@@ -211,180 +140,166 @@ def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
 
 
 def kept_index(url: str, spec: IndexSpec) -> ShardIndex | None:
-    """The index kept in `index_folder()` for the shard at `url`, or None."""
-    candidate = _places(url)[-1]
-    data = _read_trusted(candidate, {os.geteuid()})
-    return ShardIndex.from_bytes(data, spec) if data is not None else None
+    """The index kept in `index_folder()` for the shard at `url` when it passes its checks
+    (its identity is checked by the caller), or None."""
+    data = _read_trusted(_places(url)[-1], {os.geteuid()}, _MAX_KEPT_BYTES)
+    if data is None:
+        return None
+    try:
+        return decode_index(data, spec)
+    except IndexRefused:
+        return None
 
 
 def _places(shard: str) -> list[str]:
     """Where the index of `shard` may be kept, in the order they are tried: beside a local
     shard, then in the index folder (under a hash of its absolute path, or of its URL)."""
-    from prefetch.storage import is_url, local_path
-
     key = shard if is_url(shard) else os.path.abspath(local_path(shard))
     in_folder = os.path.join(index_folder(), hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
     return [in_folder] if is_url(shard) else [key + INDEX_SUFFIX, in_folder]
 
 
-def _read_trusted(path: str, owners: set[int]) -> bytes | None:
-    """The bytes of the regular file at `path` (not followed through a link) when one of
-    `owners` owns it; None when it is missing or not to be trusted."""
+def _read_trusted(path: str, owners: set[int], cap: int) -> bytes | None:
+    """The bytes of the regular file at `path` (opened without following a link or blocking)
+    when one of `owners` owns it and it holds at most `cap` bytes; None when it is missing,
+    not a regular file (a directory, a FIFO, a link) or not to be trusted. The descriptor is
+    closed on every path."""
     try:
         handle = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
-    with os.fdopen(handle, "rb") as file:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid not in owners:
+    try:
+        if os.fstat(handle).st_uid not in owners:
             return None
-        if info.st_size > _MAX_INDEX_BYTES:
-            return None
-        return file.read()
+        return read_capped(handle, path, cap)  # a regular file of at most `cap` bytes
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
 
 
-# An index holds ~40 bytes per sample: this admits 25 million samples in one shard.
-_MAX_INDEX_BYTES = 1 << 30
+# The most bytes of a URL shard's kept index read before its shard's size is known (an index
+# holds ~40 bytes per sample: 25 million samples).
+_MAX_KEPT_BYTES = 1 << 30
 
 
 def build_index(path: str, spec: IndexSpec) -> ShardIndex:
-    """Index the local shard at `path` now (see the module docstring)."""
-    info = os.stat(path)
-    with open(path, "rb") as file:
+    """Index the local shard at `path` now (see the module docstring). A gzip-compressed
+    shard is refused with that reason (ValueError naming it)."""
+    handle = open_shard(path)
+    with os.fdopen(handle, "rb") as file:
+        identity = local_identity(handle)  # before reading: a change during it is seen later
+        _refuse_gzip(os.pread(handle, 2, 0), path, spec.format)
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
-            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+            os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
-            columns = _tfrecord_columns(file, path, spec, info.st_size)
+            columns, labels = tfrecord_columns(file, path, spec, identity.size)
+            keys = None
         else:
-            columns = _tar_columns(file, path, spec)
-    offsets, lengths, starts, sizes, labels = columns
+            columns, labels, keys = _tar_columns(file, path, spec)
+    offsets, lengths, starts, sizes = (np.frombuffer(column, np.int64) for column in columns)
     return ShardIndex(
-        offsets=np.asarray(offsets, np.int64),
-        lengths=np.asarray(lengths, np.int64),
-        starts=np.asarray(starts, np.int64),
-        sizes=np.asarray(sizes, np.int64),
-        labels=None if labels is None else np.asarray(labels, np.int32),
-        size=info.st_size,
-        mtime_ns=info.st_mtime_ns,
+        offsets=offsets,
+        lengths=lengths,
+        starts=starts,
+        sizes=sizes,
+        labels=None if labels is None else np.frombuffer(labels, np.int64).astype(np.int32),
+        identity=identity,
+        keys=keys,
     )
 
 
-Columns = tuple[list[int], list[int], list[int], list[int], list[int] | None]
-
-
-def _tfrecord_columns(file: Any, path: str, spec: IndexSpec, size: int) -> Columns:
-    offsets: list[int] = []
-    lengths: list[int] = []
-    starts: list[int] = []
-    sizes: list[int] = []
-    labels: list[int] | None = []
-    if size == 0:
-        return offsets, lengths, starts, sizes, labels if spec.label_key != "" else None
-    image_key, label_key = spec.image_key, spec.label_key
-    with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-            mapped.madvise(mmap.MADV_RANDOM)  # headers only: no readahead of the images
-        view = memoryview(mapped)
-        try:
-            for offset, length in iter_records(file, path):
-                with view[offset + 12 : offset + 12 + length] as data:  # released on errors
-                    if image_key is None:
-                        image_key = _first_present(data, IMAGE_KEYS, path, offset, "image_key")
-                    if label_key is None:
-                        found = (
-                            k
-                            for k in LABEL_KEYS
-                            if example_feature(data, k, path=path, offset=offset)
-                        )
-                        label_key = next(found, "")
-                    span = example_bytes_span(data, image_key, path=path, offset=offset)
-                    if span is None:
-                        raise _missing(data, image_key, path, offset, "image_key")
-                    offsets.append(offset)
-                    lengths.append(length)
-                    starts.append(span[0])
-                    sizes.append(span[1])
-                    if label_key:
-                        assert labels is not None
-                        labels.append(_int_label(data, label_key, path, offset))
-        except Exception as error:  # its frames hold views of the map: drop them to close it
-            _drop_frames(error)
-            raise
-        finally:
-            view.release()
-    return offsets, lengths, starts, sizes, labels if label_key else None
-
-
-def _drop_frames(error: BaseException | None) -> None:
-    """Clear the local variables of the finished frames of `error` and of the errors it
-    carries (its cause, its context), which may hold views of a memory map."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
-
-
-def _first_present(data: Any, keys: tuple[str, ...], path: str, offset: int, option: str) -> str:
-    for key in keys:
-        if example_bytes_span(data, key, path=path, offset=offset) is not None:
-            return key
-    raise _missing(data, keys[0], path, offset, option)
-
-
-def _missing(data: Any, key: str, path: str, offset: int, option: str) -> ValueError:
-    return ValueError(
-        f"{path!r}: the record at byte {offset} has no bytes feature {key!r} (it has "
-        f"{example_keys(data, path=path, offset=offset)}): pass {option}= naming the feature "
-        "that holds the image"
-    )
-
-
-def _int_label(data: Any, key: str, path: str, offset: int) -> int:
-    found = example_feature(data, key, path=path, offset=offset)
-    if found is None or found[0] != "int64" or len(found[1]) != 1:
+def _refuse_gzip(magic: bytes, path: str, format: str) -> None:
+    if magic == _GZIP_MAGIC:
+        what = "TFRecord" if format == "tfrecord" else "tar"
         raise ValueError(
-            f"{path!r}: the record at byte {offset} has no single int64 feature {key!r} for "
-            f"its label (it has {example_keys(data, path=path, offset=offset)}): pass "
-            "label_key= naming it, or label_key='' for no labels"
+            f"{path!r} is a gzip-compressed {what}: random access needs uncompressed shards; "
+            f"decompress it first (gunzip -c {os.path.basename(path)} > uncompressed-shard, or "
+            "`prefetch shards write` to write new ones)"
         )
-    return int(found[1][0])
 
 
-def _tar_columns(file: Any, path: str, spec: IndexSpec) -> Columns:
-    images: dict[str, tuple[int, int]] = {}
-    label_members: dict[str, tuple[int, int, str]] = {}
-    order: list[str] = []
+def _tar_columns(
+    file: Any, path: str, spec: IndexSpec
+) -> tuple[list[array.array[int]], array.array[int] | None, PathArray]:
+    """offsets, lengths, starts, sizes; labels (or None); and the image members' names of a
+    tar shard's samples, in flat arrays and one dictionary of keys (about 150 bytes a sample
+    with WebDataset's keys). A key with two images of one extension, or two labels, is
+    refused; a label met before its image waits in a small dictionary of its own."""
+    numbers: dict[str, int] = {}  # key -> sample number
+    early: dict[str, tuple[int, int, str]] = {}  # key -> a label member met before its image
+    offsets, lengths, labels = array.array("q"), array.array("q"), array.array("q")
+    kinds, labelled = bytearray(), bytearray()  # image extension number; whether labelled
+    names, name_ends = bytearray(), array.array("q", [0])
     for member in iter_tar_members(file, path):
         key, ext = sample_key(member.name)
         ext = ext.lower()
-        if ext in spec.image_ext and key not in images:
-            images[key] = (member.offset, member.size)
-            order.append(key)
+        number = numbers.get(key)
+        if ext in spec.image_ext:
+            kind = spec.image_ext.index(ext)
+            if number is not None:
+                if kinds[number] == kind:
+                    raise _duplicate(path, key, member.name, member.offset)
+                continue  # the sample's first image is its image
+            number = numbers[key] = len(offsets)
+            offsets.append(member.offset)
+            lengths.append(member.size)
+            kinds.append(kind)
+            names += member.name.encode("utf-8", "surrogatepass") + b"\0"
+            name_ends.append(len(names))
+            labels.append(-1)
+            labelled.append(0)
+            waiting = early.pop(key, None) if spec.label_ext else None
+            if waiting is not None:
+                labels[number], labelled[number] = _label(file, path, *waiting), 1
         elif spec.label_ext and ext == spec.label_ext:
-            label_members[key] = (member.offset, member.size, member.name)
-    offsets = [images[key][0] for key in order]
-    lengths = [images[key][1] for key in order]
-    zeros = [0] * len(order)
+            if (number is not None and labelled[number]) or key in early:
+                raise _duplicate(path, key, member.name, member.offset)
+            if number is None:
+                early[key] = (member.offset, member.size, member.name)
+            else:
+                labels[number] = _label(file, path, member.offset, member.size, member.name)
+                labelled[number] = 1
+    zeros = array.array("q", bytes(8 * len(offsets)))
+    keys = PathArray.from_parts(
+        np.frombuffer(bytes(names), np.uint8), np.frombuffer(name_ends, np.int64)
+    )
     if not spec.label_ext:
-        return offsets, lengths, zeros, list(zeros), None
-    labels = []
-    for key in order:
-        if key not in label_members:
-            raise ValueError(
-                f"{path!r}: sample {key!r} has an image but no .{spec.label_ext} label member: "
-                f"add one, or pass label_ext='' to read the shards without labels"
-            )
-        offset, size, name = label_members[key]
-        text = os.pread(file.fileno(), min(size, 64), offset).strip()
-        try:
-            labels.append(int(text))
-        except ValueError:
-            raise CorruptShardError(
-                f"{path!r}: label member {name!r} (byte {offset}) holds {text[:20]!r}, not a "
-                "class index: write the label as ASCII decimal, e.g. b'3'"
-            ) from None
-    return offsets, lengths, zeros, list(zeros), labels
+        return [offsets, lengths, zeros, zeros], None, keys
+    missing = labelled.find(0)
+    if missing >= 0:
+        key = sample_key(str(keys[missing]))[0]
+        raise ValueError(
+            f"{path!r}: sample {key!r} has an image but no .{spec.label_ext} label member: "
+            f"add one, or pass label_ext='' to read the shards without labels"
+        )
+    return [offsets, lengths, zeros, zeros], labels, keys
+
+
+def _label(file: Any, path: str, offset: int, size: int, name: str) -> int:
+    """The class index in the label member `name` (its data at `offset`): ASCII decimal."""
+    text = os.pread(file.fileno(), min(size, 64), offset).strip()
+    try:
+        label = int(text)
+    except ValueError:
+        label = -1
+    if not 0 <= label <= np.iinfo(np.int32).max:
+        raise CorruptShardError(
+            f"{path!r}: label member {name!r} (byte {offset}) holds {text[:20]!r}, not a "
+            "class index: write the label as ASCII decimal, e.g. b'3'",
+            path,
+            offset,
+        )
+    return label
+
+
+def _duplicate(path: str, key: str, name: str, offset: int) -> CorruptShardError:
+    return corrupt_shard(
+        path,
+        offset,
+        f"sample {key!r} has a second member {name!r} of one kind (data at byte {offset}); "
+        "WebDataset reads such a shard ambiguously, so it is refused",
+    )
 
 
 def index_shard(path: str) -> ShardIndex:

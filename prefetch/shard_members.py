@@ -1,45 +1,50 @@
-"""One sample inside a shard, named by a path string: `shard#tar@OFFSET+SIZE`, or
-`shard#tfrecord@OFFSET+LENGTH/START+SIZE`.
+"""One sample inside a shard, as data: a `Member` value, never a string to parse.
 
-A shard source (`prefetch.shard_sources`) is a `FileList` whose paths are *member paths*: the
-shard's own path or URL, then `#`, the format, and where the sample's bytes lie, so that every
-part of the loader that reads a file by its path (the decoders, the window decoder, the error
-notes, `on_error`) reads a sample of a shard the same way, and an error names the shard and
-the byte offset of the sample.
+A shard source (`prefetch.shard_sources`) holds its samples' locations in a `MemberTable`
+(numpy columns: shard number, offset, length, start, size, and the tar members' names in one
+buffer, with the table of shard paths), built once from the shards' indexes and pickled to the
+workers as a few arrays. `MemberTable[i]` is the `Member` of sample `i`; the loader hands it to
+the decoders in place of a path (`prefetch.storage.read_whole` and the decoders take either), so
+no path string a user gives is ever read as a member, whatever its characters.
 
-- `tar@OFFSET+SIZE`: the image is the `SIZE` bytes at `OFFSET` (a tar member's data).
-- `tfrecord@OFFSET+LENGTH/START+SIZE`: the TFRecord record at `OFFSET` holds `LENGTH` bytes of
-  data (a `tf.train.Example`); the image is the `SIZE` bytes at `START` within that data. The
-  whole record is read and both of its CRCs are checked before the image is handed on, so a
-  damaged record raises `CorruptShardError` naming the shard and `OFFSET`.
+- tar: the image is the `length` bytes at `offset` (a tar member's data).
+- tfrecord: the TFRecord record at `offset` holds `length` bytes of data (a
+  `tf.train.Example`); the image is the `size` bytes at `start` within that data. The whole
+  record is read and both of its CRCs are checked before the image is handed on.
 
 `read_member` reads one: a local shard with one `pread` (the file opened for that read only),
-a URL with one ranged read. Pure functions; thread-safe.
+a URL with one ranged read; never more than `RemoteOptions.max_object_bytes`, whatever the
+index says. Its errors name the shard by its real path or URL (`origin`, never a spooled
+copy), the member's key (a tar member's name) and the byte offset. Pure functions; thread-safe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
-from prefetch.shard_formats import RECORD_OVERHEAD, record_data
+import numpy as np
 
-# The suffix that makes a path a member path (anchored at the end, so `#` elsewhere is kept).
-_MEMBER = re.compile(r"#(tar|tfrecord)@(\d+)\+(\d+)(?:/(\d+)\+(\d+))?$")
+from prefetch.paths import PATHS_PER_STEP, PathArray, pack_chunks
+from prefetch.remote_options import active_options
+from prefetch.shard_formats import RECORD_OVERHEAD, CorruptShardError, record_data
+
 FORMATS = ("tar", "tfrecord")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # The ending of a whole shard's local copy in a spool folder (`prefetch.shard_stream`).
 SPOOL_SUFFIX = ".shard"
+_COLUMNS = ("shard", "offset", "length", "start", "size")
 
 
 class Member(NamedTuple):
-    """Where a sample's bytes lie: `shard` (a path or URL), its `format` ("tar" or
-    "tfrecord"), the byte `offset` and `length` of what is read (a tar member's data; a
-    TFRecord record's data, the framing excluded), and for TFRecord the image's `start` and
-    `size` within the record's data."""
+    """Where a sample's bytes lie: `shard` (a path or URL: where it is read), its `format`
+    ("tar" or "tfrecord"), the byte `offset` and `length` of what is read (a tar member's
+    data; a TFRecord record's data, the framing excluded), for TFRecord the image's `start`
+    and `size` within the record's data, the member's `key` (a tar member's name; "" for a
+    record) and `origin` (the shard's own path or URL, named in errors; "": `shard`)."""
 
     shard: str
     format: str
@@ -47,56 +52,108 @@ class Member(NamedTuple):
     length: int
     start: int = 0
     size: int = 0
+    key: str = ""
+    origin: str = ""
 
-    def path(self) -> str:
-        """The member path of this sample."""
-        if self.format == "tar":
-            return f"{self.shard}#tar@{self.offset}+{self.length}"
-        return f"{self.shard}#tfrecord@{self.offset}+{self.length}/{self.start}+{self.size}"
+    def describe(self) -> str:
+        """The sample, for messages: its shard, its key and its byte offset."""
+        return _describe(self.origin or self.shard, self.key, self.offset)
 
     def moved_to(self, shard: str) -> Member:
-        """The same sample in a copy of the shard at `shard` (a spooled or cached copy)."""
-        return self._replace(shard=shard)
+        """The same sample in a copy of the shard at `shard` (a spooled or cached copy); its
+        errors still name the original."""
+        return self._replace(shard=shard, origin=self.origin or self.shard)
+
+    def __str__(self) -> str:
+        return self.describe()
 
 
-def split_member(path: str) -> Member | None:
-    """The `Member` a member path names, or None for any other path (one regex search)."""
-    match = _MEMBER.search(path) if "#" in path else None
-    if match is None:
-        return None
-    fmt, offset, length, start, size = match.groups()
-    return Member(
-        path[: match.start()],
-        fmt,
-        int(offset),
-        int(length),
-        int(start or 0),
-        int(size or 0),
-    )
+# Where a file source's sample is read from: a path or URL, or a sample of a shard.
+Location = str | Member
+
+
+class MemberTable:
+    """The `Member`s of a shard source's samples, as columns: `shards` (the shard paths or
+    URLs), `format`, and per sample int32 `shard` numbers and int64 `offset`, `length`,
+    `start`, `size`, and `keys` (a `PathArray` of tar members' names; None for TFRecord).
+    About 36 bytes per sample plus the names; indexable by an int (a `Member`) or an index
+    array (a table of those samples)."""
+
+    def __init__(
+        self, shards: list[str], format: str, columns: dict[str, np.ndarray], keys: PathArray | None
+    ) -> None:
+        self.shards, self.format, self.keys = shards, format, keys
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["offset"])
+
+    def __getitem__(self, index: Any) -> Any:
+        """The `Member` of sample `index` (an int), or a table of the samples `index` names."""
+        if isinstance(index, (int, np.integer)):
+            shard, offset, length, start, size = (int(self.columns[n][index]) for n in _COLUMNS)
+            key = str(self.keys[index]) if self.keys is not None else ""
+            return Member(self.shards[shard], self.format, offset, length, start, size, key)
+        indices = np.asarray(index, np.int64)
+        columns = {name: column[indices] for name, column in self.columns.items()}
+        keys = self.keys[indices] if self.keys is not None else None
+        return MemberTable(self.shards, self.format, columns, keys)
+
+    def display_paths(self) -> PathArray:
+        """Each sample's `Member.describe()` (its shard, key and byte offset), for messages
+        and a source's `paths`: text only, never read as a location."""
+        return pack_chunks(self._descriptions())
+
+    def _descriptions(self) -> Iterator[list[str]]:
+        for begin in range(0, len(self), PATHS_PER_STEP):
+            end = min(begin + PATHS_PER_STEP, len(self))
+            shards = [self.shards[n] for n in self.columns["shard"][begin:end].tolist()]
+            offsets = self.columns["offset"][begin:end].tolist()
+            keys = self.keys[begin:end].tolist() if self.keys is not None else [""] * len(shards)
+            yield [_describe(*sample) for sample in zip(shards, keys, offsets, strict=True)]
+
+
+def _describe(shard: str, key: str, offset: int) -> str:
+    what = f"member {key!r}" if key else "record"
+    return f"{shard} ({what} at byte {offset})"
 
 
 def read_member(member: Member) -> bytes:
     """The image bytes of `member`: from a local shard (`pread`, refusing anything that is not
-    a regular file) or a URL (one ranged read, through `prefetch.storage`). For TFRecord both
-    CRCs of the record are checked first (`CorruptShardError` naming the shard and offset);
-    a shard shorter than the index says raises OSError naming it (re-index: the shard has
-    changed since)."""
+    a regular file) or a URL (one ranged read, through `prefetch.storage`). At most the active
+    options' `max_object_bytes` are read, whatever the index says (OSError naming the shard,
+    key and offset). For TFRecord both CRCs of the record are checked first
+    (`CorruptShardError` naming the shard and offset); a shard shorter than its index says
+    raises OSError naming it (it changed since it was indexed)."""
+    framing = RECORD_OVERHEAD if member.format == "tfrecord" else 0
+    cap = active_options().max_object_bytes
+    if member.length + framing > cap:
+        raise OSError(
+            f"{member.describe()}: its index says {member.length + framing} bytes, more than "
+            f"max_object_bytes={cap}: raise RemoteOptions(max_object_bytes=...) if samples are "
+            "meant to be that large, else re-write the shard"
+        )
     if member.format == "tar":
-        return _read_range(member.shard, member.offset, member.length)
-    framed = _read_range(member.shard, member.offset, member.length + RECORD_OVERHEAD)
-    data = record_data(framed, member.shard, member.offset)
+        return _read_range(member, member.offset, member.length)
+    framed = _read_range(member, member.offset, member.length + framing)
+    name = member.origin or member.shard
+    try:
+        data = record_data(framed, name, member.offset)
+    except CorruptShardError as error:  # name the shard where it is, not a spooled copy
+        raise CorruptShardError(str(error), name, member.offset) from None
     if member.start + member.size > len(data):
         raise ValueError(
-            f"{member.shard!r}: the record at byte {member.offset} is {len(data)} bytes, too "
-            "short for the image its index names: the shard changed after it was indexed; "
-            "delete its .prefetch-index file to re-index it"
+            f"{member.describe()}: the record is {len(data)} bytes, too short for the image "
+            "its index names: the shard changed after it was indexed; delete its "
+            ".prefetch-index file to re-index it"
         )
     return bytes(data[member.start : member.start + member.size])
 
 
-def _read_range(shard: str, offset: int, length: int) -> bytes:
-    from prefetch import storage  # storage reads member paths through this module
+def _read_range(member: Member, offset: int, length: int) -> bytes:
+    from prefetch import storage  # storage reads members through this module
 
+    shard = member.shard
     if storage.is_url(shard):
         data = storage.read_range(shard, offset, length)
     else:
@@ -109,9 +166,9 @@ def _read_range(shard: str, offset: int, length: int) -> bytes:
             os.close(handle)
     if len(data) != length:
         raise OSError(
-            f"{shard!r} ends before byte {offset + length} of the sample its index names "
-            f"(read {len(data)} of {length} bytes at {offset}): the shard was truncated or "
-            "changed after it was indexed; re-write it, or delete its .prefetch-index file"
+            f"{member.describe()}: the shard ends before byte {offset + length} (read "
+            f"{len(data)} of {length} bytes): it was truncated or changed after it was "
+            "indexed; re-write or re-download it, or delete its .prefetch-index file"
         )
     return data
 
@@ -121,12 +178,11 @@ def spooled_name(url: str) -> str:
     return hashlib.sha256(url.encode("utf-8")).hexdigest()[:32] + SPOOL_SUFFIX
 
 
-def spooled_path(folder: str, path: str) -> str:
-    """The member path `path` (a sample of a URL shard) moved to its shard's copy in
-    `folder`; any other path is returned as is."""
-    member = split_member(path)
-    from prefetch import storage  # storage reads member paths through this module
+def spooled(folder: str, member: Member) -> Member:
+    """`member` (a sample of a URL shard) moved to its shard's copy in `folder`; a sample of
+    a local shard is returned as it is."""
+    from prefetch import storage
 
-    if member is None or not storage.is_url(member.shard):
-        return path
-    return member.moved_to(os.path.join(folder, spooled_name(member.shard))).path()
+    if not storage.is_url(member.shard):
+        return member
+    return member.moved_to(os.path.join(folder, spooled_name(member.shard)))

@@ -1,11 +1,14 @@
 """Datasets stored in shards: `TFRecordSource` (`tf.train.Example` records) and `TarSource`
 (WebDataset tar shards), local paths or fsspec URLs.
 
-A shard source is a `FileList` whose paths are member paths (`prefetch.shard_members`: the
-shard, then `#` and where the sample's bytes lie), so a `Loader` reads it as it reads a folder:
-both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data stage. Every
-shard is indexed once (`prefetch.shard_index`) when the source is made; its samples are the
-shards' samples in the shards' order (shards sorted by name when found by a pattern).
+A shard source is a `FileList` whose samples are located by `Member` values
+(`prefetch.shard_members`: the shard, the byte offset and length, the tar member's key) held
+in a `MemberTable` and handed to the decoders by `location(i)`, so a `Loader` reads it as it
+reads a folder: both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data
+stage. Its `paths` only name the samples for people (`describe(i)`). Every shard is indexed
+once (`prefetch.shard_index`, `prefetch.shard_remote_index`) when the source is made; its
+samples are the shards' samples in the shards' order (shards sorted by name when found by a
+pattern).
 
 How the loader reads it depends on `streaming`: local shards are read at random, one `pread`
 per sample, so each epoch is an exact permutation as with a folder; remote shards (URLs) are
@@ -17,38 +20,27 @@ construction and safe to share between threads.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from prefetch import shard_manifest, storage
 from prefetch.messages import counted, suggest_keywords
-from prefetch.paths import pack_chunks
+from prefetch.paths import PathArray
 from prefetch.shard_files import CLASSES_FILE as CLASSES_FILE
 from prefetch.shard_files import class_names_beside, resolve
 from prefetch.shard_files import find_shards as find_shards
-from prefetch.shard_index import (
-    INDEX_SUFFIX,
-    IndexSpec,
-    ShardIndex,
-    build_index,
-    keep,
-    kept_index,
-    load_or_build,
-)
-from prefetch.shard_members import Member, split_member
+from prefetch.shard_index import IndexSpec, ShardIndex, load_or_build
+from prefetch.shard_members import Member, MemberTable
+from prefetch.shard_remote_index import remote_index
 from prefetch.sources import FileList
 
 # Samples the shuffle buffer of a streamed source holds by default (`shuffle_buffer`).
 SHUFFLE_BUFFER = 4096
 # Shards indexed at once when a source is made (local files: the disk's queue; URLs: requests).
 INDEX_THREADS = 8
-# The most bytes read of an index file beside URL shards.
-MAX_INDEX_BYTES = 256 << 20
 
 
 class ShardSource(FileList):
@@ -84,7 +76,7 @@ class ShardSource(FileList):
             manifest = shard_manifest.read_manifest(self.shards, spec.format)
             if manifest is not None:
                 shard_manifest.check_shards(*manifest, self.shards, found.selects)
-            indexes = _index_all(self.shards, spec)
+            indexes = _index_all(self.shards, spec, check_urls=not self.streaming)
             if manifest is not None:
                 _check_against(manifest, self.shards, indexes, spec)
             if class_names is None and manifest is not None:
@@ -99,8 +91,8 @@ class ShardSource(FileList):
                 f"samples{_what_counts(spec)}"
             )
         self.indexes = indexes
-        pairs = zip(self.shards, indexes, strict=True)
-        paths = pack_chunks(list(_member_paths(shard, index, spec)) for shard, index in pairs)
+        self.members = _member_table(self.shards, indexes, spec.format)
+        paths = self.members.display_paths()
         labelled = [index.labels is not None for index in indexes]
         if any(labelled) and not all(labelled):
             raise ValueError(
@@ -115,24 +107,33 @@ class ShardSource(FileList):
         super().__init__(paths, labels, class_names)
 
     def member(self, index: int) -> Member:
-        """Where sample `index` lies (what its member path names)."""
-        member = split_member(str(self.paths[index]))
-        assert member is not None  # every path of a shard source is a member path
+        """Where sample `index` lies."""
+        member: Member = self.members[index]
         return member
 
+    def location(self, index: int) -> Member:
+        """Where sample `index` is read from: its `Member` (never a path to parse)."""
+        return self.member(index)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        # Worker processes need the file-source part only: paths, labels, class names.
+        # Worker processes need the file-source part only: members, labels, class names.
         state = dict(self.__dict__)
         state["indexes"] = None
         return _restore, (type(self), state)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
-        """A FileList of the samples at `indices` (read at random, as local files)."""
-        return FileList(
-            self.paths[np.asarray(indices, dtype=np.int64)],
-            self.labels[np.asarray(indices, dtype=np.int64)] if self.has_labels else None,
-            self.class_names,
+        """The samples at `indices` (read at random, each where it lies: not streamed)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        state = dict(self.__dict__)
+        state.update(
+            indexes=None,
+            streaming=False,
+            members=self.members[indices],
+            paths=self.paths[indices],
+            labels=self.labels[indices],
+            shard_starts=np.zeros(1, np.int64),
         )
+        return _restore(type(self), state)
 
     def __repr__(self) -> str:
         how = f"streamed, shuffle_buffer={self.shuffle_buffer}" if self.streaming else "indexed"
@@ -252,52 +253,22 @@ class TarSource(ShardSource):
         )
 
 
-def _index_all(shards: list[str], spec: IndexSpec) -> list[ShardIndex]:
+def _index_all(shards: list[str], spec: IndexSpec, check_urls: bool) -> list[ShardIndex]:
     """The index of every shard, several at once (local: built or loaded; URLs: see
-    `remote_index`), within the calling thread's remote options."""
+    `remote_index`, which checks a kept index's edges with `check_urls`), within the calling
+    thread's remote options."""
     options = storage.active_options()
 
     def one(shard: str) -> ShardIndex:
         with storage.using(options):
             if storage.is_url(shard):
-                return remote_index(shard, spec)
+                return remote_index(shard, spec, check_urls)
             return load_or_build(storage.local_path(shard), spec)
 
     if len(shards) == 1:
         return [one(shards[0])]
     with concurrent.futures.ThreadPoolExecutor(min(INDEX_THREADS, len(shards))) as pool:
         return list(pool.map(one, shards))
-
-
-def remote_index(url: str, spec: IndexSpec) -> ShardIndex:
-    """The index of the shard at `url`: the one kept for it in the index folder, else the
-    index file beside it (`<url>.prefetch-index.npz`, as `prefetch shards write` leaves),
-    else built from a whole copy fetched now into a private temporary file (then deleted),
-    and kept. Its size is checked against the shard's whenever the shard is read."""
-    found = kept_index(url, spec)
-    if found is not None:
-        return found
-    try:
-        data = storage.read_bytes(url + INDEX_SUFFIX, retries=1, options=_small(MAX_INDEX_BYTES))
-    except OSError:  # none beside it (or none readable): build one
-        data = None
-    found = ShardIndex.from_bytes(data, spec) if data is not None else None
-    if found is None:
-        with tempfile.NamedTemporaryFile(prefix="prefetch-shard-") as copy:
-            size = storage.download(url, copy)  # type: ignore[arg-type]
-            copy.flush()
-            built = build_index(copy.name, spec)
-        found = ShardIndex(
-            offsets=built.offsets,
-            lengths=built.lengths,
-            starts=built.starts,
-            sizes=built.sizes,
-            labels=built.labels,
-            size=size,
-            mtime_ns=-1,
-        )
-    keep(url, found, spec)
-    return found
 
 
 def _check_against(
@@ -318,17 +289,26 @@ def _check_against(
     shard_manifest.check_indexes(*manifest, shards, sizes, counts)
 
 
-def _small(cap: int) -> storage.RemoteOptions:
-    """The active remote options with objects capped at `cap` bytes (an index, a class list:
-    a store cannot make them cost more)."""
-    options = storage.active_options()
-    return dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))
-
-
-def _member_paths(shard: str, index: ShardIndex, spec: IndexSpec) -> Iterator[str]:
-    columns = (index.offsets, index.lengths, index.starts, index.sizes)
-    for offset, length, start, size in zip(*(c.tolist() for c in columns), strict=True):
-        yield Member(shard, spec.format, offset, length, start, size).path()
+def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> MemberTable:
+    """The locations of every sample of `indexes` (one per shard), as one table."""
+    counts = [len(index) for index in indexes]
+    columns = {
+        "shard": np.repeat(np.arange(len(shards), dtype=np.int32), counts),
+        "offset": np.concatenate([np.zeros(0, np.int64), *(i.offsets for i in indexes)]),
+        "length": np.concatenate([np.zeros(0, np.int64), *(i.lengths for i in indexes)]),
+        "start": np.concatenate([np.zeros(0, np.int64), *(i.starts for i in indexes)]),
+        "size": np.concatenate([np.zeros(0, np.int64), *(i.sizes for i in indexes)]),
+    }
+    if format != "tar":
+        return MemberTable(shards, format, columns, None)
+    parts = [(index.keys or PathArray()).parts() for index in indexes]
+    shifts = np.cumsum([0] + [len(data) for data, _ in parts])
+    starts = [starts[:-1] + shift for (_, starts), shift in zip(parts, shifts, strict=False)]
+    keys = PathArray.from_parts(
+        np.concatenate([np.zeros(0, np.uint8), *(data for data, _ in parts)]),
+        np.concatenate([*starts, shifts[-1:]]).astype(np.int64),
+    )
+    return MemberTable(shards, format, columns, keys)
 
 
 def _what_counts(spec: IndexSpec) -> str:

@@ -37,11 +37,17 @@ import numpy as np
 from prefetch import storage
 from prefetch.plan import EpochPlan
 from prefetch.session import forget_dummy_thread
+from prefetch.shard_index import open_shard
+from prefetch.shard_index_file import ShardIdentity, local_identity
 from prefetch.shard_members import spooled_name
 
 # Appended to the seed for the shard order and the shuffle buffer's draws.
 _SHARD_ORDER_KEY = (2, 0)
 _BUFFER_KEY = (2, 1)
+# Epoch orders a StreamingPlan keeps (the current epoch's and the next one's).
+KEPT_ORDERS = 2
+# Samples of the shuffle buffer's draws computed at once (a few arrays of this length).
+STEPS_AT_ONCE = 1 << 18
 # Shards fetched at once, and fetched ahead of the batches being decoded.
 FETCH_THREADS = 4
 READAHEAD_SHARDS = 4
@@ -92,18 +98,24 @@ class StreamingPlan(EpochPlan):
         return shards[rng.permutation(len(shards))]
 
     def order(self, epoch: int) -> np.ndarray:
-        """The sample indices of `epoch` on this host, in order (cached for the last few)."""
+        """The sample indices of `epoch` on this host, in order: 8 bytes per sample (int64),
+        and the last `KEPT_ORDERS` epochs' orders are kept."""
         found = self._orders.get(epoch)
         if found is not None:
             return found
         starts = self.shard_starts
-        pieces = [np.arange(starts[s], starts[s + 1]) for s in self.shard_order(epoch)]
-        order = np.concatenate([np.zeros(0, np.int64), *pieces]).astype(np.int64)
+        shards = self.shard_order(epoch)
+        counts = (starts[shards + 1] - starts[shards]).astype(np.int64)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch, *_BUFFER_KEY])
-            order = _through_buffer(order, self.buffer, rng)
+            order = _through_buffer(starts[shards], counts, self.buffer, rng)
+        else:
+            order = np.empty(int(counts.sum()), np.int64)
+            for begin in range(0, len(order), STEPS_AT_ONCE):
+                end = min(begin + STEPS_AT_ONCE, len(order))
+                order[begin:end] = _incoming(starts[shards], counts, begin, end)
         order = order[: self.shard_size]
-        if len(self._orders) >= 4:
+        if len(self._orders) >= KEPT_ORDERS:
             self._orders.pop(next(iter(self._orders)))
         self._orders[epoch] = order
         return order
@@ -114,21 +126,47 @@ class StreamingPlan(EpochPlan):
         return [order[i : i + size] for i in range(0, len(self) * size, size)][start:]
 
 
-def _through_buffer(incoming: np.ndarray, buffer: int, rng: np.random.Generator) -> np.ndarray:
-    """`incoming` as it leaves a shuffle buffer of `buffer` samples: the buffer fills first;
-    then each sample that comes in takes the place of a uniformly drawn one, which goes out;
-    at the end the rest go out in a random order."""
-    size = min(buffer, len(incoming))
-    held = incoming[:size].tolist()
-    rest = incoming[size:].tolist()
-    picks = rng.integers(0, size, len(rest)).tolist() if size else []
-    out: list[int] = []
-    append = out.append
-    for pick, sample in zip(picks, rest, strict=True):
-        append(held[pick])
-        held[pick] = sample
-    tail = np.asarray(held, np.int64)[rng.permutation(len(held))]
-    return np.concatenate([np.asarray(out, np.int64), tail])
+def _incoming(firsts: np.ndarray, counts: np.ndarray, begin: int, end: int) -> np.ndarray:
+    """Items [begin, end) of the samples of shards whose first samples are `firsts` and
+    sample counts `counts`, taken in that order (without the whole sequence in memory)."""
+    ends = np.cumsum(counts)
+    positions = np.arange(begin, end, dtype=np.int64)
+    shard = np.searchsorted(ends, positions, "right")
+    items: np.ndarray = (
+        np.asarray(firsts, np.int64)[shard] + positions - (ends[shard] - counts[shard])
+    )
+    return items
+
+
+def _through_buffer(
+    firsts: np.ndarray, counts: np.ndarray, buffer: int, rng: np.random.Generator
+) -> np.ndarray:
+    """The samples of the shards (`_incoming`) as they leave a shuffle buffer of `buffer`
+    samples: the buffer fills first; then each sample that comes in takes the place of a
+    uniformly drawn one, which goes out; at the end the rest go out in a random order.
+    Computed `STEPS_AT_ONCE` samples at a time with numpy (a sample leaving at step k is the
+    last one put in its drawn place before k, or the place's first occupant): the result's
+    8 bytes per sample and a fixed amount for each step."""
+    total = int(counts.sum())
+    size = min(buffer, total)
+    held = _incoming(firsts, counts, 0, size)
+    out = np.empty(total, np.int64)
+    for begin in range(size, total, STEPS_AT_ONCE):
+        end = min(begin + STEPS_AT_ONCE, total)
+        arriving = _incoming(firsts, counts, begin, end)
+        picks = rng.integers(0, size, end - begin)
+        by_place = np.argsort(picks, kind="stable")
+        places = picks[by_place]
+        after_same = np.zeros(len(places), bool)
+        after_same[1:] = places[1:] == places[:-1]
+        leaving = held[places]
+        leaving[after_same] = arriving[by_place[:-1][after_same[1:]]]
+        out[begin - size + by_place] = leaving
+        last = np.ones(len(places), bool)
+        last[:-1] = ~after_same[1:]
+        held[places[last]] = arriving[by_place[last]]
+    out[total - size :] = held[rng.permutation(size)]
+    return out
 
 
 class _Stop(Exception):
@@ -231,15 +269,15 @@ class ShardSpool:
         if not storage.is_url(url):
             return  # a local shard streamed (streaming=True) is read where it lies
         final = self.path(shard)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(final).st_size == index.size:
-                return  # kept from an earlier epoch or run
+        with contextlib.suppress(OSError):
+            if index.identity.matches(_copy_identity(final)):
+                return  # kept from an earlier epoch or run, and the bytes indexed
         handle, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
         try:
             with os.fdopen(handle, "w+b") as file, storage.using(self.remote):
-                size = storage.download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
-                index.check_size(url, size)
+                storage.download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
                 file.flush()
+                index.check_copy(url, _copy_identity(partial))
             os.replace(partial, final)
             self.fetched += 1
         except BaseException:
@@ -267,6 +305,17 @@ class ShardSpool:
         self.end()
         if not self.keep:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _copy_identity(path: str) -> ShardIdentity:
+    """The size and edges' digest of a spooled copy (its own times and inode are not the
+    shard's)."""
+    handle = open_shard(path)
+    try:
+        identity = local_identity(handle)
+    finally:
+        os.close(handle)
+    return ShardIdentity(identity.size, identity.digest)
 
 
 def streaming_parts(

@@ -26,6 +26,7 @@ from prefetch.decode import open_image
 from prefetch.messages import counted, suggest_keywords
 from prefetch.paths import PathArray as PathArray
 from prefetch.paths import pack_chunks
+from prefetch.shard_members import Location
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -111,8 +112,17 @@ class FileList:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         """The full-size decoded image (uint8 HxWxC, as stored) and its label."""
-        with open_image(self.paths[index]) as image:
+        with open_image(self.location(index)) as image:
             return np.asarray(image), int(self.labels[index])
+
+    def location(self, index: int) -> Location:
+        """Where sample `index` is read from: its path (a shard source: its `Member`)."""
+        return str(self.paths[index])
+
+    def describe(self, index: int) -> str:
+        """Sample `index` named for messages: its path (a shard source's `paths` name the
+        shard, the member's key and its byte offset)."""
+        return str(self.paths[index])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
         """A FileList of the samples at `indices` (for train/validation splits)."""

@@ -37,6 +37,7 @@ from prefetch.remote_options import using as using
 
 if TYPE_CHECKING:
     from prefetch import remote_http
+    from prefetch.shard_members import Location
 
 log = logging.getLogger("prefetch.loader")
 
@@ -78,13 +79,6 @@ def is_url(path: Any) -> bool:
         return False
     match = _SCHEME.match(path)
     return match is not None and match.group(1).lower() != "file"
-
-
-def is_member(path: str) -> bool:
-    """Whether `path` names a sample inside a shard (`prefetch.shard_members`)."""
-    from prefetch.shard_members import split_member
-
-    return split_member(path) is not None
 
 
 def source_scheme(source: Any) -> str:
@@ -202,16 +196,15 @@ def fetch_object(
     return _retrying(url, retries, attempt), True
 
 
-def read_whole(path: str) -> bytes:
+def read_whole(path: Location) -> bytes:
     """The bytes of `path`: a local or `file://` path through `read_local` (a regular file, at
     most `max_object_bytes`), an fsspec URL through `read_bytes` (retried, capped), a sample
-    of a shard (a member path, `prefetch.shard_members`) through `read_member`."""
-    if "#" in path:
-        from prefetch.shard_members import read_member, split_member
+    of a shard (a `Member` value, `prefetch.shard_members`) through `read_member`. A string
+    is always a path or URL, whatever its characters."""
+    if not isinstance(path, str):
+        from prefetch.shard_members import read_member
 
-        member = split_member(path)
-        if member is not None:
-            return read_member(member)
+        return read_member(path)
     if "://" not in path:  # the local fast path: one substring test
         return read_local(path)
     return read_bytes(path) if is_url(path) else read_local(local_path(path))
@@ -269,21 +262,31 @@ def read_local(path: str, max_bytes: int | None = None) -> bytes:
     nothing is read past the cap, and nothing blocks on a FIFO without a writer."""
     cap = active_options().max_object_bytes if max_bytes is None else max_bytes
     handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(handle, "rb", buffering=0) as file:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
-        if info.st_size > cap:
-            raise OSError(
-                f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
-                "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-            )
-        data = file.read(info.st_size + 1)  # usually all of it, in one read
-        while len(data) <= cap:  # to the end (it may have grown), never past the cap
-            more = file.read(min(cap + 1 - len(data), _LOCAL_CHUNK))
-            if not more:
-                break
-            data += more
+    try:
+        return read_capped(handle, path, cap)
+    finally:
+        os.close(handle)
+
+
+def read_capped(handle: int, path: str, cap: int) -> bytes:
+    """The bytes of the open file `handle` (named `path` in errors) from its start: OSError
+    when it is not a regular file or holds more than `cap` bytes (nothing is read past the
+    cap, even when it grows while read). The one bounded read of a local file: `read_local`,
+    and the index files of `prefetch.shard_index`. The caller closes `handle`."""
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
+    if info.st_size > cap:
+        raise OSError(
+            f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
+            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
+        )
+    data = os.pread(handle, info.st_size + 1, 0)  # usually all of it, in one read
+    while len(data) <= cap:  # to the end (it may have grown), never past the cap
+        more = os.pread(handle, min(cap + 1 - len(data), _LOCAL_CHUNK), len(data))
+        if not more:
+            break
+        data += more
     if len(data) > cap:
         raise OSError(
             f"{path!r} grew past max_object_bytes={cap} while it was read: raise "

@@ -26,6 +26,12 @@ _GNU_MAGIC = b"ustar  \0"  # GNU headers keep other fields where ustar keeps its
 _REGULAR = (b"0", b"\0", b"7")  # regular file, old regular file, contiguous file
 _NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directory, fifo: size unused
 _SIGNED = struct.Struct("148b8x356b")  # a header's bytes less its checksum field, signed
+# The most bytes read of a GNU long name ('L', 'K') and of a pax header ('x', 'g'): a header
+# declaring more is damage (or an attack), refused before anything is read.
+MAX_LONG_NAME_BYTES = 64 << 10
+MAX_PAX_BYTES = 1 << 20
+_EXTRA_CAPS = {b"L": MAX_LONG_NAME_BYTES, b"K": MAX_LONG_NAME_BYTES, b"x": MAX_PAX_BYTES}
+_EXTRA_CAPS[b"g"] = MAX_PAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,10 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
     Supports ustar (name prefix), GNU (long names, base-256 sizes) and pax ('x' headers' path
     and size; global 'g' headers ignored). Directories, links, devices and sparse files are
     skipped (old GNU sparse files with extension headers are refused). The archive ends at a
-    zero block or at end of file. A bad header checksum, an unreadable header, or a member
-    running past the end of the file raises `CorruptShardError` naming the header's offset.
+    zero block or at end of file. At most `MAX_LONG_NAME_BYTES` of a long name and
+    `MAX_PAX_BYTES` of a pax header are read (more is refused). A bad header checksum, an
+    unreadable header, a member running past the end of the file, or a long name or pax
+    header over its cap raises `CorruptShardError` naming the header's offset.
     """
     size = file_size(file)
     offset = 0
@@ -100,6 +108,10 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
         data_offset = offset + _BLOCK
         if kind in _NO_DATA or (kind == b"\0" and header[:100].split(b"\0")[0].endswith(b"/")):
             member_size = 0
+        cap = _EXTRA_CAPS.get(kind)
+        if cap is not None and member_size > cap:
+            what = "GNU long name" if kind in (b"L", b"K") else "pax header"
+            raise corrupt_shard(path, offset, f"a {what} of {member_size} bytes (at most {cap})")
         if member_size < 0 or data_offset + member_size > size:
             what = f"{member_size} bytes from {data_offset}, the file ends at {size}"
             raise corrupt_shard(path, offset, f"truncated tar member: {what}")

@@ -36,6 +36,7 @@ from PIL import Image
 from prefetch.augment import Box, Crop
 from prefetch.decode import DecodeOptions, convert_mode, open_bytes, read_image, to_target_size
 from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
+from prefetch.shard_members import Location
 
 
 def _compiled() -> ModuleType | None:
@@ -75,11 +76,12 @@ def window_engine_name(engine: str) -> str:
 
 
 def decode_window(
-    path: str, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
+    path: Location, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
 ) -> np.ndarray:
     """The window `crop` draws (from `rng`) of the image at `path`, resized to `options.shape`.
 
-    `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries).
+    `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries), or a
+    shard's `Member`.
     Raises what `decode_image` raises for a bad file.
     """
     data = read_image(path)  # checked: an empty file, too many JPEG scans
@@ -92,7 +94,7 @@ def decode_window(
             if pixels is not None:
                 return resize_window(pixels, options)
             return _pillow_window(data, box, options)
-    with open_bytes(data, path) as image:  # its errors name the file
+    with open_bytes(data, str(path)) as image:  # its errors name the file
         box = crop.box(image.height, image.width, options.image_size, rng)
         return _pillow_window(data, box, options, image)
 

@@ -500,7 +500,7 @@ def test_a_corrupt_record_is_skipped_and_counted_with_on_error_skip(
     assert identify(got) == [n for n in range(COUNT) if n != 7]
     assert stats.skipped == 1
     assert stats.skipped_paths == (source.paths[7],)
-    assert f"{shard}#tfrecord@{offset}+" in stats.skipped_paths[0]
+    assert f"{shard} (record at byte {offset})" == stats.skipped_paths[0]
 
 
 def test_a_corrupt_record_of_a_streamed_remote_shard_is_skipped_or_raised(
@@ -516,7 +516,9 @@ def test_a_corrupt_record_of_a_streamed_remote_shard_is_skipped_or_raised(
             got = identify([(b.images, b.labels) for b in skipping])
             stats = skipping.stats()
         assert sorted(got) == [n for n in range(COUNT) if n != 7]
-        assert stats.skipped == 1 and stats.skipped_paths[0].startswith(f"{url_shard}#")
+        assert stats.skipped == 1 and stats.skipped_paths[0].startswith(
+            f"{url_shard} (record at byte"
+        )
         with pytest.raises(prefetch.CorruptShardError) as raised, loader(source, seed=4) as made:
             list(made)
     error = raised.value

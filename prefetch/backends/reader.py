@@ -25,8 +25,7 @@ from prefetch.cache import ObjectCache
 from prefetch.decode import DecodeOptions, Decoder, decode_image, decoder_name, to_target_size
 from prefetch.errors import add_note
 from prefetch.labels import check_label
-from prefetch.shard_formats import CorruptShardError
-from prefetch.shard_members import split_member, spooled_path
+from prefetch.shard_members import Location, Member, spooled
 from prefetch.sources import is_file_source
 from prefetch.storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.window_decode import crop_image, decode_window, flip_left_right
@@ -86,21 +85,25 @@ class SampleReader:
         prepare = getattr(self.decoder, "prepare", None)
         if callable(prepare):
             prepare()
-        if is_file_source(self.source):
-            paths = self.source.paths
-            if len(paths) and is_url(str(paths[0])):
-                filesystem_for(str(paths[0]))
+        if is_file_source(self.source) and len(self.source):
+            first = self.source.location(0)
+            where = first if isinstance(first, str) else first.shard
+            if is_url(where):
+                filesystem_for(where)
 
-    def file_path(self, index: int) -> str:
-        """The path a file source's sample `index` is read from (its spooled copy's, when
-        the source is streamed)."""
-        path = str(self.source.paths[index])
-        return spooled_path(self.spool, path) if self.spool is not None else path
+    def file_path(self, index: int) -> Location:
+        """Where a file source's sample `index` is read from: its path, or its shard's
+        `Member` (in the shard's spooled copy, when the source is streamed). Only the source
+        makes a `Member`: a path string is never read as one."""
+        location: Location = self.source.location(index)
+        if self.spool is not None and isinstance(location, Member):
+            return spooled(self.spool, location)
+        return location
 
     def describe(self, index: int) -> str:
         """The file (or sample) behind `index`, for messages."""
         if is_file_source(self.source):
-            return str(self.source.paths[index])
+            return self.source.describe(index)
         return f"{type(self.source).__name__}[{index}]"
 
     def read_into(
@@ -146,7 +149,7 @@ class SampleReader:
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
         return outcome
 
-    def decode_file(self, path: str, rng: np.random.Generator | None) -> np.ndarray:
+    def decode_file(self, path: Location, rng: np.random.Generator | None) -> np.ndarray:
         """The image file at `path` at the target size: the crop's window when there is a
         crop (drawn from `rng`, the sample's `Augment.rng`), else the whole image."""
         if self.augment.crop is not None and rng is not None:
@@ -166,15 +169,13 @@ class SampleReader:
             # The cache may decode twice (a kept copy that fails is read again): both draw alike.
             again = rng.bit_generator.state if rng is not None and self.cache else None
 
-            def decode(local: str) -> np.ndarray:
+            def decode(local: Location) -> np.ndarray:
                 if rng is not None and again is not None:
                     rng.bit_generator.state = again
                 step.name = DECODER if own_decoder else FILE
                 return self.decode_file(local, rng)
 
-            if self.spool is not None:
-                image = _naming_the_url(decode, path, str(self.source.paths[index]))
-            elif self.cache is None:
+            if self.cache is None or not isinstance(path, str):
                 image = decode(path)
             else:
                 image, kept = self.cache.decoded(path, decode)
@@ -255,22 +256,14 @@ class SampleReader:
                 f"{where}: fix {name}; it must return a uint8 array of shape {shape}, the "
                 "shape it was given"
             )
+        location = self.source.location(index) if is_file_source(self.source) else None
+        if isinstance(location, Member):
+            return (
+                f"prefetch: while reading {where}: the sample is damaged in its shard; "
+                f"re-write or re-download {location.shard!r}, or pass on_error='skip' to drop "
+                "unreadable samples"
+            )
         return f"prefetch: while reading {where}; pass on_error='skip' to drop unreadable samples"
-
-
-def _naming_the_url(decode: Callable[[str], np.ndarray], copy: str, url: str) -> np.ndarray:
-    """`decode(copy)` of a sample in a spooled copy of a URL shard; a damaged record's error
-    names the shard's URL (`url`'s), not the temporary copy."""
-    try:
-        return decode(copy)
-    except CorruptShardError as error:
-        copied, original = split_member(copy), split_member(url)
-        if copied is None or original is None:
-            raise
-        message = str(error).replace(copied.shard, original.shard)
-        raise CorruptShardError(message, original.shard, error.offset).with_traceback(
-            error.__traceback__
-        ) from None
 
 
 def _is_builtin(decoder: Decoder) -> bool:

@@ -27,6 +27,7 @@ from prefetch.autoscale import available_memory_bytes
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.plan import epoch_order
+from prefetch.shard_members import Location
 from prefetch.sources import ImageFolder
 from prefetch.window_decode import decode_window, flip_left_right
 
@@ -85,8 +86,8 @@ class CroppingDecoder:
         self.augment = Augment(crop, flip=not isinstance(crop, CenterCrop))
         self.name = f"{engine} window"
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        rng = Augment.rng(0, 0, zlib.crc32(path.encode()))
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        rng = Augment.rng(0, 0, zlib.crc32(str(path).encode()))
         image = decode_window(path, self.crop, rng, options, self.engine)
         return flip_left_right(image) if self.augment.flipped(rng) else image
 

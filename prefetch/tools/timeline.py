@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from prefetch.decode import DecodeOptions, Decoder
+from prefetch.shard_members import Location
 
 # Characters of the text rendering's time axis, unless asked otherwise.
 TEXT_WIDTH = 96
@@ -250,7 +251,7 @@ class TimedDecoder:
                 f"spool_dir {self.spool_dir!r} is not a folder; create it (a temporary folder)"
             )
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         began = time.perf_counter()
         try:
             return self.decoder(path, options)

@@ -1,0 +1,183 @@
+"""Hostile and odd shards for tests: what a crashed writer, a hostile neighbour or server could
+leave, built in a few milliseconds and a few megabytes each.
+
+- `write_tar` and `write_tfrecord`: small real shards of given samples (labels chosen, so a
+  replaced shard of the same size tells itself apart by its labels).
+- `bomb_index`: an index file whose `offsets` member inflates to gigabytes from about 2 MB.
+- `long_name_tar`: a sparse tar whose first header is a GNU long name declaring gigabytes.
+- `empty_values_record`: a TFRecord whose one record holds millions of empty BytesList values.
+- `run_limited`: run Python code in a subprocess under an address-space limit, so that a test
+  of a memory bound cannot take the machine down.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from prefetch.shard_formats import encode_example, frame_record
+from prefetch.tar_format import TAR_END, tar_header, tar_padding
+
+
+def write_tar(
+    path: str | os.PathLike[str], samples: Sequence[tuple[str, bytes, int | None]]
+) -> None:
+    """A tar shard at `path` of `(key, image bytes, label)` samples: `key.jpg`, and `key.cls`
+    unless the label is None (members in that order, as WebDataset writes them)."""
+    with open(path, "wb") as file:
+        for key, image, label in samples:
+            members = [(f"{key}.jpg", image)]
+            if label is not None:
+                members.append((f"{key}.cls", str(label).encode()))
+            for name, data in members:
+                file.write(tar_header(name, len(data)) + data + tar_padding(len(data)))
+        file.write(TAR_END)
+
+
+def write_tfrecord(path: str | os.PathLike[str], samples: Sequence[tuple[bytes, int]]) -> None:
+    """A TFRecord shard at `path` of `(image bytes, label)` samples (TensorFlow's keys)."""
+    with open(path, "wb") as file:
+        for image, label in samples:
+            example = encode_example({"image/encoded": image, "image/class/label": label})
+            file.write(frame_record(example))
+
+
+def _zip(entries: Sequence[tuple[str, bytes, int, int, int]]) -> bytes:
+    """A zip archive of `(name, stored bytes, method, crc, uncompressed size)` entries,
+    written as is: a declared size may be anything."""
+    out, central = io.BytesIO(), []
+    for name, data, method, crc, size in entries:
+        offset = out.tell()
+        encoded = name.encode()
+        fields = (20, 0, method, 0, 0, crc, len(data), size, len(encoded), 0)
+        out.write(b"PK\x03\x04" + struct.pack("<HHHHHIIIHH", *fields) + encoded + data)
+        central.append(
+            b"PK\x01\x02"
+            + struct.pack(
+                "<HHHHHHIIIHHHHHII",
+                20,
+                20,
+                0,
+                method,
+                0,
+                0,
+                crc,
+                len(data),
+                size,
+                len(encoded),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + encoded
+        )
+    start = out.tell()
+    for record in central:
+        out.write(record)
+    size = out.tell() - start
+    out.write(
+        b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, len(central), len(central), size, start, 0)
+    )
+    return out.getvalue()
+
+
+def bomb_index(index_file: bytes, member: str = "offsets.npy", gib: int = 2) -> bytes:
+    """The index file `index_file` (an .npz's bytes) with `member` replaced by a deflated
+    array of `gib` GiB of zeros (about 1 MB of deflate per GiB): its declared size is true,
+    so only a reader that checks it before inflating stays small."""
+    header = io.BytesIO()
+    count = (gib << 30) // 8
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<i8", "fortran_order": False, "shape": (count,)}
+    )
+    zeros = bytes(1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    first = deflate.compress(header.getvalue() + zeros) + deflate.flush(zlib.Z_FULL_FLUSH)
+    block = deflate.compress(zeros) + deflate.flush(zlib.Z_FULL_FLUSH)
+    again = deflate.compress(zeros) + deflate.flush(zlib.Z_FULL_FLUSH)
+    assert block == again  # each MiB of zeros after a full flush deflates alike
+    megabytes = (count * 8) >> 20
+    stream = first + block * (megabytes - 1) + deflate.flush()
+    entries = []
+    with zipfile.ZipFile(io.BytesIO(index_file)) as archive:
+        for info in archive.infolist():
+            if info.filename == member:
+                size = len(header.getvalue()) + count * 8
+                entries.append((member, stream, zipfile.ZIP_DEFLATED, 0, size))
+            else:
+                data = archive.read(info)
+                entries.append(
+                    (info.filename, data, zipfile.ZIP_STORED, zlib.crc32(data), len(data))
+                )
+    return _zip(entries)
+
+
+def long_name_tar(path: str | os.PathLike[str], declared: int = 2 << 30) -> None:
+    """A tar at `path` whose first header is a GNU long name ('L') declaring `declared` bytes,
+    the file extended (sparse: a few KB on disk) so that the declared data lies inside it."""
+    header = bytearray(tar_header("././@LongLink", 0))
+    header[124:136] = b"\x80" + declared.to_bytes(11, "big")  # base-256 size
+    header[156:157] = b"L"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    with open(path, "wb") as file:
+        file.write(bytes(header) + bytes(8192 - 512))
+        file.truncate(512 + declared + 1024)
+
+
+def empty_values_record(path: str | os.PathLike[str], values: int = 10_000_000) -> None:
+    """A TFRecord at `path` of one record whose "image/encoded" BytesList holds the image
+    bytes, then `values` empty bytes values (2 bytes each: a 20 MB record for 10 million),
+    and whose "image/class/label" is 1."""
+    image = b"\xff\xd8 not decoded"
+    listed = _field(1, image) + b"\x0a\x00" * values  # BytesList.value, repeated
+    entry = _field(1, b"image/encoded") + _field(2, _field(1, listed))  # key, Feature.bytes_list
+    example = encode_example({"image/class/label": 1})
+    example += _field(1, _field(1, entry))  # a second Features message merges into the first
+    with open(path, "wb") as file:
+        file.write(frame_record(example))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def run_limited(code: str, limit_bytes: int = 3 << 29, timeout_s: float = 50.0) -> str:
+    """Run `code` (Python source) in a fresh interpreter under an address-space limit of
+    `limit_bytes` (default 1.5 GiB), with this interpreter's import path; its stdout, or
+    AssertionError with its stderr when it fails."""
+    prelude = (
+        f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({limit_bytes}, {limit_bytes}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"the limited run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return done.stdout
