@@ -18,12 +18,16 @@ framework for it, so this module imports Keras only. Contract:
   the TensorFlow backend asks for two batches to learn the tensor spec before any epoch begins,
   and must not take them from the loader. Their batch sizes differ unless every batch of the
   loader is full, so the spec's batch dimension is left open for a short last batch.
+- Before its first epoch, `fit` and `evaluate` take one batch to build the model, then drop
+  their iterator (`EpochIterator.reset`, which calls `on_epoch_end`): a batch taken so is
+  handed out again as the first of the next epoch, so no batch is lost to that look.
 - An error raised by the loader is recorded on its Coordinator before it propagates, so that
   `with loader:` re-raises the original when TensorFlow has wrapped it in its own type.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import keras
@@ -59,6 +63,10 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         )
         self._stream: Any = None
         self._in_epoch = False
+        self._taken = 0  # batches handed out in this Keras epoch
+        self._first: Any = None  # the first of them
+        self._looked = False  # whether Keras took that first one to build the model
+        self._again: Any = None  # such a batch, to hand out again
 
     @property
     def num_batches(self) -> int:
@@ -73,12 +81,21 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         if self._in_epoch:  # the previous iteration was abandoned mid-epoch
             self._end_stream()
         self._in_epoch = True
+        self._taken = 0
 
     def on_epoch_end(self) -> None:
         """Called by Keras as an epoch ends: a stream that delivered its epoch is closed."""
-        self._in_epoch = False
+        dropped = self._in_epoch and _called_from_keras("reset", 4)
+        first, self._first, self._in_epoch = self._first, None, False
+        if dropped and self._taken == 1 and self._looked:  # Keras built the model from it
+            again = tuple(np.copy(part) for part in first)
+            self._again = again if self.loader.label_mode is not None else again[0]
+            return
         stream = self._stream
         if stream is not None and stream.epoch is not None and stream.position >= len(self):
+            next(stream, None)  # ends the delivered epoch as plain iteration does (its stats)
+            self._stream = None
+        elif dropped:  # Keras dropped its iterator mid-epoch: a new one starts the next epoch
             self._end_stream()
 
     def _end_stream(self) -> None:
@@ -90,6 +107,12 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         """The next batch of the loader's running epoch (the index is not used)."""
         if not self._in_epoch:
             return self._spec_batch(index)
+        self._taken += 1
+        if self._taken == 1:
+            self._looked = _called_from_keras("_symbolic_build", 16)
+        if self._again is not None:
+            again, self._again = self._again, None
+            return again
         try:
             batch = None if self._stream is None else next(self._stream, None)
             if batch is None:
@@ -99,6 +122,8 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
             self._stream = None
             self.loader.record_undelivered_error(error)
             raise
+        if self._looked and self._taken == 1:  # kept only while Keras builds the model
+            self._first = batch if self.loader.label_mode is not None else (batch.images,)
         return tuple(batch) if self.loader.label_mode is not None else batch.images
 
     def _spec_batch(self, index: int) -> Any:
@@ -117,6 +142,18 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
             return images
         tail, dtype = spec
         return images, np.zeros((size, *tail), dtype)
+
+
+def _called_from_keras(function: str, depth: int) -> bool:
+    """Whether Keras's `function` is among our caller's `depth` nearest callers."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == function and "keras" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def dataset(loader: Loader) -> LoaderPyDataset:
