@@ -14,7 +14,7 @@ ARGS ?=
 $(VENV)/.installed: pyproject.toml setup.py prefetch/_jpegwindow.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[tf,test,fast,docs,remote,plot]"
+	$(PY) -m pip install --quiet -e ".[tf,torch,test,fast,docs,remote,plot]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -146,13 +146,13 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
 def _called_from_keras(function: str, depth: int) -> bool:
     """Whether Keras's `function` is among our caller's `depth` nearest callers."""
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return False
         if frame.f_code.co_name == function and "keras" in frame.f_code.co_filename:
             return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 

@@ -119,7 +119,7 @@ class DeviceLoader:
         self.loader = loader
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.device = torch.device("cuda", torch.cuda.current_device())  # type: ignore[unreachable]
         if dtype != torch.uint8 and not dtype.is_floating_point:
             raise ValueError(f"dtype must be torch.uint8 or a floating dtype, got {dtype}")
         if dtype == torch.uint8 and (mean is not None or std is not None):
@@ -140,7 +140,7 @@ class DeviceLoader:
         self._scale = torch.tensor([1 / (s * 255) for s in std_values]).reshape(shape)
         self._scale = self._scale.to(self.device)
         self._cuda = self.device.type == "cuda"
-        self._side = torch.cuda.Stream(self.device) if self._cuda else None
+        self._side = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         self._pinned: list[_Pinned] = []
         self._turn = 0
         self._stream: Any = None  # the loader stream of the epoch being iterated
@@ -282,10 +282,10 @@ class DeviceLoader:
             labels = None
             if host_labels is not None:
                 labels = host_labels.to(self.device, non_blocking=True)
-            pinned.copied = torch.cuda.Event()
+            pinned.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             pinned.copied.record(self._side)
             images = self._convert(images)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(self._side)
         return _Ready(images, labels, event)
 
