@@ -72,7 +72,7 @@ def test_bad_options_are_refused_naming_the_fix(shapes: Path) -> None:
         prefetch.torch.DeviceLoader(loader, dtype=torch.uint8, mean=0.5)
     with pytest.raises(ValueError, match="one value per channel"):
         prefetch.torch.DeviceLoader(loader, mean=(0.5, 0.5))
-    with pytest.raises(ValueError, match="must be torch.uint8 or a floating dtype"):
+    with pytest.raises(ValueError, match="or a floating dtype"):
         prefetch.torch.DeviceLoader(loader, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="init_process_group"):
         prefetch.torch.DeviceLoader(loader, distributed=True)
