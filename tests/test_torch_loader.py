@@ -245,3 +245,18 @@ def test_importing_prefetch_imports_no_framework() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_batches_equal_the_cpu_ones_and_kept_ones_are_never_overwritten(
+    shapes: Path,
+) -> None:
+    options = {**OPTIONS, "depth": 1}
+    on_cpu = list(prefetch.torch.DeviceLoader(prefetch.Loader(shapes, **options), mean=0.5))
+    loader = prefetch.Loader(shapes, **options)
+    on_gpu = list(prefetch.torch.DeviceLoader(loader, device="cuda", mean=0.5))
+    torch.cuda.synchronize()
+    assert all(x.device.type == "cuda" and y.device.type == "cuda" for x, y in on_gpu)
+    for (x, y), (cx, cy) in zip(on_gpu, on_cpu, strict=True):
+        torch.testing.assert_close(x.cpu(), cx)
+        assert torch.equal(y.cpu(), cy)
