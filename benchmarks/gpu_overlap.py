@@ -184,7 +184,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=160)
-    parser.add_argument("--width", type=int, default=32, help="channels of the first conv")
+    parser.add_argument("--width", type=int, default=128, help="channels of the first conv")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: cores)")
     parser.add_argument("--per-class", type=int, default=400, help="images per generated class")
     args = parser.parse_args()
@@ -228,7 +228,11 @@ def main() -> int:
         for mode in ("plain", "overlapped"):
             rows.append(("folder", mode, run(mode, loader, trainer, args.steps, args.warmup)))
     stats = loader.stats()
-    print(f"folder loader: {stats.backend} backend, {stats.workers} workers, {stats.decoder}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(
+        f"folder loader: {stats.backend} backend, {stats.workers} workers, {stats.decoder}, "
+        f"{cores} usable cores; model width {args.width}"
+    )
     print(
         f"{'source':<7} {'mode':<11} {'step ms':>8} {'wait ms':>8} {'copy ms':>8} {'images/s':>9}"
     )
