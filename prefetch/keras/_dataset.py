@@ -9,11 +9,12 @@ framework for it, so this module imports Keras only. Contract:
   next `__getitem__` begins the loader's next epoch, so a Keras epoch shorter than the loader's
   (`steps_per_epoch`) goes on where the previous one stopped, as Keras does with a tf.data
   iterator. `num_batches` is `len(loader)`.
-- Keras's adapter calls `on_epoch_begin` and `on_epoch_end` around each epoch it runs. A second
-  `on_epoch_begin` without an `on_epoch_end` means the previous iteration was abandoned (a
-  callback stopped training mid-epoch, then `fit` or `evaluate` ran again): the abandoned
-  epoch's stream is closed and the next batch begins the loader's next epoch, as a new
-  iterator of `prefetch.tf.dataset` does; the loader's `state_dict()` keeps where it stopped.
+- Keras's adapter calls `on_epoch_begin` and `on_epoch_end` around each epoch it runs. When
+  Keras drops an iterator mid-epoch (`EpochIterator.reset`, as the next `fit` or `evaluate`
+  starts after a callback stopped training; also a second `on_epoch_begin` without an
+  `on_epoch_end`), the dropped epoch's stream is closed and the next batch begins the loader's
+  next epoch, as a new iterator of `prefetch.tf.dataset` does; the loader's `state_dict()`
+  keeps where the dropped one stopped.
 - Outside an epoch, `__getitem__` answers with zero batches of the loader's shapes and dtypes:
   the TensorFlow backend asks for two batches to learn the tensor spec before any epoch begins,
   and must not take them from the loader. Their batch sizes differ unless every batch of the
