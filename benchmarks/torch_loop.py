@@ -11,7 +11,8 @@ model on the CPU), a steady state of `--epochs` timed epochs after one untimed w
   ToTensor and Normalize: a line-by-line transcription of torchvision's algorithm (torchvision
   is not installed here), what a PyTorch user writes today.
 
-Per loop: images/s and the share of the time the loop waited for data. Then, with `--keras`,
+Per loop: images/s and the share of the time the loop waited for data; then each pipeline
+alone, iterated without a model (its ceiling on this machine). Then, with `--keras`,
 Keras `fit` images/s from `prefetch.keras.dataset` under `KERAS_BACKEND=tensorflow` and
 `torch` (each in a subprocess of this script), steady state (epochs after the first), beside
 the same model fed the same batches from memory: the backend's own ceiling on this model.
@@ -150,7 +151,21 @@ def train(batches: Any, classes: int, epochs: int) -> dict[str, float]:
     return {"images_s": images_seen / elapsed, "wait_share": wait / elapsed, "s": elapsed}
 
 
-def torch_rows(root: Path, epochs: int, workers: int) -> list[tuple[str, dict[str, float]]]:
+def read(batches: Any, classes: int, epochs: int) -> dict[str, float]:
+    """The pipeline alone, no model: one untimed epoch, then `epochs` timed: images/s."""
+    images_seen, start = 0, 0.0
+    for epoch in range(epochs + 1):
+        if epoch == 1:
+            images_seen, start = 0, time.perf_counter()
+        for _, labels in batches():
+            images_seen += len(labels)
+    elapsed = time.perf_counter() - start
+    return {"images_s": images_seen / elapsed, "wait_share": 1.0, "s": elapsed}
+
+
+def torch_rows(
+    root: Path, epochs: int, workers: int, step: Any
+) -> list[tuple[str, dict[str, float]]]:
     import prefetch.torch
 
     source = prefetch.ImageFolder(root)
@@ -167,10 +182,10 @@ def torch_rows(root: Path, epochs: int, workers: int) -> list[tuple[str, dict[st
     loader = prefetch.Loader(source, **options)
     with loader:
         device_loader = prefetch.torch.DeviceLoader(loader, mean=MEAN, std=STD)
-        rows.append(("prefetch.torch", train(lambda: device_loader, classes, epochs)))
+        rows.append(("prefetch.torch", step(lambda: device_loader, classes, epochs)))
     loader = prefetch.Loader(source, **options)
     with loader:
-        rows.append(("plain Loader", train(lambda: plain(loader), classes, epochs)))
+        rows.append(("plain Loader", step(lambda: plain(loader), classes, epochs)))
     data = torch.utils.data.DataLoader(
         PillowFolder(source),
         batch_size=BATCH,
@@ -178,7 +193,7 @@ def torch_rows(root: Path, epochs: int, workers: int) -> list[tuple[str, dict[st
         num_workers=2,
         persistent_workers=True,
     )
-    rows.append(("DataLoader(2)", train(lambda: data, classes, epochs)))
+    rows.append(("DataLoader(2)", step(lambda: data, classes, epochs)))
     return rows
 
 
@@ -265,14 +280,16 @@ def main() -> int:
     if not args.skip_torch:
         results: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.repeats):  # the loops take turns, so the load hits each alike
-            for name, row in torch_rows(args.root, args.epochs, args.workers):
+            for name, row in torch_rows(args.root, args.epochs, args.workers, train):
                 results.setdefault(name, []).append(row)
-        print(f"{'loop':<16} {'images/s':>9} {'waiting':>8}  (median of {args.repeats}; each run)")
+            for name, row in torch_rows(args.root, args.epochs, args.workers, read):
+                results.setdefault(f"{name}, no model", []).append(row)
+        print(f"{'loop':<26} {'images/s':>9} {'waiting':>8}  (median of {args.repeats}; each run)")
         for name, rows in results.items():
             speed = statistics.median(r["images_s"] for r in rows)
             wait = statistics.median(r["wait_share"] for r in rows)
             each = " ".join(f"{r['images_s']:.0f}/{r['wait_share']:.0%}" for r in rows)
-            print(f"{name:<16} {speed:9.1f} {wait:8.0%}  {each}")
+            print(f"{name:<26} {speed:9.1f} {wait:8.0%}  {each}")
     if args.keras:
         print(f"{'Keras backend':<16} {'images/s':>9} {'from memory':>12} {'ratio':>6}")
         for backend in ("tensorflow", "torch"):
