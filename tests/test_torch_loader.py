@@ -3,7 +3,9 @@ IterableDataset view, resume, torch.distributed shares, and the missing-framewor
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -139,28 +141,35 @@ def test_state_dict_counts_batches_handed_out_and_resumes_the_same_batches(shape
 
 
 DDP_RANK = """
-import json, os, sys
+import json, sys
 import torch, torch.distributed as dist
 import prefetch, prefetch.torch
 dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2)
-loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=8, workers=1, seed=7,
-                         label_mode=None, shuffle=True, backend="thread")
-names = loader.source.paths
-batches = prefetch.torch.DeviceLoader(loader, dtype=torch.uint8)
-order = [loader.batch_indices(0)]
+def make():
+    loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=8, workers=1, seed=7,
+                             label_mode=None, backend="thread")
+    return loader, prefetch.torch.DeviceLoader(loader, dtype=torch.uint8)
+loader, batches = make()  # sharded by the process group's rank and world size
+whole = [int(x.sum()) for x in batches]  # epoch 0, uninterrupted
+_, batches = make()
 epoch = iter(batches)
-next(epoch)
+first = [int(next(epoch).sum())]
 state = batches.state_dict()
 epoch.close()
-resumed = prefetch.torch.DeviceLoader(prefetch.Loader(sys.argv[1], batch_size=4, image_size=8,
-    workers=1, seed=7, label_mode=None, backend="thread"), dtype=torch.uint8)
+_, resumed = make()
 resumed.load_state_dict(state)
-rest = sum(1 for _ in resumed)
+rest = [int(x.sum()) for x in resumed]
 print(json.dumps({"shard": [loader.shard_index, loader.num_shards],
-                  "indices": [int(i) for b in order[0] for i in b], "rest": rest,
-                  "batches": len(batches), "state": state}))
+                  "indices": [int(i) for b in loader.batch_indices(0) for i in b],
+                  "state": state, "same_order": first + rest == whole}))
 dist.destroy_process_group()
 """
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -173,7 +182,7 @@ def test_under_torch_distributed_each_rank_reads_a_disjoint_share_of_the_epoch(
     environment = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(29500 + os.getpid() % 1000),
+        "MASTER_PORT": str(free_port()),
         "PYTHONPATH": str(ROOT),
     }
     ranks = [
@@ -188,16 +197,14 @@ def test_under_torch_distributed_each_rank_reads_a_disjoint_share_of_the_epoch(
     ]
     outputs = [rank.communicate(timeout=150) for rank in ranks]
     assert all(rank.returncode == 0 for rank in ranks), [err[-3000:] for _, err in outputs]
-    import json
-
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["shard"] for r in results] == [[0, 2], [1, 2]]
     shares = [set(r["indices"]) for r in results]
     assert not shares[0] & shares[1]
     assert shares[0] | shares[1] == set(range(60))
-    for result in results:  # the same order on resume: the rest of the epoch after batch 1
-        assert result["state"]["position"] == 1
-        assert result["rest"] == result["batches"] - 1
+    for result in results:  # stopped after one batch, resumed: the same batches in order
+        assert result["state"] == {"seed": 7, "epoch": 0, "position": 1}
+        assert result["same_order"]
 
 
 BLOCKED = """
