@@ -186,6 +186,9 @@ def main() -> int:
     parser.add_argument("--image-size", type=int, default=160)
     parser.add_argument("--width", type=int, default=128, help="channels of the first conv")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: cores)")
+    parser.add_argument(
+        "--backend", default="auto", help="the folder loader's: auto, thread, process"
+    )
     parser.add_argument("--per-class", type=int, default=400, help="images per generated class")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -203,6 +206,7 @@ def main() -> int:
         workers=args.workers,
         seed=0,
         drop_remainder=True,
+        backend=args.backend,
     )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
