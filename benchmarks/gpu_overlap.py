@@ -28,15 +28,19 @@ import os
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 try:
     import google_crc32c  # noqa: F401  prefetch's TFRecord checksum; no TFRecord is read here
-except ModuleNotFoundError:
-    sys.modules["google_crc32c"] = types.ModuleType("google_crc32c")
+except ModuleNotFoundError:  # an empty stand-in, importable by spawned worker processes too
+    _STUB = Path(tempfile.mkdtemp(prefix="prefetch_stub_"))
+    (_STUB / "google_crc32c.py").write_text('"""Stand-in: this benchmark reads no TFRecord."""\n')
+    sys.path.insert(0, str(_STUB))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(_STUB), os.environ.get("PYTHONPATH")])
+    )
 
 import numpy as np
 import torch
