@@ -16,13 +16,14 @@ ARGS ?=
 # it shadows setuptools' default import hook (issue 28.10). A src/ layout (issue 26) ends the need.
 $(VENV)/.installed: pyproject.toml setup.py prefetch/_jpegwindow.c
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
-	@echo "TensorFlow and Keras, simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec, matplotlib."
+	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
+	@echo "matplotlib."
 	@echo "The first time this downloads several hundred MB (TensorFlow is most of it) and takes 1 to 3"
 	@echo "minutes; pip shows each download and the installation's progress. Later runs skip it."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on --config-settings editable_mode=compat \
-		-e ".[tf,test,fast,docs,remote,plot]"
+		-e ".[tf,torch,test,fast,docs,remote,plot]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -2,7 +2,8 @@
 
 Worker threads decode images into preallocated batches while the consumer trains on the
 previous one; a bounded window gives order and backpressure; a Coordinator stops it all.
-`import prefetch` does not import TensorFlow; `prefetch.tf` does, on first use.
+`import prefetch` imports no framework; `prefetch.tf`, `prefetch.keras` and `prefetch.torch`
+import theirs, on first use.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import `prefetch.tf` (and so TensorFlow) and `tune` (`prefetch.tools`) on first use."""
-    if name == "tf":
-        return importlib.import_module("prefetch.tf")
+    """Import `prefetch.tf`, `prefetch.keras`, `prefetch.torch` (and so their framework) and
+    `tune` (`prefetch.tools`) on first use."""
+    if name in ("tf", "keras", "torch"):
+        return importlib.import_module(f"prefetch.{name}")
     if name == "tune":
         tune = importlib.import_module("prefetch.tools.tune").tune
         globals()["tune"] = tune  # later lookups find it without this function

@@ -13,6 +13,17 @@ underscore), so no public function shadows the module it lives in:
 - `_feeding`: `feeding_benchmark`, `FeedingRow`, a measurement tool outside the data path
 """
 
+# ruff: noqa: E402  (the framework check comes before the imports that need it)
+from prefetch._extras import require
+
+require(
+    "tensorflow",
+    adapter="prefetch.tf",
+    framework="TensorFlow",
+    extra="tf",
+    alternative="for Keras 3 on any backend, prefetch.keras.dataset(loader)",
+)
+
 from prefetch.errors import DoesNotFitError
 from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
 from prefetch.tf._device import device_memory_budget

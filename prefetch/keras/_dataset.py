@@ -1,0 +1,177 @@
+"""prefetch.keras.dataset(loader): a Loader as a `keras.utils.PyDataset`, for any Keras backend.
+
+Keras 3 takes a PyDataset under every backend (TensorFlow, PyTorch, JAX) and imports no other
+framework for it, so this module imports Keras only. Contract:
+
+- `__getitem__` ignores its index and returns the next batch of the loader's running epoch,
+  in the loader's order (Keras asks for indices in a shuffled order under `fit`'s default
+  `shuffle=True`; the loader shuffles itself, by `(seed, epoch)`). When that epoch is done the
+  next `__getitem__` begins the loader's next epoch, so a Keras epoch shorter than the loader's
+  (`steps_per_epoch`) goes on where the previous one stopped, as Keras does with a tf.data
+  iterator. `num_batches` is `len(loader)`.
+- Keras's adapter calls `on_epoch_begin` and `on_epoch_end` around each epoch it runs. When
+  Keras drops an iterator mid-epoch (`EpochIterator.reset`, as the next `fit` or `evaluate`
+  starts after a callback stopped training; also a second `on_epoch_begin` without an
+  `on_epoch_end`), the dropped epoch's stream is closed and the next batch begins the loader's
+  next epoch, as a new iterator of `prefetch.tf.dataset` does; the loader's `state_dict()`
+  keeps where the dropped one stopped.
+- Outside an epoch, `__getitem__` answers with zero batches of the loader's shapes and dtypes:
+  the TensorFlow backend asks for two batches to learn the tensor spec before any epoch begins,
+  and must not take them from the loader. Their batch sizes differ unless every batch of the
+  loader is full, so the spec's batch dimension is left open for a short last batch.
+- Before its first epoch, `fit` and `evaluate` take one batch to build the model, then drop
+  their iterator (`EpochIterator.reset`, which calls `on_epoch_end`): a batch taken so is
+  handed out again as the first of the next epoch, so no batch is lost to that look.
+- An error raised by the loader is recorded on its Coordinator before it propagates, so that
+  `with loader:` re-raises the original when TensorFlow has wrapped it in its own type.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+
+from prefetch.labels import label_spec
+from prefetch.loader import Loader
+from prefetch.sources import is_file_source
+
+
+class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
+    """A `Loader` as a `keras.utils.PyDataset`: `model.fit(prefetch.keras.dataset(loader))`.
+
+    Made by `prefetch.keras.dataset`. Each Keras epoch reads the loader's next epoch in order;
+    `len()` and `num_batches` are the loader's batches per epoch. Batches are numpy
+    `(images, labels)` as the loader gives them (uint8 NHWC images), or the images alone with
+    `label_mode=None`. Like Keras's `image_dataset_from_directory` datasets it has
+    `class_names` and `file_paths` (see `prefetch.tf.dataset`).
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        # One worker and no multiprocessing: Keras then calls __getitem__ in its own loop, in
+        # order; the loader's workers do the decoding.
+        super().__init__(workers=1, use_multiprocessing=False)
+        if not isinstance(loader, Loader):
+            raise TypeError(
+                f"prefetch.keras.dataset reads a prefetch.Loader, got {type(loader).__name__}"
+            )
+        self.loader = loader
+        self.class_names: list[str] | None = list(loader.class_names) or None
+        self.file_paths: list[str] | None = (
+            loader.source.paths.tolist() if is_file_source(loader.source) else None
+        )
+        self._stream: Any = None
+        self._in_epoch = False
+        self._taken = 0  # batches handed out in this Keras epoch
+        self._first: Any = None  # the first of them
+        self._looked = False  # whether Keras took that first one to build the model
+        self._again: Any = None  # such a batch, to hand out again
+
+    @property
+    def num_batches(self) -> int:
+        """The loader's batches per epoch."""
+        return len(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def on_epoch_begin(self) -> None:
+        """Called by Keras as an epoch begins."""
+        if self._in_epoch:  # the previous iteration was abandoned mid-epoch
+            self._end_stream()
+        self._in_epoch = True
+        self._taken = 0
+
+    def on_epoch_end(self) -> None:
+        """Called by Keras as an epoch ends: a stream that delivered its epoch is closed."""
+        dropped = self._in_epoch and _called_from_keras("reset", 4)
+        first, self._first, self._in_epoch = self._first, None, False
+        if dropped and self._taken == 1 and self._looked:  # Keras built the model from it
+            again = tuple(np.copy(part) for part in first)
+            self._again = again if self.loader.label_mode is not None else again[0]
+            return
+        stream = self._stream
+        if stream is not None and stream.epoch is not None and stream.position >= len(self):
+            next(stream, None)  # ends the delivered epoch as plain iteration does (its stats)
+            self._stream = None
+        elif dropped:  # Keras dropped its iterator mid-epoch: a new one starts the next epoch
+            self._end_stream()
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def __getitem__(self, index: int) -> Any:
+        """The next batch of the loader's running epoch (the index is not used)."""
+        if not self._in_epoch:
+            return self._spec_batch(index)
+        self._taken += 1
+        if self._taken == 1:
+            self._looked = _called_from_keras("_symbolic_build", 16)
+        if self._again is not None:
+            again, self._again = self._again, None
+            return again
+        try:
+            batch = None if self._stream is None else next(self._stream, None)
+            if batch is None:
+                self._stream = iter(self.loader)
+                batch = next(self._stream)
+        except Exception as error:
+            self._stream = None
+            self.loader.record_undelivered_error(error)
+            raise
+        if self._looked and self._taken == 1:  # kept only while Keras builds the model
+            self._first = batch if self.loader.label_mode is not None else (batch.images,)
+        return tuple(batch) if self.loader.label_mode is not None else batch.images
+
+    def _spec_batch(self, index: int) -> Any:
+        """Zeros of the loader's shapes and dtypes, for Keras's look at the tensor spec."""
+        loader = self.loader
+        full = loader.drop_remainder and loader.on_error == "raise"
+        if full:
+            size = loader.batch_size
+        elif index == 0:  # the first batch as it will be (a single batch may be short)
+            size = len(loader.batch_indices(loader.epoch)[0])
+        else:
+            size = max(1, loader.batch_size - 1)
+        images = np.zeros((size, *loader.image_shape), np.uint8)
+        spec = label_spec(loader.label_mode, len(loader.class_names))
+        if spec is None:
+            return images
+        tail, dtype = spec
+        return images, np.zeros((size, *tail), dtype)
+
+
+def _called_from_keras(function: str, depth: int) -> bool:
+    """Whether Keras's `function` is among our caller's `depth` nearest callers."""
+    frame: Any = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == function and "keras" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def dataset(loader: Loader) -> LoaderPyDataset:
+    """The loader as a `keras.utils.PyDataset` that `fit`, `evaluate` and `predict` take under
+    every Keras backend (TensorFlow, PyTorch, JAX), without importing TensorFlow for the others.
+
+    Each Keras epoch reads the loader's next epoch in order; `validation_data=` takes a second
+    one, of another loader. `steps_per_epoch` shorter than the loader's epoch continues it in
+    the next Keras epoch. Use `with loader:` around training: it keeps the workers across
+    epochs and re-raises a worker's error with its original type where TensorFlow wrapped it.
+
+    Parameters:
+
+    - `loader`: the `Loader` whose epochs the dataset yields. Keep one dataset per loader.
+
+    To resume mid-epoch, restore the loader (`loader.load_state_dict(state)`), finish its epoch
+    with `fit(ds, steps_per_epoch=len(loader) - state["position"], epochs=state["epoch"] + 1,
+    initial_epoch=state["epoch"])`, then go on with a plain `fit(ds, initial_epoch=...)`.
+    """
+    return LoaderPyDataset(loader)
