@@ -28,12 +28,20 @@ share of the whole, the entropy floor's images/s per core, and libjpeg-turbo's d
 window alone (entropy to colour): the most any loader that makes these pixels with
 libjpeg-turbo can reach.
 
+With --loader-epochs N, also one open default Loader (`Loader(files, batch_size=64,
+image_size=224, crop=..., flip=...)`, threads or processes as "auto" picks) on the same files:
+a warm-up epoch untimed, then N epochs timed; its images/s and CPU time per image (every
+thread of this process), against the entropy floor of the same epochs' windows (one thread,
+times the cores this process may use). On a busy machine the CPU-time fraction is the steadier.
+
     python benchmarks/decode_stages.py --folder /tmp/photos [--images 300] [--crop center]
+        [--loader-epochs 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -42,7 +50,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from prefetch import FileList, window_decode
+from prefetch import FileList, Loader, window_decode
 from prefetch.augment import Augment, Box, CenterCrop, Crop, RandomResizedCrop
 from prefetch.backends.base import BatchTask, Slot
 from prefetch.backends.reader import SampleReader
@@ -148,12 +156,57 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
     return ms
 
 
+def loader_row(paths: list[str], crop: Crop, flip: bool, epochs: int) -> None:
+    """The default Loader at steady state on `paths`, against the entropy floor of the same
+    epochs' windows."""
+    source = FileList(paths, [0] * len(paths))
+    options = {"batch_size": 64, "image_size": SIZE, "crop": crop, "flip": flip, "seed": 0}
+    count = 0
+    with Loader(source, **options) as loader:  # type: ignore[arg-type]  # (a dict of options)
+        for _ in loader:  # epoch 0: warm-up, untimed
+            pass
+        began, began_cpu = time.perf_counter(), time.process_time()
+        for _ in range(epochs):
+            for batch in loader:
+                count += len(batch.images)
+        wall_s, cpu_s = time.perf_counter() - began, time.process_time() - began_cpu
+        backend = loader.stats().backend
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    datas = [read_whole(path) for path in paths]
+    sizes = [jpeg.header(data)[1::-1] for data in datas]  # (height, width)
+    last_rows = [
+        (data, box.top + box.height - 1)
+        for epoch in range(1, epochs + 1)
+        for index, (data, size) in enumerate(zip(datas, sizes, strict=True))
+        for box in [crop.box(*size, SIZE, Augment.rng(0, epoch, index))]
+    ]
+    began = time.thread_time()
+    for data, last_row in last_rows:
+        window_decode.entropy_decode_rows(data, last_row)
+    floor_ms = (time.thread_time() - began) * 1e3 / len(last_rows)
+    cores = len(os.sched_getaffinity(0))
+    rate, floor_rate = count / wall_s, cores * 1e3 / floor_ms
+    cpu_ms = cpu_s * 1e3 / count
+    by_cpu = (  # worker processes' CPU time is not this process's
+        f", {floor_ms / cpu_ms:.0%} by CPU time ({cpu_ms:.3f} ms/image)"
+        if backend == "thread"
+        else ""
+    )
+    print(
+        f"  Loader ({backend}), {epochs} epochs after a warm-up: {rate:.0f} images/s; floor "
+        f"{floor_ms:.3f} ms/image x {cores} cores = {floor_rate:.0f} images/s: the Loader at "
+        f"{rate / floor_rate:.0%} of it by the clock{by_cpu}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", required=True)
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--crop", choices=("random-resized", "center", "both"), default="both")
+    parser.add_argument("--loader-epochs", type=int, default=0)
     args = parser.parse_args()
     cv2.setNumThreads(1)  # as in a worker process: all of a resize's CPU time on this thread
     if not window_decode.compiled_available():
@@ -181,6 +234,8 @@ def main() -> None:
             f"decode alone {1e3 / decode:.0f} ({floor / decode:.0%} of the floor); the sample "
             f"path {1e3 / total:.0f} ({floor / total:.0%} of the floor)"
         )
+        if args.loader_epochs:
+            loader_row(paths, crop, flip, args.loader_epochs)
 
 
 if __name__ == "__main__":
