@@ -35,7 +35,7 @@ from PIL import Image
 
 from prefetch.augment import Box, Crop
 from prefetch.decode import DecodeOptions, convert_mode, open_bytes, read_image, to_target_size
-from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
+from prefetch.fast_decode import _into, _modules, _resize_antialiased, _resize_no_antialias
 from prefetch.shard_members import Location
 
 
@@ -66,6 +66,32 @@ def compiled_available() -> bool:
     return _jpegwindow is not None
 
 
+def entropy_decode_rows(data: bytes, last_row: int) -> int:
+    """Entropy-decode the JPEG `data` down to pixel row `last_row`: the floor of any decode.
+
+    libjpeg-turbo's Huffman decoding of the MCU rows that cover rows 0..`last_row` of the
+    full-size image, with no inverse DCT, upsampling, colour conversion or resize: the work no
+    DCT scale or window avoids, since every row down to a window's last must be entropy-decoded.
+    Timing it on a sample's window (its last row is `box.top + box.height - 1`) measures the
+    floor of that sample's decode. A progressive or multi-scan file is decoded whole (each scan
+    spans the whole image, so every window pays for all of them). Returns the pixel rows
+    covered (whole MCU rows, at most the image's height). Releases the GIL.
+
+    Raises ValueError for data libjpeg-turbo refuses (not a JPEG, corrupt or truncated) or a
+    `last_row` outside the image, and RuntimeError where the compiled window decoder is not
+    built (`compiled_available()`).
+    """
+    if _jpegwindow is None:
+        raise RuntimeError(
+            "entropy_decode_rows needs the compiled window decoder (prefetch._jpegwindow): "
+            "reinstall prefetch where a C compiler and libjpeg-turbo's headers exist"
+        )
+    if last_row < 0:
+        raise ValueError(f"last_row must be >= 0, got {last_row}")
+    rows: int = _jpegwindow.entropy_decode_rows(data, last_row)
+    return rows
+
+
 def window_engine_name(engine: str) -> str:
     """What `engine` decodes JPEG windows with on this machine, for stats and reports."""
     if engine == "pillow":
@@ -76,12 +102,19 @@ def window_engine_name(engine: str) -> str:
 
 
 def decode_window(
-    path: Location, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
+    path: Location,
+    crop: Crop,
+    rng: np.random.Generator,
+    options: DecodeOptions,
+    engine: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The window `crop` draws (from `rng`) of the image at `path`, resized to `options.shape`.
 
     `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries), or a
-    shard's `Member`.
+    shard's `Member`. With `out` (a uint8 array of `options.shape`, such as a row of a batch
+    slot) the image is resized straight into it and `out` returned; after an error its
+    contents are undefined.
     Raises what `decode_image` raises for a bad file.
     """
     data = read_image(path)  # checked: an empty file, too many JPEG scans
@@ -92,11 +125,11 @@ def decode_window(
             box = crop.box(height, width, options.image_size, rng)
             pixels = _turbo_window(data, (height, width), box, options)
             if pixels is not None:
-                return resize_window(pixels, options)
-            return _pillow_window(data, box, options)
+                return resize_window(pixels, options, out)
+            return _pillow_window(data, box, options, out=out)
     with open_bytes(data, str(path)) as image:  # its errors name the file
         box = crop.box(image.height, image.width, options.image_size, rng)
-        return _pillow_window(data, box, options, image)
+        return _pillow_window(data, box, options, out, image)
 
 
 def crop_image(
@@ -133,24 +166,31 @@ def scaled_box(box: Box, full: tuple[int, int], scale: int) -> Box:
     return Box(top, left, bottom - top, right - left)
 
 
-def resize_window(pixels: np.ndarray, options: DecodeOptions) -> np.ndarray:
-    """An HxWxC window resized to `options.shape` with the loader's interpolation."""
+def resize_window(
+    pixels: np.ndarray, options: DecodeOptions, out: np.ndarray | None = None
+) -> np.ndarray:
+    """An HxWxC window resized to `options.shape` with the loader's interpolation; with `out`
+    (a uint8 array of that shape) resized straight into it, and `out` returned."""
     cv2 = _cv2()
     if cv2 is not None and options.interpolation == "bilinear":
         resize = _resize_antialiased if options.antialias else _resize_no_antialias
-        return resize(pixels, options.image_size, "bilinear", cv2=cv2)
-    return to_target_size(np.ascontiguousarray(pixels), _whole(options))
+        return resize(pixels, options.image_size, "bilinear", cv2=cv2, out=out)
+    return _into(to_target_size(np.ascontiguousarray(pixels), _whole(options)), out)
 
 
-def flip_left_right(image: np.ndarray) -> np.ndarray:
-    """`image` mirrored left-right, as a new contiguous array: OpenCV's flip when the `fast`
-    extra is installed (about 8 us for 224x224x3, where numpy's copy of a reversed view takes
-    about 330 us), else numpy."""
+def flip_left_right(image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`image` mirrored left-right, as a new contiguous array, or written into `out` (which
+    may be `image` itself: flipped in place) and `out` returned. OpenCV's flip when the
+    `fast` extra is installed (about 8 us for 224x224x3, where numpy's copy of a reversed
+    view takes about 330 us), else numpy."""
     cv2 = _cv2()
     if cv2 is None:
-        return np.ascontiguousarray(image[:, ::-1])
-    flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1)
-    return flipped.reshape(image.shape)
+        if out is None:
+            return np.ascontiguousarray(image[:, ::-1])
+        out[...] = image[:, ::-1]  # numpy copies first where the two overlap
+        return out
+    flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1, dst=out)
+    return _into(flipped.reshape(image.shape), out)
 
 
 def _turbo_window(
@@ -182,7 +222,11 @@ def _turbo_window(
 
 
 def _pillow_window(
-    data: bytes, box: Box, options: DecodeOptions, image: Image.Image | None = None
+    data: bytes,
+    box: Box,
+    options: DecodeOptions,
+    out: np.ndarray | None = None,
+    image: Image.Image | None = None,
 ) -> np.ndarray:
     """Pillow decodes (a JPEG at the window's DCT scale), the window is cut and resized."""
     with image if image is not None else Image.open(io.BytesIO(data)) as opened:
@@ -198,7 +242,7 @@ def _pillow_window(
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     top, left, height, width = scaled_box(box, full, scale)
-    return resize_window(pixels[top : top + height, left : left + width], options)
+    return resize_window(pixels[top : top + height, left : left + width], options, out)
 
 
 def _jpeg_header(data: bytes) -> tuple[int, int] | None:
