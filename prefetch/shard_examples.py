@@ -3,12 +3,13 @@
 `find_entries` walks a record's map entries once and keeps, for each wanted key, where its last
 entry lies (protobuf: the last entry of a key wins); `first_value` reads one entry's feature:
 its kind, whether it holds no, one or several values, and the first (a bytes value's span, an
-int64). Values are located by their lengths, never copied, and no Python object is made per
-value or per map entry: a record of millions of empty values costs what its bytes cost to
-walk. Protobuf semantics as `prefetch.shard_formats.example_feature` reads them (a Feature's
-lists of one kind merge; another kind replaces them). Malformed bytes raise
-`CorruptShardError` naming the shard and the record's offset. `tfrecord_columns` indexes a
-whole TFRecord shard with them. Pure functions, thread-safe.
+int64). Values are located by their lengths, never copied, and no Python object is kept per
+value or per map entry (the entries come from `prefetch.shard_formats`' one walk): a record of
+millions of empty values costs what its bytes cost to walk. Protobuf semantics as
+`prefetch.shard_formats.example_feature` reads them (a Feature's lists of one kind merge;
+another kind replaces them). Malformed bytes raise `CorruptShardError` naming the shard and
+the record's offset. `tfrecord_columns` indexes a whole TFRecord shard with them. Pure
+functions, thread-safe.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.shard_formats import _next, _read_varint, _span, corrupt_shard, iter_records
+from prefetch.shard_formats import _entries, _next, _read_varint, corrupt_shard, iter_records
 from prefetch.shard_index_file import IndexSpec
 
 # The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
@@ -61,35 +62,17 @@ def feature_names(data: Any, path: str, offset: int) -> list[str]:
 def _walk(
     view: Any, keys: tuple[bytes, ...], found: list[tuple[int, int] | None], names: list[str] | None
 ) -> None:
-    pos, end = 0, len(view)
     lengths = [len(key) for key in keys]
-    while pos < end:
-        number, wire, start, pos = _next(view, pos, end)
-        while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
-            if view[start] != 0x0A:  # not Features.feature (a map entry): an unknown field
-                start = _next(view, start, pos)[3]
-                continue
-            entry, start = _span(view, start + 1, pos)
-            key_start = key_end = part_end = entry
-            if entry + 1 < start and view[entry] == 0x0A and view[entry + 1] < 0x80:
-                key_start = entry + 2  # the key first, under 128 bytes: the usual layout
-                key_end = key_start + view[entry + 1]
-                if key_end > start:
-                    raise ValueError(f"a key at byte {key_start} runs past its map entry")
-            else:
-                while part_end < start:
-                    part, part_wire, value, part_end = _next(view, part_end, start)
-                    if part == 1 and part_wire == 2:
-                        key_start, key_end = value, part_end
-            size = key_end - key_start
-            for number_of_key, key in enumerate(keys):
-                if size == lengths[number_of_key] and view[key_start:key_end] == key:
-                    found[number_of_key] = (entry, start)
-            if names is not None and len(names) < SHOWN_KEYS:
-                shown = min(key_end, key_start + SHOWN_KEY_BYTES)
-                name = bytes(view[key_start:shown]).decode(errors="replace")
-                if name not in names:
-                    names.append(name)
+    for key_start, key_end, entry, entry_end in _entries(view):
+        size = key_end - key_start
+        for number_of_key, key in enumerate(keys):
+            if size == lengths[number_of_key] and view[key_start:key_end] == key:
+                found[number_of_key] = (entry, entry_end)
+        if names is not None and len(names) < SHOWN_KEYS:
+            shown = min(key_end, key_start + SHOWN_KEY_BYTES)
+            name = bytes(view[key_start:shown]).decode(errors="replace")
+            if name not in names:
+                names.append(name)
 
 
 def first_value(
