@@ -222,14 +222,7 @@ def class_names_beside(shard: str) -> list[str] | None:
     else:
         place = os.path.join(os.path.dirname(shard), CLASSES_FILE)
     try:
-        if storage.is_url(shard):
-            options = storage.active_options()
-            capped = dataclasses.replace(
-                options, max_object_bytes=min(MAX_CLASSES_BYTES, options.max_object_bytes)
-            )
-            data = storage.read_bytes(place, retries=1, options=capped)
-        else:
-            data = storage.read_local(storage.local_path(place), MAX_CLASSES_BYTES)
+        data = storage.read_small(place, MAX_CLASSES_BYTES)
     except OSError:  # none (or none readable): the labels' numbers name the classes
         return None
     return parse_class_names(data, place) or None

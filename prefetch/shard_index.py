@@ -29,12 +29,12 @@ import contextlib
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 from typing import Any
 
 import numpy as np
 
+from prefetch.local_files import open_regular, read_capped
 from prefetch.paths import PathArray
 from prefetch.shard_examples import IMAGE_KEYS as IMAGE_KEYS
 from prefetch.shard_examples import LABEL_KEYS as LABEL_KEYS
@@ -46,7 +46,7 @@ from prefetch.shard_index_file import IndexRefused, decode_index, local_identity
 from prefetch.shard_index_file import IndexSpec as IndexSpec
 from prefetch.shard_index_file import ShardIdentity as ShardIdentity
 from prefetch.shard_index_file import ShardIndex as ShardIndex
-from prefetch.storage import is_url, local_path, read_capped
+from prefetch.storage import is_url, local_path
 from prefetch.tar_format import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
@@ -67,14 +67,7 @@ def index_folder() -> str:
 def open_shard(path: str) -> int:
     """A descriptor of the local shard at `path` (not blocking on a FIFO); OSError naming it
     when it is not a regular file. The caller closes it."""
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise OSError(f"shard {path!r} is not a regular file (a device, a FIFO): not read")
-    except BaseException:
-        os.close(handle)
-        raise
-    return handle
+    return open_regular(path, "shard ")
 
 
 def load_or_build(path: str, spec: IndexSpec) -> ShardIndex:

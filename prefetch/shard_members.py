@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from prefetch.local_files import open_regular
 from prefetch.paths import PATHS_PER_STEP, PathArray, pack_chunks
 from prefetch.remote_options import active_options
 from prefetch.shard_formats import RECORD_OVERHEAD, CorruptShardError, record_data
 
 FORMATS = ("tar", "tfrecord")
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # The ending of a whole shard's local copy in a spool folder (`prefetch.shard_stream`).
 SPOOL_SUFFIX = ".shard"
 _COLUMNS = ("shard", "offset", "length", "start", "size")
@@ -157,10 +156,8 @@ def _read_range(member: Member, offset: int, length: int) -> bytes:
     if storage.is_url(shard):
         data = storage.read_range(shard, offset, length)
     else:
-        handle = os.open(storage.local_path(shard), os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
+        handle = open_regular(storage.local_path(shard), "shard ")
         try:
-            if not stat.S_ISREG(os.fstat(handle).st_mode):
-                raise OSError(f"{shard!r} is not a regular file (a device, a FIFO): not read")
             data = os.pread(handle, length, offset)
         finally:
             os.close(handle)

@@ -43,7 +43,7 @@ def remote_index(url: str, spec: IndexSpec, check: bool = True) -> ShardIndex:
         return found
     beside = url + INDEX_SUFFIX
     try:
-        data = storage.read_bytes(beside, retries=1, options=_capped(MAX_INDEX_BYTES))
+        data = storage.read_small(beside, MAX_INDEX_BYTES)
     except OSError:  # none beside it (or none readable): build one
         data = None
     found = None
@@ -84,9 +84,3 @@ def _index_copy(url: str, spec: IndexSpec) -> ShardIndex:
             message = str(error).replace(repr(copy.name), repr(url)).replace(copy.name, url)
             raise ValueError(message) from None
     return dataclasses.replace(built, identity=ShardIdentity(size, built.identity.digest))
-
-
-def _capped(cap: int) -> storage.RemoteOptions:
-    """The active remote options with objects capped at `cap` bytes."""
-    options = storage.active_options()
-    return dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))

@@ -20,16 +20,18 @@ See docs/remote.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 # The options live in prefetch.remote_options; `using` and `RemoteOptions` are re-exported
 # because readers and sources reach them through this module.
+from prefetch.local_files import read_capped as read_capped
+from prefetch.local_files import read_local as read_local
 from prefetch.remote_options import LISTING_PAGE_ENTRIES
 from prefetch.remote_options import RemoteOptions as RemoteOptions
 from prefetch.remote_options import active_options as active_options
@@ -210,6 +212,17 @@ def read_whole(path: Location) -> bytes:
     return read_bytes(path) if is_url(path) else read_local(local_path(path))
 
 
+def read_small(place: str, cap: int) -> bytes:
+    """The whole of the small file at `place` (a path or URL: a manifest, a `classes.txt`, an
+    index beside a shard), at most `cap` bytes (for a URL, at most `max_object_bytes` too),
+    a URL retried once. OSError naming it (FileNotFoundError when there is none)."""
+    if is_url(place):
+        options = active_options()
+        capped = dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))
+        return read_bytes(place, retries=1, options=capped)
+    return read_local(local_path(place), cap)
+
+
 def read_range(url: str, offset: int, length: int, retries: int = READ_RETRIES) -> bytes:
     """`length` bytes of the object at `url` from byte `offset`, in one ranged request per
     attempt, within the active options' deadlines; retried and named as `read_bytes`."""
@@ -253,50 +266,6 @@ def download(url: str, file: BinaryIO, retries: int = READ_RETRIES) -> int:
 
 # Bytes per request when a shard is downloaded whole from a store other than http(s).
 _DOWNLOAD_BLOCK = 16 << 20
-
-
-def read_local(path: str, max_bytes: int | None = None) -> bytes:
-    """The bytes of the local file `path`, at most `max_bytes` (None: the active options'
-    `max_object_bytes`). A path that is not a regular file (a device such as /dev/zero, a
-    FIFO, through a symlink or not) or a file larger than the cap raises OSError naming it:
-    nothing is read past the cap, and nothing blocks on a FIFO without a writer."""
-    cap = active_options().max_object_bytes if max_bytes is None else max_bytes
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        return read_capped(handle, path, cap)
-    finally:
-        os.close(handle)
-
-
-def read_capped(handle: int, path: str, cap: int) -> bytes:
-    """The bytes of the open file `handle` (named `path` in errors) from its start: OSError
-    when it is not a regular file or holds more than `cap` bytes (nothing is read past the
-    cap, even when it grows while read). The one bounded read of a local file: `read_local`,
-    and the index files of `prefetch.shard_index`. The caller closes `handle`."""
-    info = os.fstat(handle)
-    if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
-    if info.st_size > cap:
-        raise OSError(
-            f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
-            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-        )
-    data = os.pread(handle, info.st_size + 1, 0)  # usually all of it, in one read
-    while len(data) <= cap:  # to the end (it may have grown), never past the cap
-        more = os.pread(handle, min(cap + 1 - len(data), _LOCAL_CHUNK), len(data))
-        if not more:
-            break
-        data += more
-    if len(data) > cap:
-        raise OSError(
-            f"{path!r} grew past max_object_bytes={cap} while it was read: raise "
-            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-        )
-    return data
-
-
-# Bytes `read_local` reads at a time after the file's stated size.
-_LOCAL_CHUNK = 64 * 1024
 
 
 def _http_get(
