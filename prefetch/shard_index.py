@@ -176,20 +176,22 @@ def _read_trusted(path: str, owners: set[int], cap: int) -> bytes | None:
 _MAX_KEPT_BYTES = 1 << 30
 
 
-def build_index(path: str, spec: IndexSpec) -> ShardIndex:
-    """Index the local shard at `path` now (see the module docstring). A gzip-compressed
+def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardIndex:
+    """Index the local shard at `path` now (see the module docstring); its errors name it
+    `name` (default: `path`; a URL for a private copy of a URL's shard). A gzip-compressed
     shard is refused with that reason (ValueError naming it)."""
+    name = path if name is None else name
     handle = open_shard(path)
     with os.fdopen(handle, "rb") as file:
         identity = local_identity(handle)  # before reading: a change during it is seen later
-        _refuse_gzip(os.pread(handle, 2, 0), path, spec.format)
+        _refuse_gzip(os.pread(handle, 2, 0), name, spec.format)
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
-            columns, labels = tfrecord_columns(file, path, spec, identity.size)
+            columns, labels = tfrecord_columns(file, name, spec, identity.size)
             keys = None
         else:
-            columns, labels, keys = _tar_columns(file, path, spec)
+            columns, labels, keys = _tar_columns(file, name, spec)
     offsets, lengths, starts, sizes = (np.frombuffer(column, np.int64) for column in columns)
     return ShardIndex(
         offsets=offsets,

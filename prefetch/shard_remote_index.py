@@ -11,7 +11,6 @@ import logging
 import tempfile
 
 from prefetch import storage
-from prefetch.shard_formats import CorruptShardError
 from prefetch.shard_index import (
     INDEX_SUFFIX,
     IndexSpec,
@@ -75,12 +74,5 @@ def _index_copy(url: str, spec: IndexSpec) -> ShardIndex:
     with tempfile.NamedTemporaryFile(prefix="prefetch-shard-") as copy:
         size = storage.download(url, copy)  # type: ignore[arg-type]
         copy.flush()
-        try:
-            built = build_index(copy.name, spec)
-        except CorruptShardError as error:
-            message = str(error).replace(repr(copy.name), repr(url)).replace(copy.name, url)
-            raise CorruptShardError(message, url, error.offset) from None
-        except ValueError as error:
-            message = str(error).replace(repr(copy.name), repr(url)).replace(copy.name, url)
-            raise ValueError(message) from None
+        built = build_index(copy.name, spec, name=url)
     return dataclasses.replace(built, identity=ShardIdentity(size, built.identity.digest))

@@ -447,6 +447,15 @@ def test_a_url_shard_that_is_not_a_tar_is_refused_naming_its_url_not_a_temporary
     assert "prefetch-shard-" not in str(raised.value)
 
 
+def test_a_gzip_url_shard_is_refused_naming_its_url_not_a_temporary_copy(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec", reason="the remote extra is not installed")
+    (tmp_path / "shard.tar").write_bytes(gzip.compress(tar_header("a.jpg", 3) + b"abc"))
+    with serve_folder(tmp_path) as url, pytest.raises(ValueError) as raised:
+        prefetch.TarSource(f"{url}shard.tar")
+    assert f"{url}shard.tar" in str(raised.value) and "gzip-compressed tar" in str(raised.value)
+    assert "prefetch-shard-" not in str(raised.value)
+
+
 # ---------------------------------------------------------------- 10. gzip TFRecords
 
 
