@@ -39,25 +39,9 @@ from prefetch.testing.shards import (
     write_tfrecord,
 )
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
+
 SIZE = 8
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Indexes of read-only folders and of URLs go to a folder of this test, never ~/.cache."""
-    folder = tmp_path / "prefetch-cache"
-    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """fsspec's one IO thread per process is started before the leak checks look."""
-    try:
-        import fsspec.asyn
-    except ImportError:
-        return
-    fsspec.asyn.get_loop()
 
 
 def jpeg(value: int, size: int = 16) -> bytes:
