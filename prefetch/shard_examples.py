@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.shard_formats import _entries, _next, _read_varint, corrupt_shard, iter_records
+from prefetch.shard_formats import (
+    _entries,
+    _lists,
+    _next,
+    _read_varint,
+    corrupt_shard,
+    iter_records,
+)
 from prefetch.shard_index_file import IndexSpec
 
 # The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
@@ -33,7 +40,6 @@ LABEL_KEYS = ("image/class/label", "label")
 SHOWN_KEYS = 20
 # The bytes of each feature name shown at most (a hostile name may be megabytes long).
 SHOWN_KEY_BYTES = 200
-_KINDS = ("bytes", "float", "int64")
 
 
 def find_entries(
@@ -84,23 +90,14 @@ def first_value(
     if entry is None:
         return "", 0, None
     kind, count, first = "", 0, None
-    view = data
     try:
-        pos, end = entry
-        while pos < end:  # the map entry: its values (Features) merge
-            part, wire, start, pos = _next(view, pos, end)
-            while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
-                number, list_wire, list_start, start = _next(view, start, pos)
-                if number not in (1, 2, 3) or list_wire != 2:
-                    continue
-                if _KINDS[number - 1] != kind:
-                    kind, count, first = _KINDS[number - 1], 0, None
-                while list_start < start and count < 2:  # its values, up to the second
-                    field, value_wire, value, list_start = _next(view, list_start, start)
-                    if field == 1:
-                        count, first = _values(
-                            view, kind, value_wire, value, list_start, count, first
-                        )
+        for list_kind, start, stop in _lists(data, *entry):
+            if list_kind != kind:
+                kind, count, first = list_kind, 0, None
+            while start < stop and count < 2:  # its values, up to the second
+                field, value_wire, value, start = _next(data, start, stop)
+                if field == 1:
+                    count, first = _values(data, kind, value_wire, value, start, count, first)
     except (ValueError, IndexError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return kind, count, first
