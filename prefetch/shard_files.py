@@ -217,10 +217,7 @@ def _remote_matches(url: str, format: str) -> list[str]:
 def class_names_beside(shard: str) -> list[str] | None:
     """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
     there is none (or none readable)."""
-    if storage.is_url(shard):
-        place = f"{shard.rpartition('/')[0]}/{CLASSES_FILE}"
-    else:
-        place = os.path.join(os.path.dirname(shard), CLASSES_FILE)
+    place = storage.beside(shard, CLASSES_FILE)
     try:
         data = storage.read_small(place, MAX_CLASSES_BYTES)
     except OSError:  # none (or none readable): the labels' numbers name the classes

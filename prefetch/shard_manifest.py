@@ -255,13 +255,8 @@ def _sha256(path: str) -> tuple[str, int]:
 
 
 def _beside(shard: str, format: str) -> str | None:
-    if storage.is_url(shard):
-        folder, _, name = shard.rpartition("/")
-        prefix = shard_prefix(name, format)
-        return None if prefix is None else f"{folder}/{manifest_name(format, prefix)}"
-    folder, name = os.path.split(shard)
-    prefix = shard_prefix(name, format)
-    return None if prefix is None else os.path.join(folder, manifest_name(format, prefix))
+    prefix = shard_prefix(_basename(shard), format)
+    return None if prefix is None else storage.beside(shard, manifest_name(format, prefix))
 
 
 def _basename(shard: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -207,6 +208,13 @@ def read_whole(path: Location) -> bytes:
     if "://" not in path:  # the local fast path: one substring test
         return read_local(path)
     return read_bytes(path) if is_url(path) else read_local(local_path(path))
+
+
+def beside(place: str, name: str) -> str:
+    """The path or URL of the file `name` in the folder of `place` (a path or URL)."""
+    if is_url(place):
+        return f"{place.rpartition('/')[0]}/{name}"
+    return os.path.join(os.path.dirname(place), name)
 
 
 def read_small(place: str, cap: int) -> bytes:
