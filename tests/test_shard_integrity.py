@@ -29,7 +29,7 @@ from prefetch.shard_index import INDEX_SUFFIX
 from prefetch.shard_index_file import IndexRefused, decode_index
 from prefetch.shard_stream import StreamingPlan
 from prefetch.tar_format import TAR_END, tar_header, tar_padding
-from prefetch.testing import serve_folder
+from prefetch.testing import FailingDecoder, serve_folder
 from prefetch.testing.shards import (
     bomb_index,
     empty_values_record,
@@ -418,6 +418,22 @@ def test_errors_inside_a_shard_name_the_members_key_and_offset(tmp_path: Path) -
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert f"{path} (member '000017.jpg' at byte" in notes
     assert f"re-write or re-download {str(path)!r}" in notes
+
+
+@pytest.mark.parametrize("marker", ["000002.jpg", "shard.tar"])
+def test_the_testing_fakes_match_a_shard_sample_by_its_description(
+    tmp_path: Path, marker: str
+) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, [(f"{n:06d}", jpeg(10 * n), 0) for n in range(4)])
+    source = prefetch.TarSource(str(path))
+    made = prefetch.Loader(
+        source, batch_size=2, image_size=(SIZE, SIZE), decoder=FailingDecoder(marker)
+    )
+    with pytest.raises(ValueError, match=r"injected failure for .*shard\.tar") as raised, made:
+        list(made)
+    if marker == "000002.jpg":
+        assert "member '000002.jpg'" in str(raised.value)
 
 
 def test_a_url_shard_that_is_not_a_tar_is_refused_naming_its_url_not_a_temporary_copy(

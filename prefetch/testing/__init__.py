@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
+from prefetch.shard_members import Location
 from prefetch.testing.bombs import PILLOW_DEFAULT_MAX_PIXELS as PILLOW_DEFAULT_MAX_PIXELS
 from prefetch.testing.bombs import write_decompression_bomb as write_decompression_bomb
 from prefetch.testing.bombs import write_scan_bomb as write_scan_bomb
@@ -203,7 +204,8 @@ def write_odd_images(
 class SlowDecoder:
     """The default decoder, after sleeping `delay_s` per image (a slow disk or heavy decode).
 
-    With `marker`, it sleeps only for paths containing it. With `once_flag` (a file path), it
+    With `marker`, it sleeps only for paths containing it (a shard's sample: its `str`, the
+    shard, member key and offset). With `once_flag` (a file path), it
     sleeps only the first time, in whichever process: it creates the file before sleeping.
     Sleeping and decoding both release the GIL, so `backend="auto"` keeps threads for it.
     """
@@ -217,8 +219,8 @@ class SlowDecoder:
         self.marker = marker
         self.once_flag = once_flag
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if (self.marker is None or self.marker in path) and _first_time(self.once_flag):
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if (self.marker is None or self.marker in str(path)) and _first_time(self.once_flag):
             time.sleep(self.delay_s)
         return get_decoder("auto")(path, options)
 
@@ -238,7 +240,8 @@ class PlainReadDecoder:
 
 
 class FailingDecoder:
-    """The default decoder, raising `error(message)` for any path containing `marker`."""
+    """The default decoder, raising `error(message)` for any path containing `marker` (a
+    shard's sample: when its `str`, the shard, member key and offset, contains it)."""
 
     releases_gil = True  # the default decoder's: `backend="auto"` keeps threads for it
 
@@ -246,8 +249,8 @@ class FailingDecoder:
         self.marker = marker
         self.error = error
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker in path:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path):
             raise self.error(f"injected failure for {path}")
         return get_decoder("auto")(path, options)
 
@@ -300,7 +303,8 @@ def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.nda
 
 
 class CrashingDecoder:
-    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`.
+    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`
+    (a shard's sample: in its `str`, the shard, member key and offset).
 
     With `once_flag` (a file path), it crashes only the first time: it creates the file before
     dying, so the restarted worker decodes the file normally. Use with backend="process".
@@ -311,8 +315,8 @@ class CrashingDecoder:
         self.once_flag = once_flag
         self.exit_code = exit_code
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker in path and _first_time(self.once_flag):
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path) and _first_time(self.once_flag):
             os._exit(self.exit_code)
         return get_decoder("auto")(path, options)
 
@@ -332,7 +336,7 @@ class RendezvousDecoder:
         self.parties = parties
         self.timeout_s = timeout_s
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         me = os.path.join(self.folder, f"{os.getpid()}-{threading.get_ident()}")
         if not os.path.exists(me):
             open(me, "x").close()
