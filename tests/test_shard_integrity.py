@@ -8,6 +8,7 @@ limit (`run_limited`, 1.5 GiB) and checks its peak (ru_maxrss) there.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import logging
@@ -24,6 +25,7 @@ from PIL import Image
 
 import prefetch
 from prefetch import storage
+from prefetch.paths import PathArray
 from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import INDEX_SUFFIX
 from prefetch.shard_index_file import IndexRefused, decode_index
@@ -149,6 +151,20 @@ def test_an_index_claiming_millions_of_samples_for_a_small_shard_is_rebuilt(tmp_
     spec = prefetch.TarSource(str(path)).spec
     Path(str(path) + INDEX_SUFFIX).write_bytes(claimed.to_bytes(spec))
     assert len(prefetch.TarSource(str(path))) == 6
+
+
+def test_an_index_whose_member_names_are_damaged_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, samples([0, 1, 2]))
+    source = prefetch.TarSource(str(path))
+    index = source.indexes[0]
+    assert index.keys is not None
+    names, starts = index.keys.parts()
+    unended = PathArray._from_parts(np.full_like(names, ord("x")), starts)  # no NUL ends a name
+    damaged = dataclasses.replace(index, keys=unended)
+    Path(str(path) + INDEX_SUFFIX).write_bytes(damaged.to_bytes(source.spec))
+    again = prefetch.TarSource(str(path))
+    assert [again.member(n).key for n in range(3)] == ["000000.jpg", "000001.jpg", "000002.jpg"]
 
 
 def test_an_index_whose_array_header_claims_more_than_its_bytes_is_refused(tmp_path: Path) -> None:
