@@ -1,8 +1,9 @@
 """Test helpers that ship with prefetch: tiny image trees, fault-injecting decoders, a server.
 
 Image trees are real JPEG/PNG files with learnable classes (one shape per class), written with
-Pillow. The fakes wrap the default decoder to sleep or raise at chosen files; they are
-plain picklable classes, so they work in thread and process workers alike. `serve_folder`
+Pillow. The fakes wrap the default decoder to sleep or raise at chosen files (a `marker` in
+the path; for a shard's sample, in its `str`: shard, member key, offset); they are plain
+picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
 """
@@ -204,8 +205,7 @@ def write_odd_images(
 class SlowDecoder:
     """The default decoder, after sleeping `delay_s` per image (a slow disk or heavy decode).
 
-    With `marker`, it sleeps only for paths containing it (a shard's sample: its `str`, the
-    shard, member key and offset). With `once_flag` (a file path), it
+    With `marker`, it sleeps only for paths containing it. With `once_flag` (a file path), it
     sleeps only the first time, in whichever process: it creates the file before sleeping.
     Sleeping and decoding both release the GIL, so `backend="auto"` keeps threads for it.
     """
@@ -240,8 +240,7 @@ class PlainReadDecoder:
 
 
 class FailingDecoder:
-    """The default decoder, raising `error(message)` for any path containing `marker` (a
-    shard's sample: when its `str`, the shard, member key and offset, contains it)."""
+    """The default decoder, raising `error(message)` for any path containing `marker`."""
 
     releases_gil = True  # the default decoder's: `backend="auto"` keeps threads for it
 
@@ -303,8 +302,7 @@ def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.nda
 
 
 class CrashingDecoder:
-    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`
-    (a shard's sample: in its `str`, the shard, member key and offset).
+    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`.
 
     With `once_flag` (a file path), it crashes only the first time: it creates the file before
     dying, so the restarted worker decodes the file normally. Use with backend="process".
