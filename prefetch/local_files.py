@@ -3,7 +3,7 @@
 `open_regular` opens a local file that must be a regular file (a shard, a file hashed);
 `read_local` reads a whole one of at most a cap of bytes, `read_capped` an open one. Errors are
 OSError naming the path. Stateless and thread-safe; `prefetch.storage` reads local paths with
-these, and re-exports `read_local` and `read_capped`.
+these, and re-exports `read_local`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 # The options live in prefetch.remote_options; `using` and `RemoteOptions` are re-exported
 # because readers and sources reach them through this module.
-from prefetch.local_files import read_capped as read_capped
 from prefetch.local_files import read_local as read_local
 from prefetch.remote_options import RemoteOptions as RemoteOptions
 from prefetch.remote_options import active_options as active_options
