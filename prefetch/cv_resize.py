@@ -41,24 +41,21 @@ def resize_antialiased(
     (docs/decoders.md). `method` is always "bilinear" here. With `out` (HxWxC uint8), the
     result is written there and `out` returned."""
     out_h, out_w = size
-    in_h, in_w, channels = pixels.shape
-    if (in_h, in_w) == (out_h, out_w):
-        return write_into(pixels, out)
-    pixels = np.ascontiguousarray(pixels)
-    sigma_x, sigma_y = _blur_sigma(in_w / out_w), _blur_sigma(in_h / out_h)
-    if sigma_x > _MIN_SIGMA or sigma_y > _MIN_SIGMA:
-        # A kernel of +-2 sigma on each axis (odd; 1 leaves that axis alone).
-        kernel = tuple(
-            2 * math.ceil(2 * sigma) + 1 if sigma > _MIN_SIGMA else 1
-            for sigma in (sigma_x, sigma_y)
-        )
-        pixels = cv2.GaussianBlur(
-            pixels, kernel, sigmaX=max(sigma_x, _MIN_SIGMA), sigmaY=max(sigma_y, _MIN_SIGMA)
-        )
-    resized: np.ndarray = cv2.resize(
-        pixels, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR
-    )
-    return write_into(resized.reshape(out_h, out_w, channels), out)
+    in_h, in_w = pixels.shape[:2]
+    if (in_h, in_w) != (out_h, out_w):
+        pixels = np.ascontiguousarray(pixels)
+        sigma_x, sigma_y = _blur_sigma(in_w / out_w), _blur_sigma(in_h / out_h)
+        if sigma_x > _MIN_SIGMA or sigma_y > _MIN_SIGMA:
+            # A kernel of +-2 sigma on each axis (odd; 1 leaves that axis alone).
+            kernel = tuple(
+                2 * math.ceil(2 * sigma) + 1 if sigma > _MIN_SIGMA else 1
+                for sigma in (sigma_x, sigma_y)
+            )
+            shape = pixels.shape  # OpenCV drops a single channel's axis
+            pixels = cv2.GaussianBlur(
+                pixels, kernel, sigmaX=max(sigma_x, _MIN_SIGMA), sigmaY=max(sigma_y, _MIN_SIGMA)
+            ).reshape(shape)
+    return resize_no_antialias(pixels, size, "bilinear", cv2, out)
 
 
 def resize_no_antialias(
