@@ -42,6 +42,7 @@ import numpy as np
 from PIL import Image
 
 from prefetch import resize
+from prefetch.cv_resize import resize_antialiased, resize_no_antialias
 from prefetch.decode import (
     DRAFT_REDUCING_GAP,
     DecodeOptions,
@@ -74,12 +75,6 @@ _PROBE_TARGET = (224, 224)
 _PROBE_ROUNDS = 7
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-
-# The antialiased bilinear resize (`_resize_antialiased`): the variance, in output pixels
-# squared, that bilinear interpolation itself contributes (fitted: 0.25-0.5 measure alike,
-# 1.0 worse), and the sigma below which an axis is not blurred.
-_BILINEAR_VARIANCE = 0.5
-_MIN_SIGMA = 0.05
 
 
 class _Unsupported(Exception):
@@ -214,7 +209,7 @@ def _decode_jpeg(data: bytes, options: DecodeOptions, simplejpeg: Any, cv2: Any)
         factor = _pillow_factor(height, width, options)
         colorspace = _OUTPUT_COLORSPACE[options.channels]
         pixels = _decode(simplejpeg, data, colorspace, height, width, factor, fast_dct=False)
-        return resize_like_keras(pixels, options, functools.partial(_resize_antialiased, cv2=cv2))
+        return resize_like_keras(pixels, options, functools.partial(resize_antialiased, cv2=cv2))
     if options.antialias:
         # Decode at a DCT scale, then resize exactly as decode_image does (Pillow's filters,
         # crop and padding; gray or RGB converted to the channels asked for the same way).
@@ -227,7 +222,7 @@ def _decode_jpeg(data: bytes, options: DecodeOptions, simplejpeg: Any, cv2: Any)
     # Keras parity: full size, TensorFlow's default DCT, libjpeg-turbo's own gray conversion.
     colorspace = _OUTPUT_COLORSPACE[options.channels]
     pixels = _decode(simplejpeg, data, colorspace, height, width, 1, fast_dct=True)
-    return resize_like_keras(pixels, options, functools.partial(_resize_no_antialias, cv2=cv2))
+    return resize_like_keras(pixels, options, functools.partial(resize_no_antialias, cv2=cv2))
 
 
 def _decode(
@@ -307,77 +302,6 @@ def _dct_factor(height: int, width: int, options: DecodeOptions) -> int:
             break
         factor *= 2
     return factor
-
-
-def _blur_sigma(scale: float) -> float:
-    """The Gaussian sigma (in input pixels) that, before a bilinear resize by `scale` (input
-    size / output size), matches Pillow's antialiased bilinear (a triangle filter `scale` wide):
-    the triangle's variance scale**2 / 6, less what bilinear interpolation itself smooths
-    (fitted on ImageNet-sized photos: benchmarks/antialias.py). 0 when not shrinking."""
-    return math.sqrt(max((scale * scale - _BILINEAR_VARIANCE) / 6.0, 0.0))
-
-
-def _resize_antialiased(
-    pixels: np.ndarray,
-    size: tuple[int, int],
-    method: str,
-    cv2: Any,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """An antialiased bilinear resize: a per-axis Gaussian blur sized by `_blur_sigma`, then
-    `cv2.INTER_LINEAR`. About half the time of Pillow's filter, 0.3-0.5 mean from it on photos
-    (docs/decoders.md). `method` is always "bilinear" here. With `out` (HxWxC uint8), the
-    result is written there and `out` returned."""
-    out_h, out_w = size
-    in_h, in_w, channels = pixels.shape
-    if (in_h, in_w) == (out_h, out_w):
-        return _into(pixels, out)
-    pixels = np.ascontiguousarray(pixels)
-    sigma_x, sigma_y = _blur_sigma(in_w / out_w), _blur_sigma(in_h / out_h)
-    if sigma_x > _MIN_SIGMA or sigma_y > _MIN_SIGMA:
-        # A kernel of +-2 sigma on each axis (odd; 1 leaves that axis alone).
-        kernel = tuple(
-            2 * math.ceil(2 * sigma) + 1 if sigma > _MIN_SIGMA else 1
-            for sigma in (sigma_x, sigma_y)
-        )
-        pixels = cv2.GaussianBlur(
-            pixels, kernel, sigmaX=max(sigma_x, _MIN_SIGMA), sigmaY=max(sigma_y, _MIN_SIGMA)
-        )
-    resized: np.ndarray = cv2.resize(
-        pixels, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR
-    )
-    return _into(resized.reshape(out_h, out_w, channels), out)
-
-
-def _resize_no_antialias(
-    pixels: np.ndarray,
-    size: tuple[int, int],
-    method: str,
-    cv2: Any,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """`tf.image.resize(method)`: OpenCV for bilinear (within 1 of TensorFlow per value),
-    `prefetch.resize` (TensorFlow's arithmetic) for the other methods. With `out` (HxWxC
-    uint8), the result is written there and `out` returned."""
-    out_h, out_w = size
-    channels = pixels.shape[2]
-    if pixels.shape[:2] == (out_h, out_w):
-        return _into(pixels, out)
-    if method == "bilinear":
-        resized: np.ndarray = cv2.resize(
-            pixels, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR
-        )
-        return _into(resized.reshape(out_h, out_w, channels), out)
-    return _into(resize.resize(np.ascontiguousarray(pixels), size, method), out)
-
-
-def _into(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """`image`, or with `out`: `out` holding it (copied, unless OpenCV wrote it there)."""
-    if out is None:
-        return image
-    if not np.may_share_memory(image, out):
-        out[...] = image.reshape(out.shape)
-    return out
 
 
 def available_decoders() -> dict[str, Decoder]:

@@ -3,12 +3,13 @@
 `find_entries` walks a record's map entries once and keeps, for each wanted key, where its last
 entry lies (protobuf: the last entry of a key wins); `first_value` reads one entry's feature:
 its kind, whether it holds no, one or several values, and the first (a bytes value's span, an
-int64). Values are located by their lengths, never copied, and no Python object is made per
-value or per map entry: a record of millions of empty values costs what its bytes cost to
-walk. Protobuf semantics as `prefetch.shard_formats.example_feature` reads them (a Feature's
-lists of one kind merge; another kind replaces them). Malformed bytes raise
-`CorruptShardError` naming the shard and the record's offset. `tfrecord_columns` indexes a
-whole TFRecord shard with them. Pure functions, thread-safe.
+int64). Values are located by their lengths, never copied, and no Python object is kept per
+value or per map entry (the entries come from `prefetch.shard_formats`' one walk): a record of
+millions of empty values costs what its bytes cost to walk. Protobuf semantics as
+`prefetch.shard_formats.example_feature` reads them (a Feature's lists of one kind merge;
+another kind replaces them). Malformed bytes raise `CorruptShardError` naming the shard and
+the record's offset. `tfrecord_columns` indexes a whole TFRecord shard with them. Pure
+functions, thread-safe.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.shard_formats import _next, _read_varint, _span, corrupt_shard, iter_records
+from prefetch.shard_formats import (
+    _entries,
+    _lists,
+    _next,
+    _read_varint,
+    corrupt_shard,
+    iter_records,
+)
 from prefetch.shard_index_file import IndexSpec
 
 # The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
@@ -32,7 +40,6 @@ LABEL_KEYS = ("image/class/label", "label")
 SHOWN_KEYS = 20
 # The bytes of each feature name shown at most (a hostile name may be megabytes long).
 SHOWN_KEY_BYTES = 200
-_KINDS = ("bytes", "float", "int64")
 
 
 def find_entries(
@@ -61,35 +68,17 @@ def feature_names(data: Any, path: str, offset: int) -> list[str]:
 def _walk(
     view: Any, keys: tuple[bytes, ...], found: list[tuple[int, int] | None], names: list[str] | None
 ) -> None:
-    pos, end = 0, len(view)
     lengths = [len(key) for key in keys]
-    while pos < end:
-        number, wire, start, pos = _next(view, pos, end)
-        while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
-            if view[start] != 0x0A:  # not Features.feature (a map entry): an unknown field
-                start = _next(view, start, pos)[3]
-                continue
-            entry, start = _span(view, start + 1, pos)
-            key_start = key_end = part_end = entry
-            if entry + 1 < start and view[entry] == 0x0A and view[entry + 1] < 0x80:
-                key_start = entry + 2  # the key first, under 128 bytes: the usual layout
-                key_end = key_start + view[entry + 1]
-                if key_end > start:
-                    raise ValueError(f"a key at byte {key_start} runs past its map entry")
-            else:
-                while part_end < start:
-                    part, part_wire, value, part_end = _next(view, part_end, start)
-                    if part == 1 and part_wire == 2:
-                        key_start, key_end = value, part_end
-            size = key_end - key_start
-            for number_of_key, key in enumerate(keys):
-                if size == lengths[number_of_key] and view[key_start:key_end] == key:
-                    found[number_of_key] = (entry, start)
-            if names is not None and len(names) < SHOWN_KEYS:
-                shown = min(key_end, key_start + SHOWN_KEY_BYTES)
-                name = bytes(view[key_start:shown]).decode(errors="replace")
-                if name not in names:
-                    names.append(name)
+    for key_start, key_end, entry, entry_end in _entries(view):
+        size = key_end - key_start
+        for number_of_key, key in enumerate(keys):
+            if size == lengths[number_of_key] and view[key_start:key_end] == key:
+                found[number_of_key] = (entry, entry_end)
+        if names is not None and len(names) < SHOWN_KEYS:
+            shown = min(key_end, key_start + SHOWN_KEY_BYTES)
+            name = bytes(view[key_start:shown]).decode(errors="replace")
+            if name not in names:
+                names.append(name)
 
 
 def first_value(
@@ -101,23 +90,14 @@ def first_value(
     if entry is None:
         return "", 0, None
     kind, count, first = "", 0, None
-    view = data
     try:
-        pos, end = entry
-        while pos < end:  # the map entry: its values (Features) merge
-            part, wire, start, pos = _next(view, pos, end)
-            while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
-                number, list_wire, list_start, start = _next(view, start, pos)
-                if number not in (1, 2, 3) or list_wire != 2:
-                    continue
-                if _KINDS[number - 1] != kind:
-                    kind, count, first = _KINDS[number - 1], 0, None
-                while list_start < start and count < 2:  # its values, up to the second
-                    field, value_wire, value, list_start = _next(view, list_start, start)
-                    if field == 1:
-                        count, first = _values(
-                            view, kind, value_wire, value, list_start, count, first
-                        )
+        for list_kind, start, stop in _lists(data, *entry):
+            if list_kind != kind:
+                kind, count, first = list_kind, 0, None
+            while start < stop and count < 2:  # its values, up to the second
+                field, value_wire, value, start = _next(data, start, stop)
+                if field == 1:
+                    count, first = _values(data, kind, value_wire, value, start, count, first)
     except (ValueError, IndexError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return kind, count, first

@@ -2,7 +2,7 @@
 
 `find_shards(files, format)` turns what a user passes to `TFRecordSource` / `TarSource` into the
 shard files in order: a file, a folder (local or a URL ending in `/`, listed once with the
-bounded listing of `storage.RemoteTree`), a pattern (wildcards in the last part), WebDataset's
+bounded listing of `remote_tree.RemoteTree`), a pattern (wildcards in the last part), WebDataset's
 brace notation (`shard-{000000..000009}.tar`, `{a,b}`, expanded here as `braceexpand` does,
 locally and for URLs), or a list. A path that exists is taken as it is, braces and all.
 `class_names_beside(shard)` reads `classes.txt` beside a shard: UTF-8, one name per line,
@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from prefetch import storage
+from prefetch import remote_tree, storage
 from prefetch.shard_index import INDEX_SUFFIX
 from prefetch.shard_manifest import is_manifest_name
 
@@ -198,14 +198,14 @@ def _not_index(path: str) -> bool:
 
 def _remote_matches(url: str, format: str) -> list[str]:
     """The URLs a URL pattern names, from one listing of its folder (bounded as any
-    listing: `storage.RemoteTree`); a URL without a pattern is taken as is. The pattern
+    listing: `remote_tree.RemoteTree`); a URL without a pattern is taken as is. The pattern
     `*` of a folder URL (`.../shards/`) takes the files that are shards of `format`."""
     folder, _, pattern = url.rpartition("/")
     if not _PATTERN_CHARS & set(pattern):
         return [url]
     if _PATTERN_CHARS & set(folder):
         raise ValueError(f"{url!r}: a URL pattern may have wildcards in its last part only")
-    tree = storage.RemoteTree(folder)
+    tree = remote_tree.RemoteTree(folder)
     names = [name for name in tree.listdir(folder) if not tree.isdir(f"{folder}/{name}")]
     if pattern == "*":
         names = [name for name in names if _is_shard_name(name, format)]
@@ -217,19 +217,9 @@ def _remote_matches(url: str, format: str) -> list[str]:
 def class_names_beside(shard: str) -> list[str] | None:
     """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
     there is none (or none readable)."""
-    if storage.is_url(shard):
-        place = f"{shard.rpartition('/')[0]}/{CLASSES_FILE}"
-    else:
-        place = os.path.join(os.path.dirname(shard), CLASSES_FILE)
+    place = storage.beside(shard, CLASSES_FILE)
     try:
-        if storage.is_url(shard):
-            options = storage.active_options()
-            capped = dataclasses.replace(
-                options, max_object_bytes=min(MAX_CLASSES_BYTES, options.max_object_bytes)
-            )
-            data = storage.read_bytes(place, retries=1, options=capped)
-        else:
-            data = storage.read_local(storage.local_path(place), MAX_CLASSES_BYTES)
+        data = storage.read_small(place, MAX_CLASSES_BYTES)
     except OSError:  # none (or none readable): the labels' numbers name the classes
         return None
     return parse_class_names(data, place) or None

@@ -143,6 +143,7 @@ def iter_records(file: BinaryIO, path: str) -> Iterator[tuple[int, int]]:
 
 _Features = Mapping[str, bytes | int | float | Sequence[int] | Sequence[float] | Sequence[bytes]]
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_KINDS = ("bytes", "float", "int64")  # a Feature's list kinds, by field number - 1
 
 
 def _varint(value: int) -> bytes:
@@ -261,13 +262,15 @@ def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
     return tag >> 3, wire, start, pos
 
 
-def _entries(view: memoryview) -> list[tuple[int, int, int, int]]:
-    """(key start, key end, entry start, entry end) of each map entry of a serialized Example.
+def _entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
+    """(key start, key end, entry start, entry end) of each map entry of a serialized Example
+    (a byte memoryview), in stored order; ValueError (or struct.error) on malformed bytes.
 
     Flat loops with a fast path for what writers emit (one-byte tags, the key first): this walk
-    is the cost of reading a record's features. `_find` reads the value of the entry it wants.
+    is the cost of reading a record's features, and it keeps nothing (the index walks records
+    of millions of entries with it: `prefetch.shard_examples`). `_find` reads the value of the
+    entry it wants.
     """
-    entries = []
     pos, end = 0, len(view)
     while pos < end:
         number, wire, start, pos = _next(view, pos, end)
@@ -287,8 +290,21 @@ def _entries(view: memoryview) -> list[tuple[int, int, int, int]]:
                     part, part_wire, value, part_end = _next(view, part_end, start)
                     if part == 1 and part_wire == 2:
                         key_start, key_end = value, part_end
-            entries.append((key_start, key_end, entry, start))
-    return entries
+            yield key_start, key_end, entry, start
+
+
+def _lists(view: Any, pos: int, end: int) -> Iterator[tuple[str, int, int]]:
+    """(kind, start, end) of each list in the map entry at `pos`..`end` of a serialized
+    Example, in stored order: "bytes", "float" or "int64" and the span of the BytesList,
+    FloatList or Int64List. Protobuf semantics are the caller's: the map entry's values
+    (Features) merge, so a list of another kind than the one before replaces it, and a list
+    of the same kind adds to it."""
+    while pos < end:
+        part, wire, start, pos = _next(view, pos, end)
+        while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
+            number, list_wire, list_start, start = _next(view, start, pos)
+            if number in (1, 2, 3) and list_wire == 2:
+                yield _KINDS[number - 1], list_start, start
 
 
 def _list_values(view: memoryview, kind: str, wire: int, start: int, stop: int) -> list[Any]:
@@ -328,18 +344,12 @@ def _find(
         for key_start, key_end, entry_start, entry_end in _entries(view):
             if key_end - key_start == len(wanted) and view[key_start:key_end] == wanted:
                 pos, end = entry_start, entry_end
-        while pos < end:  # the map entry: its values (Features) merge
-            part, wire, start, pos = _next(view, pos, end)
-            while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
-                number, list_wire, list_start, start = _next(view, start, pos)
-                if number not in (1, 2, 3) or list_wire != 2:
-                    continue
-                new_kind = ("bytes", "float", "int64")[number - 1]
-                kind, values = new_kind, values if new_kind == kind else []
-                while list_start < start:  # a BytesList, FloatList or Int64List
-                    field, value_wire, value, list_start = _next(view, list_start, start)
-                    if field == 1:
-                        values += _list_values(view, kind, value_wire, value, list_start)
+        for list_kind, start, stop in _lists(view, pos, end):
+            kind, values = list_kind, values if list_kind == kind else []
+            while start < stop:  # a BytesList, FloatList or Int64List
+                field, value_wire, value, start = _next(view, start, stop)
+                if field == 1:
+                    values += _list_values(view, kind, value_wire, value, start)
     except (ValueError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return view, kind, values

@@ -29,12 +29,12 @@ import contextlib
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 from typing import Any
 
 import numpy as np
 
+from prefetch.local_files import open_regular, read_capped
 from prefetch.paths import PathArray
 from prefetch.shard_examples import IMAGE_KEYS as IMAGE_KEYS
 from prefetch.shard_examples import LABEL_KEYS as LABEL_KEYS
@@ -46,7 +46,7 @@ from prefetch.shard_index_file import IndexRefused, decode_index, local_identity
 from prefetch.shard_index_file import IndexSpec as IndexSpec
 from prefetch.shard_index_file import ShardIdentity as ShardIdentity
 from prefetch.shard_index_file import ShardIndex as ShardIndex
-from prefetch.storage import is_url, local_path, read_capped
+from prefetch.storage import is_url, local_path
 from prefetch.tar_format import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
@@ -67,14 +67,7 @@ def index_folder() -> str:
 def open_shard(path: str) -> int:
     """A descriptor of the local shard at `path` (not blocking on a FIFO); OSError naming it
     when it is not a regular file. The caller closes it."""
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise OSError(f"shard {path!r} is not a regular file (a device, a FIFO): not read")
-    except BaseException:
-        os.close(handle)
-        raise
-    return handle
+    return open_regular(path, "shard ")
 
 
 def load_or_build(path: str, spec: IndexSpec) -> ShardIndex:
@@ -183,20 +176,22 @@ def _read_trusted(path: str, owners: set[int], cap: int) -> bytes | None:
 _MAX_KEPT_BYTES = 1 << 30
 
 
-def build_index(path: str, spec: IndexSpec) -> ShardIndex:
-    """Index the local shard at `path` now (see the module docstring). A gzip-compressed
+def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardIndex:
+    """Index the local shard at `path` now (see the module docstring); its errors name it
+    `name` (default: `path`; a URL for a private copy of a URL's shard). A gzip-compressed
     shard is refused with that reason (ValueError naming it)."""
+    name = path if name is None else name
     handle = open_shard(path)
     with os.fdopen(handle, "rb") as file:
         identity = local_identity(handle)  # before reading: a change during it is seen later
-        _refuse_gzip(os.pread(handle, 2, 0), path, spec.format)
+        _refuse_gzip(os.pread(handle, 2, 0), name, spec.format)
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
-            columns, labels = tfrecord_columns(file, path, spec, identity.size)
+            columns, labels = tfrecord_columns(file, name, spec, identity.size)
             keys = None
         else:
-            columns, labels, keys = _tar_columns(file, path, spec)
+            columns, labels, keys = _tar_columns(file, name, spec)
     offsets, lengths, starts, sizes = (np.frombuffer(column, np.int64) for column in columns)
     return ShardIndex(
         offsets=offsets,

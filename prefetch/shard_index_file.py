@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch.paths import PathArray
+from prefetch.shard_formats import RECORD_OVERHEAD
 
 # Bumped whenever what an index holds changes: older indexes are rebuilt.
 INDEX_VERSION = 2
@@ -286,14 +287,17 @@ def _checked(
     keys = None
     if len(columns["key_starts"]):
         lengths.append(len(columns["key_starts"]) - 1)
-        keys = PathArray.from_parts(columns["key_bytes"], columns["key_starts"].astype(np.int64))
+        try:
+            keys = PathArray.from_parts(columns["key_bytes"], columns["key_starts"])
+        except ValueError as error:
+            raise IndexRefused(f"its member names are damaged ({error})") from None
     if any(length != count for length in lengths):
         raise IndexRefused("its columns have different lengths")
     offsets, sample_lengths, starts, sizes = (
         columns[name].astype(np.int64) for name in ("offsets", "lengths", "starts", "sizes")
     )
     if count:
-        ends = offsets + sample_lengths + (16 if format == "tfrecord" else 0)
+        ends = offsets + sample_lengths + (RECORD_OVERHEAD if format == "tfrecord" else 0)
         lowest = min(offsets.min(), sample_lengths.min(), starts.min(), sizes.min())
         if lowest < 0 or ends.max() > size or (starts + sizes > sample_lengths).any():
             raise IndexRefused("a sample's bytes lie outside its shard or record")

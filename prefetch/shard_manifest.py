@@ -22,11 +22,11 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Sequence
 from typing import Any
 
 from prefetch import storage
+from prefetch.local_files import open_regular
 
 # The version of the manifest's layout, its first key; a reader refuses a later one.
 MANIFEST_VERSION = 1
@@ -163,14 +163,7 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     (place,) = places
     assert place is not None
     try:
-        if storage.is_url(place):
-            options = storage.active_options()
-            capped = dataclasses.replace(
-                options, max_object_bytes=min(MAX_MANIFEST_BYTES, options.max_object_bytes)
-            )
-            data = storage.read_bytes(place, retries=1, options=capped)
-        else:
-            data = storage.read_local(storage.local_path(place), MAX_MANIFEST_BYTES)
+        data = storage.read_small(place, MAX_MANIFEST_BYTES)
     except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place
@@ -252,10 +245,7 @@ def verify(folder: str, manifest: Manifest) -> list[str]:
 
 
 def _sha256(path: str) -> tuple[str, int]:
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(handle, "rb", buffering=0) as file:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise OSError("not a regular file")
+    with os.fdopen(open_regular(path), "rb", buffering=0) as file:
         digest = hashlib.sha256()
         size = 0
         while chunk := file.read(_HASH_CHUNK):
@@ -265,13 +255,8 @@ def _sha256(path: str) -> tuple[str, int]:
 
 
 def _beside(shard: str, format: str) -> str | None:
-    if storage.is_url(shard):
-        folder, _, name = shard.rpartition("/")
-        prefix = shard_prefix(name, format)
-        return None if prefix is None else f"{folder}/{manifest_name(format, prefix)}"
-    folder, name = os.path.split(shard)
-    prefix = shard_prefix(name, format)
-    return None if prefix is None else os.path.join(folder, manifest_name(format, prefix))
+    prefix = shard_prefix(_basename(shard), format)
+    return None if prefix is None else storage.beside(shard, manifest_name(format, prefix))
 
 
 def _basename(shard: str) -> str:

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from prefetch import storage
+from prefetch.local_files import open_regular
 from prefetch.paths import PATHS_PER_STEP, PathArray, pack_chunks
 from prefetch.remote_options import active_options
-from prefetch.shard_formats import RECORD_OVERHEAD, CorruptShardError, record_data
+from prefetch.shard_formats import RECORD_OVERHEAD, record_data
 
 FORMATS = ("tar", "tfrecord")
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # The ending of a whole shard's local copy in a spool folder (`prefetch.shard_stream`).
 SPOOL_SUFFIX = ".shard"
 _COLUMNS = ("shard", "offset", "length", "start", "size")
@@ -136,11 +136,7 @@ def read_member(member: Member) -> bytes:
     if member.format == "tar":
         return _read_range(member, member.offset, member.length)
     framed = _read_range(member, member.offset, member.length + framing)
-    name = member.origin or member.shard
-    try:
-        data = record_data(framed, name, member.offset)
-    except CorruptShardError as error:  # name the shard where it is, not a spooled copy
-        raise CorruptShardError(str(error), name, member.offset) from None
+    data = record_data(framed, member.origin or member.shard, member.offset)  # not a copy's name
     if member.start + member.size > len(data):
         raise ValueError(
             f"{member.describe()}: the record is {len(data)} bytes, too short for the image "
@@ -151,16 +147,12 @@ def read_member(member: Member) -> bytes:
 
 
 def _read_range(member: Member, offset: int, length: int) -> bytes:
-    from prefetch import storage  # storage reads members through this module
-
     shard = member.shard
     if storage.is_url(shard):
         data = storage.read_range(shard, offset, length)
     else:
-        handle = os.open(storage.local_path(shard), os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC)
+        handle = open_regular(storage.local_path(shard), "shard ")
         try:
-            if not stat.S_ISREG(os.fstat(handle).st_mode):
-                raise OSError(f"{shard!r} is not a regular file (a device, a FIFO): not read")
             data = os.pread(handle, length, offset)
         finally:
             os.close(handle)
@@ -181,8 +173,6 @@ def spooled_name(url: str) -> str:
 def spooled(folder: str, member: Member) -> Member:
     """`member` (a sample of a URL shard) moved to its shard's copy in `folder`; a sample of
     a local shard is returned as it is."""
-    from prefetch import storage
-
     if not storage.is_url(member.shard):
         return member
     return member.moved_to(os.path.join(folder, spooled_name(member.shard)))

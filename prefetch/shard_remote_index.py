@@ -11,7 +11,6 @@ import logging
 import tempfile
 
 from prefetch import storage
-from prefetch.shard_formats import CorruptShardError
 from prefetch.shard_index import (
     INDEX_SUFFIX,
     IndexSpec,
@@ -43,7 +42,7 @@ def remote_index(url: str, spec: IndexSpec, check: bool = True) -> ShardIndex:
         return found
     beside = url + INDEX_SUFFIX
     try:
-        data = storage.read_bytes(beside, retries=1, options=_capped(MAX_INDEX_BYTES))
+        data = storage.read_small(beside, MAX_INDEX_BYTES)
     except OSError:  # none beside it (or none readable): build one
         data = None
     found = None
@@ -75,18 +74,5 @@ def _index_copy(url: str, spec: IndexSpec) -> ShardIndex:
     with tempfile.NamedTemporaryFile(prefix="prefetch-shard-") as copy:
         size = storage.download(url, copy)  # type: ignore[arg-type]
         copy.flush()
-        try:
-            built = build_index(copy.name, spec)
-        except CorruptShardError as error:
-            message = str(error).replace(repr(copy.name), repr(url)).replace(copy.name, url)
-            raise CorruptShardError(message, url, error.offset) from None
-        except ValueError as error:
-            message = str(error).replace(repr(copy.name), repr(url)).replace(copy.name, url)
-            raise ValueError(message) from None
+        built = build_index(copy.name, spec, name=url)
     return dataclasses.replace(built, identity=ShardIdentity(size, built.identity.digest))
-
-
-def _capped(cap: int) -> storage.RemoteOptions:
-    """The active remote options with objects capped at `cap` bytes."""
-    options = storage.active_options()
-    return dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))

@@ -61,9 +61,11 @@ class ShardSource(FileList):
         shuffle_buffer: int,
         remote: storage.RemoteOptions | None,
     ) -> None:
-        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int):
-            raise ValueError(f"shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
-        if shuffle_buffer < 1:
+        if (
+            isinstance(shuffle_buffer, bool)
+            or not isinstance(shuffle_buffer, int)
+            or shuffle_buffer < 1
+        ):
             raise ValueError(f"shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
         self.spec = spec
         self.remote = remote

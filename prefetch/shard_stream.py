@@ -277,7 +277,7 @@ class ShardSpool:
             with os.fdopen(handle, "w+b") as file, storage.using(self.remote):
                 storage.download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
                 file.flush()
-                index.check_copy(url, _copy_identity(partial))
+                index.check_copy(url, _identity_of(file.fileno()))
             os.replace(partial, final)
             self.fetched += 1
         except BaseException:
@@ -308,13 +308,18 @@ class ShardSpool:
 
 
 def _copy_identity(path: str) -> ShardIdentity:
-    """The size and edges' digest of a spooled copy (its own times and inode are not the
-    shard's)."""
+    """The size and edges' digest of the spooled copy at `path` (`_identity_of`)."""
     handle = open_shard(path)
     try:
-        identity = local_identity(handle)
+        return _identity_of(handle)
     finally:
         os.close(handle)
+
+
+def _identity_of(handle: int) -> ShardIdentity:
+    """The size and edges' digest of the open copy `handle` (its own times and inode are not
+    the shard's)."""
+    identity = local_identity(handle)
     return ShardIdentity(identity.size, identity.digest)
 
 

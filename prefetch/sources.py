@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
-from prefetch import storage
+from prefetch import remote_tree, storage
 from prefetch.decode import open_image
 from prefetch.messages import counted, suggest_keywords
 from prefetch.paths import PathArray as PathArray
@@ -243,14 +243,14 @@ def index_directory(
     `os.listdir`'s own OSError when labels are inferred, as in Keras.
 
     A URL `directory` (`storage.is_url`) is listed once with the filesystem's bulk listing
-    (`storage.RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
+    (`remote_tree.RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
     page is left out) and then walked by the same code, giving URL paths; a missing one
     raises FileNotFoundError naming it. A `file://` directory is listed as the local path.
     """
     top = os.fspath(directory)
     tree: Any = _LOCAL_TREE
     if storage.is_url(top):
-        tree = storage.RemoteTree(top, options=remote, skip_errors=on_error == "skip")
+        tree = remote_tree.RemoteTree(top, options=remote, skip_errors=on_error == "skip")
     if not storage.is_url(top):
         top = storage.local_path(top)
     if infer_labels:
@@ -290,7 +290,7 @@ def index_directory(
 
 
 class _LocalTree:
-    """The local filesystem, with the methods of `storage.RemoteTree` that the lister uses."""
+    """The local filesystem, with the methods of `remote_tree.RemoteTree` that the lister uses."""
 
     listdir = staticmethod(os.listdir)
     isdir = staticmethod(os.path.isdir)

@@ -4,9 +4,8 @@
 `remote` extra); plain paths and `file://` stay on the local fast path (`open`, `os.walk`).
 `read_bytes` reads one whole object in one request, retrying transient failures (5xx, dropped
 connections, timeouts) with a short backoff, and raises an error whose message names the URL.
-`RemoteTree` lists a folder with one bulk listing of the filesystem (`find` with details), never
-one call per file (over http(s), one index page per folder: `prefetch.remote_http`);
-`prefetch.sources.index_directory` applies Keras's rules to it.
+`prefetch.remote_tree.RemoteTree` lists a folder with one bulk listing (over http(s), one
+index page per folder: `prefetch.remote_http`); local files are read by `prefetch.local_files`.
 Nothing a store sends can make these block forever or take unbounded memory: every request
 has the deadlines of a `RemoteOptions` (connect, each read, the whole request), every body a
 size cap (`read_local` too: a `.jpg` that is /dev/zero is refused), every listing caps on
@@ -20,17 +19,17 @@ See docs/remote.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
-import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 # The options live in prefetch.remote_options; `using` and `RemoteOptions` are re-exported
 # because readers and sources reach them through this module.
-from prefetch.remote_options import LISTING_PAGE_ENTRIES
+from prefetch.local_files import read_local as read_local
 from prefetch.remote_options import RemoteOptions as RemoteOptions
 from prefetch.remote_options import active_options as active_options
 from prefetch.remote_options import using as using
@@ -167,7 +166,7 @@ def fetch_object(
     if not is_url(url):
         return read_local(local_path(url), options.max_object_bytes), True
     fs, path = filesystem_for(url)
-    if _protocols(fs) & _PAGED_PROTOCOLS:
+    if is_paged(fs):
         fetched = _http_get(fs, url, options, retries, options.max_object_bytes)
         return fetched.data, fetched.whole
     cap = options.max_object_bytes
@@ -193,7 +192,7 @@ def fetch_object(
             )
         return data
 
-    return _retrying(url, retries, attempt), True
+    return retrying(url, retries, attempt), True
 
 
 def read_whole(path: Location) -> bytes:
@@ -210,16 +209,34 @@ def read_whole(path: Location) -> bytes:
     return read_bytes(path) if is_url(path) else read_local(local_path(path))
 
 
+def beside(place: str, name: str) -> str:
+    """The path or URL of the file `name` in the folder of `place` (a path or URL)."""
+    if is_url(place):
+        return f"{place.rpartition('/')[0]}/{name}"
+    return os.path.join(os.path.dirname(place), name)
+
+
+def read_small(place: str, cap: int) -> bytes:
+    """The whole of the small file at `place` (a path or URL: a manifest, a `classes.txt`, an
+    index beside a shard), at most `cap` bytes (for a URL, at most `max_object_bytes` too),
+    a URL retried once. OSError naming it (FileNotFoundError when there is none)."""
+    if is_url(place):
+        options = active_options()
+        capped = dataclasses.replace(options, max_object_bytes=min(cap, options.max_object_bytes))
+        return read_bytes(place, retries=1, options=capped)
+    return read_local(local_path(place), cap)
+
+
 def read_range(url: str, offset: int, length: int, retries: int = READ_RETRIES) -> bytes:
     """`length` bytes of the object at `url` from byte `offset`, in one ranged request per
     attempt, within the active options' deadlines; retried and named as `read_bytes`."""
     options = active_options()
     fs, path = filesystem_for(url)
-    if _protocols(fs) & _PAGED_PROTOCOLS:
+    if is_paged(fs):
         span = (offset, offset + length)
         return _http_get(fs, url, options, retries, length, "the sample's length", span).data
     return bytes(
-        _retrying(url, retries, lambda: fs.cat_file(path, start=offset, end=offset + length))
+        retrying(url, retries, lambda: fs.cat_file(path, start=offset, end=offset + length))
     )
 
 
@@ -231,7 +248,7 @@ def download(url: str, file: BinaryIO, retries: int = READ_RETRIES) -> int:
     options = active_options()
     cap = options.max_object_bytes
     fs, path = filesystem_for(url)
-    if _protocols(fs) & _PAGED_PROTOCOLS:
+    if is_paged(fs):
         _http_get(fs, url, options, retries, cap, sink=file)
         return file.tell()
 
@@ -248,55 +265,11 @@ def download(url: str, file: BinaryIO, retries: int = READ_RETRIES) -> int:
                     )
         return file.tell()
 
-    return int(_retrying(url, retries, attempt))
+    return int(retrying(url, retries, attempt))
 
 
 # Bytes per request when a shard is downloaded whole from a store other than http(s).
 _DOWNLOAD_BLOCK = 16 << 20
-
-
-def read_local(path: str, max_bytes: int | None = None) -> bytes:
-    """The bytes of the local file `path`, at most `max_bytes` (None: the active options'
-    `max_object_bytes`). A path that is not a regular file (a device such as /dev/zero, a
-    FIFO, through a symlink or not) or a file larger than the cap raises OSError naming it:
-    nothing is read past the cap, and nothing blocks on a FIFO without a writer."""
-    cap = active_options().max_object_bytes if max_bytes is None else max_bytes
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        return read_capped(handle, path, cap)
-    finally:
-        os.close(handle)
-
-
-def read_capped(handle: int, path: str, cap: int) -> bytes:
-    """The bytes of the open file `handle` (named `path` in errors) from its start: OSError
-    when it is not a regular file or holds more than `cap` bytes (nothing is read past the
-    cap, even when it grows while read). The one bounded read of a local file: `read_local`,
-    and the index files of `prefetch.shard_index`. The caller closes `handle`."""
-    info = os.fstat(handle)
-    if not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{path!r} is not a regular file (a device, a FIFO, a socket): not read")
-    if info.st_size > cap:
-        raise OSError(
-            f"{path!r} is {info.st_size} bytes, larger than max_object_bytes={cap}: raise "
-            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-        )
-    data = os.pread(handle, info.st_size + 1, 0)  # usually all of it, in one read
-    while len(data) <= cap:  # to the end (it may have grown), never past the cap
-        more = os.pread(handle, min(cap + 1 - len(data), _LOCAL_CHUNK), len(data))
-        if not more:
-            break
-        data += more
-    if len(data) > cap:
-        raise OSError(
-            f"{path!r} grew past max_object_bytes={cap} while it was read: raise "
-            "RemoteOptions(max_object_bytes=...) if it is meant to be that large"
-        )
-    return data
-
-
-# Bytes `read_local` reads at a time after the file's stated size.
-_LOCAL_CHUNK = 64 * 1024
 
 
 def _http_get(
@@ -338,11 +311,14 @@ def _backstop_s(options: RemoteOptions, retries: int) -> float:
     return (retries + 1) * (options.request_timeout_s + 2.0) + backoff
 
 
-def _protocols(fs: Any) -> set[str]:
-    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+def is_paged(fs: Any) -> bool:
+    """Whether the fsspec filesystem `fs` is listed a folder page at a time (http(s): no bulk
+    listing) and read through `prefetch.remote_http`."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return bool(protocols & _PAGED_PROTOCOLS)
 
 
-def _retrying(url: str, retries: int, call: Callable[[], Any]) -> Any:
+def retrying(url: str, retries: int, call: Callable[[], Any]) -> Any:
     """`call()`, retried `retries` times on a transient error; errors name `url`."""
     attempt = 0
     while True:
@@ -387,114 +363,6 @@ def naming(error: Exception, url: str, attempts: int) -> Exception:
     if from_us and status is None:
         return type(error)(str(error))  # a cap: its message names the URL and the cap
     return OSError(f"cannot read {url!r}{tried}: {said}")
-
-
-class RemoteTree:
-    """A folder on an fsspec filesystem, listed once, read like `os.listdir`/`os.walk`.
-
-    One `fs.find(..., withdirs=True, detail=True)` lists everything under `top` (retried like
-    `read_bytes`). Over http(s), which has no bulk listing, the index page of each folder is
-    read and retried on its own, so a flaky server costs a page, not the whole listing
-    (`prefetch.remote_http.list_pages`: deadlines, caps, and only links that resolve inside
-    `top` followed; a failing sub-folder page raises OSError naming it, or with `skip_errors`
-    is logged and left out). `options` (None: `active_options()`) bound it all. The folder
-    strings it answers for are `os.path.join(top, ...)` of `top` as given (a URL), so
-    `index_directory` builds the same path strings as for a local folder. A folder that does
-    not exist (nothing listed under it) raises FileNotFoundError naming the URL; an entry
-    with an empty, "." or ".." segment is left out.
-    """
-
-    def __init__(
-        self,
-        top: str,
-        retries: int = READ_RETRIES,
-        options: RemoteOptions | None = None,
-        skip_errors: bool = False,
-    ) -> None:
-        options = options or active_options()
-        fs, root = filesystem_for(top)
-        self.top = top
-        self._folders: dict[str, tuple[list[str], list[str]]] = {}
-        paged = bool(_protocols(fs) & _PAGED_PROTOCOLS)
-        try:
-            if paged:
-                from prefetch import remote_http
-
-                entries = remote_http.run(
-                    fs, remote_http.list_pages(fs, top, options, retries, skip_errors), None
-                )
-            else:
-                entries = _retrying(top, retries, lambda: fs.find(root, withdirs=True, detail=True))
-        except FileNotFoundError:
-            entries = {}
-        if not paged and len(entries) > options.max_listing_pages * LISTING_PAGE_ENTRIES:
-            raise OSError(
-                f"listing {top!r}: {len(entries)} entries, more than max_listing_pages="
-                f"{options.max_listing_pages} pages of {LISTING_PAGE_ENTRIES}; raise "
-                "RemoteOptions(max_listing_pages=...) if the tree is that large"
-            )
-        if paged:
-            from prefetch.remote_links import as_folder
-
-            prefix = as_folder(top)
-        else:
-            prefix = root.rstrip("/") + "/"
-        for name, info in entries.items():
-            name = name.rstrip("/")
-            if not name.startswith(prefix):
-                continue  # the root itself
-            parts = name[len(prefix) :].split("/")
-            if any(part in ("", ".", "..") for part in parts):
-                continue  # no folder of a local tree has such a name: not followed
-            if len(parts) > options.max_depth + 1:
-                raise OSError(
-                    f"listing {top!r}: {name!r} is {len(parts) - 1} folders deep, more than "
-                    f"max_depth={options.max_depth}; raise RemoteOptions(max_depth=...) if "
-                    "the tree is that deep"
-                )
-            is_dir = info.get("type") == "directory"
-            for depth in range(len(parts)):
-                folder = self._key(parts[:depth])
-                subdirs, files = self._folders.setdefault(folder, ([], []))
-                last = depth == len(parts) - 1
-                if last and not is_dir:
-                    files.append(parts[depth])
-                elif parts[depth] not in subdirs:
-                    subdirs.append(parts[depth])
-                    self._folders.setdefault(self._key(parts[: depth + 1]), ([], []))
-
-    def _key(self, parts: list[str]) -> str:
-        # Folders are keyed without a trailing "/", so "gs://b/train/" finds "gs://b/train".
-        return os.path.join(self.top, *parts).rstrip("/")
-
-    def _entry(self, folder: str) -> tuple[list[str], list[str]]:
-        entry = self._folders.get(folder.rstrip("/"))
-        if entry is None:
-            raise FileNotFoundError(f"no folder at {folder!r} (nothing is listed under it)")
-        return entry
-
-    def listdir(self, folder: str) -> list[str]:
-        """The names in `folder` (subfolders and files), as `os.listdir`."""
-        subdirs, files = self._entry(folder)
-        return subdirs + files
-
-    def isdir(self, folder: str) -> bool:
-        """Whether `folder` is a folder of the listing."""
-        return folder.rstrip("/") in self._folders
-
-    def walk(
-        self, folder: str, followlinks: bool = False
-    ) -> Iterator[tuple[str, list[str], list[str]]]:
-        """`(folder, subfolders, files)` for `folder` and every folder below it, as `os.walk`
-        (an unknown folder yields nothing, as os.walk does)."""
-        if not self.isdir(folder):
-            return
-        pending = [folder]
-        while pending:
-            current = pending.pop()
-            subdirs, files = self._entry(current)
-            yield current, list(subdirs), list(files)
-            pending.extend(os.path.join(current, name) for name in subdirs)
 
 
 def list_images(root_url: str) -> list[str]:

@@ -30,8 +30,12 @@ _SIGNED = struct.Struct("148b8x356b")  # a header's bytes less its checksum fiel
 # declaring more is damage (or an attack), refused before anything is read.
 MAX_LONG_NAME_BYTES = 64 << 10
 MAX_PAX_BYTES = 1 << 20
-_EXTRA_CAPS = {b"L": MAX_LONG_NAME_BYTES, b"K": MAX_LONG_NAME_BYTES, b"x": MAX_PAX_BYTES}
-_EXTRA_CAPS[b"g"] = MAX_PAX_BYTES
+_EXTRA_CAPS = {
+    b"L": MAX_LONG_NAME_BYTES,
+    b"K": MAX_LONG_NAME_BYTES,
+    b"x": MAX_PAX_BYTES,
+    b"g": MAX_PAX_BYTES,
+}
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ import numpy as np
 from PIL import Image
 
 from prefetch.augment import Box, Crop
+from prefetch.cv_resize import resize_antialiased, resize_no_antialias, write_into
 from prefetch.decode import DecodeOptions, convert_mode, open_bytes, read_image, to_target_size
-from prefetch.fast_decode import _into, _modules, _resize_antialiased, _resize_no_antialias
+from prefetch.fast_decode import _modules
 from prefetch.shard_members import Location
 
 
@@ -173,9 +174,9 @@ def resize_window(
     (a uint8 array of that shape) resized straight into it, and `out` returned."""
     cv2 = _cv2()
     if cv2 is not None and options.interpolation == "bilinear":
-        resize = _resize_antialiased if options.antialias else _resize_no_antialias
+        resize = resize_antialiased if options.antialias else resize_no_antialias
         return resize(pixels, options.image_size, "bilinear", cv2=cv2, out=out)
-    return _into(to_target_size(np.ascontiguousarray(pixels), _whole(options)), out)
+    return write_into(to_target_size(np.ascontiguousarray(pixels), _whole(options)), out)
 
 
 def flip_left_right(image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -190,7 +191,7 @@ def flip_left_right(image: np.ndarray, out: np.ndarray | None = None) -> np.ndar
         out[...] = image[:, ::-1]  # numpy copies first where the two overlap
         return out
     flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1, dst=out)
-    return _into(flipped.reshape(image.shape), out)
+    return write_into(flipped.reshape(image.shape), out)
 
 
 def _turbo_window(

@@ -8,6 +8,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -107,6 +108,26 @@ def no_leaks() -> Iterator[None]:
     assert not threads, f"threads leaked: {[t.name for t in threads]}"
     assert not children, f"child processes leaked: {sorted(children)}"
     assert not shm, f"/dev/shm segments leaked: {sorted(shm)}"
+
+
+@pytest.fixture(scope="session")
+def fsspec_io_thread() -> None:
+    """Start fsspec's IO thread before the leak checks look: async filesystems (http) run on
+    one daemon event-loop thread per process, started once and kept, which is not a leak.
+    Nothing to start where the remote extra is not installed."""
+    try:
+        import fsspec.asyn
+    except ImportError:
+        return
+    fsspec.asyn.get_loop()
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Indexes of read-only folders and of URLs go to a folder of this test, never ~/.cache."""
+    folder = tmp_path / "prefetch-cache"
+    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(folder))
+    return folder
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

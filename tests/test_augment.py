@@ -495,15 +495,6 @@ def test_bad_files_are_named_or_skipped_with_a_crop(tmp_path: Path, backend: str
     assert loader.stats().skipped == len(bad)
 
 
-@pytest.fixture(scope="module")
-def fsspec_io_thread() -> None:
-    """fsspec's HTTP filesystem runs on one daemon event-loop thread per process, started once
-    and kept: start it before the leak checks look."""
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()
-
-
 @pytest.mark.usefixtures("fsspec_io_thread")
 def test_remote_folder_with_a_crop_and_cache_dir(photos: Path, tmp_path: Path) -> None:
     """Over the loopback HTTP server, read once into cache_dir: the same crops as local."""

@@ -22,18 +22,11 @@ from prefetch import ImageFolder, Loader, LoaderStats
 from prefetch.cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread")
+
 fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
 
 SIZE = (16, 16)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """fsspec's HTTP filesystem runs on one daemon event-loop thread per process, started once
-    and kept: start it before the leak checks look."""
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()
 
 
 @pytest.fixture

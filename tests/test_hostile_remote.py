@@ -36,19 +36,12 @@ from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import decode_turbo
 from prefetch.testing import Reply, index_page, redirect, serve_folder, serve_hostile
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread")
+
 fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
 
 SIZE = (16, 16)
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """fsspec's event-loop thread (http) is started once per process and kept: start it before
-    the leak checks look."""
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()
 
 
 def jpeg(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:

@@ -27,19 +27,12 @@ from prefetch.options import REMOTE_PROCESSES_PER_CORE, REMOTE_READER_THREADS
 from prefetch.sources import index_directory
 from prefetch.testing import serve_folder, write_image_folder
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread")
+
 fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
 
 SIZE = (16, 16)
 CLASSES = ("square", "circle", "triangle")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """Start fsspec's IO thread before the leak checks look: async filesystems (http) run on
-    one daemon event-loop thread per process, started once and kept, which is not a leak."""
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()
 
 
 @pytest.fixture

@@ -14,23 +14,10 @@ from prefetch.shard_files import MAX_BRACE_NAMES, expand_braces
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shard_writer import write_shards
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
+
 COUNT = 24
 CLASSES = ["circle", "square", "triangle"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """fsspec's IO thread (one per process, kept) starts before the leak checks look."""
-    try:
-        import fsspec.asyn
-    except ImportError:
-        return
-    fsspec.asyn.get_loop()
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(tmp_path / "prefetch-cache"))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ limit (`run_limited`, 1.5 GiB) and checks its peak (ru_maxrss) there.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import logging
@@ -24,12 +25,13 @@ from PIL import Image
 
 import prefetch
 from prefetch import storage
+from prefetch.paths import PathArray
 from prefetch.shard_formats import encode_example, frame_record
 from prefetch.shard_index import INDEX_SUFFIX
 from prefetch.shard_index_file import IndexRefused, decode_index
 from prefetch.shard_stream import StreamingPlan
 from prefetch.tar_format import TAR_END, tar_header, tar_padding
-from prefetch.testing import serve_folder
+from prefetch.testing import FailingDecoder, serve_folder
 from prefetch.testing.shards import (
     bomb_index,
     empty_values_record,
@@ -39,25 +41,9 @@ from prefetch.testing.shards import (
     write_tfrecord,
 )
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
+
 SIZE = 8
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Indexes of read-only folders and of URLs go to a folder of this test, never ~/.cache."""
-    folder = tmp_path / "prefetch-cache"
-    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """fsspec's one IO thread per process is started before the leak checks look."""
-    try:
-        import fsspec.asyn
-    except ImportError:
-        return
-    fsspec.asyn.get_loop()
 
 
 def jpeg(value: int, size: int = 16) -> bytes:
@@ -165,6 +151,20 @@ def test_an_index_claiming_millions_of_samples_for_a_small_shard_is_rebuilt(tmp_
     spec = prefetch.TarSource(str(path)).spec
     Path(str(path) + INDEX_SUFFIX).write_bytes(claimed.to_bytes(spec))
     assert len(prefetch.TarSource(str(path))) == 6
+
+
+def test_an_index_whose_member_names_are_damaged_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, samples([0, 1, 2]))
+    source = prefetch.TarSource(str(path))
+    index = source.indexes[0]
+    assert index.keys is not None
+    names, starts = index.keys.parts()
+    unended = PathArray._from_parts(np.full_like(names, ord("x")), starts)  # no NUL ends a name
+    damaged = dataclasses.replace(index, keys=unended)
+    Path(str(path) + INDEX_SUFFIX).write_bytes(damaged.to_bytes(source.spec))
+    again = prefetch.TarSource(str(path))
+    assert [again.member(n).key for n in range(3)] == ["000000.jpg", "000001.jpg", "000002.jpg"]
 
 
 def test_an_index_whose_array_header_claims_more_than_its_bytes_is_refused(tmp_path: Path) -> None:
@@ -436,6 +436,22 @@ def test_errors_inside_a_shard_name_the_members_key_and_offset(tmp_path: Path) -
     assert f"re-write or re-download {str(path)!r}" in notes
 
 
+@pytest.mark.parametrize("marker", ["000002.jpg", "shard.tar"])
+def test_the_testing_fakes_match_a_shard_sample_by_its_description(
+    tmp_path: Path, marker: str
+) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, [(f"{n:06d}", jpeg(10 * n), 0) for n in range(4)])
+    source = prefetch.TarSource(str(path))
+    made = prefetch.Loader(
+        source, batch_size=2, image_size=(SIZE, SIZE), decoder=FailingDecoder(marker)
+    )
+    with pytest.raises(ValueError, match=r"injected failure for .*shard\.tar") as raised, made:
+        list(made)
+    if marker == "000002.jpg":
+        assert "member '000002.jpg'" in str(raised.value)
+
+
 def test_a_url_shard_that_is_not_a_tar_is_refused_naming_its_url_not_a_temporary_copy(
     tmp_path: Path,
 ) -> None:
@@ -444,6 +460,15 @@ def test_a_url_shard_that_is_not_a_tar_is_refused_naming_its_url_not_a_temporary
     with serve_folder(tmp_path) as url, pytest.raises(prefetch.CorruptShardError) as raised:
         prefetch.TarSource(f"{url}shard.tar")
     assert raised.value.path == f"{url}shard.tar" and f"{url}shard.tar" in str(raised.value)
+    assert "prefetch-shard-" not in str(raised.value)
+
+
+def test_a_gzip_url_shard_is_refused_naming_its_url_not_a_temporary_copy(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec", reason="the remote extra is not installed")
+    (tmp_path / "shard.tar").write_bytes(gzip.compress(tar_header("a.jpg", 3) + b"abc"))
+    with serve_folder(tmp_path) as url, pytest.raises(ValueError) as raised:
+        prefetch.TarSource(f"{url}shard.tar")
+    assert f"{url}shard.tar" in str(raised.value) and "gzip-compressed tar" in str(raised.value)
     assert "prefetch-shard-" not in str(raised.value)
 
 

@@ -32,6 +32,8 @@ from prefetch.tar_format import tar_header, tar_padding
 from prefetch.testing import serve_folder
 from prefetch.tools.shard_writer import write_shards
 
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
+
 CLASSES = ("cat", "dog", "emu")
 PER_CLASS = 8  # 24 images: shards of 5 are 5, 5, 5, 5 and 4 samples
 COUNT = len(CLASSES) * PER_CLASS
@@ -44,25 +46,6 @@ Batches = list[tuple[np.ndarray, np.ndarray]]
 
 
 # ---------------------------------------------------------------- fixtures and helpers
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fsspec_io_thread() -> None:
-    """Start fsspec's IO thread before the leak checks look: async filesystems (http) run on
-    one daemon event-loop thread per process, started once and kept, which is not a leak."""
-    try:
-        import fsspec.asyn
-    except ImportError:
-        return
-    fsspec.asyn.get_loop()
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Indexes of read-only folders and of URLs go to a folder of this test, never ~/.cache."""
-    folder = tmp_path / "prefetch-cache"
-    monkeypatch.setenv("PREFETCH_CACHE_DIR", str(folder))
-    return folder
 
 
 def write_images(root: Path) -> Path:

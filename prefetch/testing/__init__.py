@@ -1,8 +1,9 @@
 """Test helpers that ship with prefetch: tiny image trees, fault-injecting decoders, a server.
 
 Image trees are real JPEG/PNG files with learnable classes (one shape per class), written with
-Pillow. The fakes wrap the default decoder to sleep or raise at chosen files; they are
-plain picklable classes, so they work in thread and process workers alike. `serve_folder`
+Pillow. The fakes wrap the default decoder to sleep or raise at chosen files (a `marker` in
+the path; for a shard's sample, in its `str`: shard, member key, offset); they are plain
+picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
 """
@@ -20,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
+from prefetch.shard_members import Location
 from prefetch.testing.bombs import PILLOW_DEFAULT_MAX_PIXELS as PILLOW_DEFAULT_MAX_PIXELS
 from prefetch.testing.bombs import write_decompression_bomb as write_decompression_bomb
 from prefetch.testing.bombs import write_scan_bomb as write_scan_bomb
@@ -217,8 +219,8 @@ class SlowDecoder:
         self.marker = marker
         self.once_flag = once_flag
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if (self.marker is None or self.marker in path) and _first_time(self.once_flag):
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if (self.marker is None or self.marker in str(path)) and _first_time(self.once_flag):
             time.sleep(self.delay_s)
         return get_decoder("auto")(path, options)
 
@@ -246,8 +248,8 @@ class FailingDecoder:
         self.marker = marker
         self.error = error
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker in path:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path):
             raise self.error(f"injected failure for {path}")
         return get_decoder("auto")(path, options)
 
@@ -311,8 +313,8 @@ class CrashingDecoder:
         self.once_flag = once_flag
         self.exit_code = exit_code
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
-        if self.marker in path and _first_time(self.once_flag):
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path) and _first_time(self.once_flag):
             os._exit(self.exit_code)
         return get_decoder("auto")(path, options)
 
@@ -332,7 +334,7 @@ class RendezvousDecoder:
         self.parties = parties
         self.timeout_s = timeout_s
 
-    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         me = os.path.join(self.folder, f"{os.getpid()}-{threading.get_ident()}")
         if not os.path.exists(me):
             open(me, "x").close()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prefetch.shard_formats import encode_example, frame_record
+from prefetch.shard_formats import _field, encode_example, frame_record
 from prefetch.tar_format import TAR_END, tar_header, tar_padding
 
 
@@ -147,19 +147,6 @@ def empty_values_record(path: str | os.PathLike[str], values: int = 10_000_000) 
     example += _field(1, _field(1, entry))  # a second Features message merges into the first
     with open(path, "wb") as file:
         file.write(frame_record(example))
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def run_limited(code: str, limit_bytes: int = 3 << 29, timeout_s: float = 50.0) -> str:
