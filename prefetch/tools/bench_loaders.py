@@ -4,7 +4,9 @@ A python loop and a thread pool written by hand, `prefetch.Loader` (as a user ge
 threads and processes), and, where installed, tf.data AUTOTUNE, Keras
 `image_dataset_from_directory` and torch's `DataLoader`. `make_contender(key, setup)` builds
 one; `open(stack)` enters what it owns into the caller's ExitStack, so everything it starts is
-closed with the stack. TensorFlow, Keras and torch are imported only in `open`.
+closed with the stack; `stream()` is then one long-lived pipeline, as a training job iterates
+it (tf.data and Keras: `.repeat()` and one iterator; prefetch: one open Loader, epoch after
+epoch). TensorFlow, Keras and torch are imported only in `open`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Generator, Sequence
@@ -50,13 +53,14 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 class Contender(Protocol):
-    """A loader under test: opened once, then one epoch per round, yielding batch sizes;
-    `describe()` gives its row's decoder, backend, backend_reason and antialias (after the
-    rounds: an automatic choice is made when a loader starts)."""
+    """A loader under test: opened once, then `stream()` yields batch sizes without end, epoch
+    after epoch; `describe()` gives its row's decoder, backend, backend_reason and antialias
+    (after it ran: an automatic choice is made when a loader starts) and a `note` on what it
+    measured when that differs from the folder ("" otherwise)."""
 
     def open(self, stack: contextlib.ExitStack) -> None: ...
 
-    def epoch(self, number: int) -> Generator[int, None, None]: ...
+    def stream(self) -> Generator[int, None, None]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -128,6 +132,10 @@ class _ByHand:
     def open(self, stack: contextlib.ExitStack) -> None:
         pass
 
+    def stream(self) -> Generator[int, None, None]:
+        for number in itertools.count():
+            yield from self.epoch(number)
+
     def epoch(self, number: int) -> Generator[int, None, None]:
         s = self.setup
         order = epoch_order(len(s.folder), shuffle=True, seed=s.seed, epoch=number)
@@ -175,13 +183,16 @@ class _PrefetchLoader:
     def open(self, stack: contextlib.ExitStack) -> None:
         stack.enter_context(self.loader)
 
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        return batch_sizes(self.loader)
+    def stream(self) -> Generator[int, None, None]:
+        while True:
+            yield from batch_sizes(self.loader)
 
     def describe(self) -> dict[str, Any]:
         stats = self.loader.stats()
+        # With a crop, every prefetch row runs the loader's own window decoder.
+        own = self.by_default or self.setup.crop is not None
         return {
-            "decoder": stats.decoder if self.by_default else self.setup.decoder_name,
+            "decoder": stats.decoder if own else self.setup.decoder_name,
             "backend": stats.backend,
             "backend_reason": stats.backend_reason,
             "antialias": self.loader.options.antialias,
@@ -192,12 +203,15 @@ class _TfData:
     """The tf.data pipeline as TensorFlow's guides write it, AUTOTUNE everywhere.
 
     Files (the same listing as ImageFolder) -> shuffle -> read -> decode -> resize (bilinear,
-    float32 like Keras) -> batch -> prefetch.
+    float32 like Keras) -> batch -> prefetch, then `.repeat()` and one iterator. With a crop,
+    Model Garden's recipe, which reads JPEG only: the row then runs on the folder's JPEGs and
+    says how many files it left out (`note`).
     """
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.dataset: Any = None
+        self.note = ""
 
     def open(self, stack: contextlib.ExitStack) -> None:
         tf = importlib.import_module("tensorflow")
@@ -212,20 +226,42 @@ class _TfData:
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
             return tf.image.resize(image, s.options.image_size), label
 
-        paths = [str(p) for p in s.folder.paths]
-        dataset = tf.data.Dataset.from_tensor_slices((paths, s.folder.labels))
+        paths, labels = [str(p) for p in s.folder.paths], s.folder.labels
+        if s.crop is not None:
+            jpeg = [is_jpeg(path) for path in paths]
+            if not all(jpeg):
+                left_out = len(paths) - sum(jpeg)
+                paths = [path for path, keep in zip(paths, jpeg, strict=True) if keep]
+                labels = labels[np.asarray(jpeg, dtype=bool)]
+                self.note = (
+                    f"ran on the {len(paths)} JPEGs only: decode_and_crop_jpeg cannot read the "
+                    f"other {left_out} files"
+                )
+                if not paths:
+                    raise ValueError(f"no JPEG under {str(s.folder.root)!r}")
+        dataset = tf.data.Dataset.from_tensor_slices((paths, labels))
         dataset = dataset.shuffle(len(paths), seed=s.seed, reshuffle_each_iteration=True)
         dataset = dataset.map(load, num_parallel_calls=autotune)
         self.dataset = dataset.batch(s.batch_size).prefetch(autotune)
 
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        for images, _labels in self.dataset:
+    def stream(self) -> Generator[int, None, None]:
+        for images, _labels in self.dataset.repeat():  # one iterator, as a training job
             count = int(images.shape[0])
             del images, _labels
             yield count
 
     def describe(self) -> dict[str, Any]:
-        return {"decoder": None, "antialias": False}  # tf.image.resize's default, and Keras's
+        # tf.image.resize's default, and Keras's
+        return {"decoder": None, "antialias": False, "note": self.note}
+
+
+def is_jpeg(path: str) -> bool:
+    """Whether the file at `path` is a JPEG (what `decode_and_crop_jpeg` reads): a local file
+    by its first bytes, a URL by its extension (not read twice)."""
+    if storage.is_url(path):
+        return path.lower().endswith((".jpg", ".jpeg"))
+    with open(storage.local_path(path), "rb") as file:
+        return file.read(3) == b"\xff\xd8\xff"
 
 
 def model_garden_crop(tf: Any, data: Any, crop: Crop, options: DecodeOptions) -> Any:
@@ -317,13 +353,15 @@ class _Torch:
             num_workers=s.workers,
             multiprocessing_context="spawn",  # never fork a process that may hold TensorFlow
             generator=torch.Generator().manual_seed(s.seed),
+            persistent_workers=True,  # one set of workers for the whole job
         )
 
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        for images, _labels in self.loader:
-            count = int(images.shape[0])
-            del images, _labels
-            yield count
+    def stream(self) -> Generator[int, None, None]:
+        while True:
+            for images, _labels in self.loader:
+                count = int(images.shape[0])
+                del images, _labels
+                yield count
 
     def describe(self) -> dict[str, Any]:
         return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
