@@ -19,7 +19,7 @@ import contextlib
 import multiprocessing
 import queue as queue_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,25 +77,38 @@ def measure_stream(
         began = time.perf_counter()
         contender.open(stack)
         stream = stack.enter_context(contextlib.closing(contender.stream()))
-        taken = 0
-        while taken < span.warmup:
-            taken += next(stream)
-            _step(step_s)
-            tick()
-        cold = taken / (time.perf_counter() - began)
-        images, waited = 0, 0.0
-        began = time.perf_counter()
-        while images < span.timed:
-            asked = time.perf_counter()
-            count = next(stream)
-            waited += time.perf_counter() - asked
-            images += count
-            _step(step_s)
-            tick()
-        elapsed = time.perf_counter() - began
+        rate, wait, cold = steady_rate(stream, span, began, step_s, tick)
         described = contender.describe()
-    wait = waited / elapsed if step_s > 0 else None
-    return RowResult(images / elapsed, wait, cold, described)
+    return RowResult(rate, wait, cold, described)
+
+
+def steady_rate(
+    stream: Iterator[int],
+    span: Span,
+    began: float,
+    step_s: float = 0.0,
+    tick: Callable[[], None] = lambda: None,
+) -> tuple[float, float | None, float]:
+    """(images/s over the timed span, wait fraction or None without a step, cold start) of a
+    `stream` of batch sizes that was started at `time.perf_counter()` `began`: `span.warmup`
+    images untimed (their rate from `began` is the cold start), then `span.timed` timed."""
+    taken = 0
+    while taken < span.warmup:
+        taken += next(stream)
+        _step(step_s)
+        tick()
+    cold = taken / (time.perf_counter() - began)
+    images, waited = 0, 0.0
+    started = time.perf_counter()
+    while images < span.timed:
+        asked = time.perf_counter()
+        count = next(stream)
+        waited += time.perf_counter() - asked
+        images += count
+        _step(step_s)
+        tick()
+    elapsed = time.perf_counter() - started
+    return images / elapsed, (waited / elapsed if step_s > 0 else None), cold
 
 
 def _step(step_s: float) -> None:
