@@ -362,7 +362,7 @@ class BenchReport:
         figure_class, _ = import_matplotlib("BenchReport.plot")
         agg = importlib.import_module("matplotlib.backends.backend_agg")
         c = self.config
-        figure = figure_class(figsize=(9, 2.0 + 0.5 * len(self.loaders)))
+        figure = figure_class(figsize=(9, 2.4 + 0.5 * len(self.loaders)))
         agg.FigureCanvasAgg(figure)  # a renderer, to measure the labels
         axes = figure.subplots()
         names = [row.name for row in self.loaders]
@@ -380,7 +380,14 @@ class BenchReport:
         for x, color, style, label in lines:
             axes.axvline(x, color=color, linestyle=style, label=label)
         axes.set_xlim(0, right)
-        axes.legend(loc="lower right", fontsize="small", framealpha=0.95)
+        # Under the axis, where no bar label can be: one row of the lines' names.
+        axes.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.16),
+            ncol=len(lines),
+            fontsize="small",
+            frameon=False,
+        )
         axes.invert_yaxis()
         far = math.isfinite(ceiling) and ceiling > right
         axes.set_xlabel(

@@ -365,9 +365,10 @@ class TuneReport:
         # Threads solid with circles, processes dashed with squares, a colour per depth, and
         # each series shifted a little along workers, so that no series hides another.
         shift = 0.08
+        offsets = {}
         for number, ((backend, depth), trials) in enumerate(sorted(series.items())):
             trials.sort(key=lambda t: t.workers)
-            offset = (number - (len(series) - 1) / 2) * shift
+            offset = offsets[backend, depth] = (number - (len(series) - 1) / 2) * shift
             axes.errorbar(
                 [t.workers + offset for t in trials],
                 [t.images_per_s for t in trials],
@@ -383,7 +384,7 @@ class TuneReport:
             )
         recommended = self.recommended
         axes.plot(
-            [recommended.workers],
+            [recommended.workers + offsets[recommended.backend, recommended.depth]],
             [recommended.images_per_s],
             "*",
             color="tab:red",
