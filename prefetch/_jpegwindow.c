@@ -9,6 +9,7 @@
  *
  *   header(data) -> (width, height, components, colorspace)
  *   decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray
+ *   entropy_decode_rows(data, last_row) -> rows entropy-decoded (the floor; see below)
  *
  * `decode` returns height * width * channels bytes, rows of RGB (channels=3) or gray
  * (channels=1) pixels; the window is in the coordinates of the scaled image, whose size is
@@ -23,6 +24,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* libjpeg's internal header, where installed (Debian's libjpeg-turbo dev package has it): its
+ * entropy decoder's decode_mcu lets entropy_decode_rows decode exactly the rows it is asked. */
+#ifdef __has_include
+#if __has_include(<jpegint.h>)
+#define JPEG_INTERNALS
+#endif
+#endif
 
 #include <jpeglib.h>
 
@@ -221,12 +230,109 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* The entropy (Huffman) decoding of the MCU rows that cover pixel rows [0, last_row], and
+ * nothing else: no inverse DCT, upsampling or colour conversion. Sets *rows to the pixel rows
+ * covered (whole MCU rows, at most the image's height). Returns 0, or -1 with a message.
+ *
+ * Single-scan (baseline) files: the entropy decoder's decode_mcu with no block buffer (the
+ * coefficients are decoded and discarded; what jpeg_skip_scanlines does for whole iMCU rows),
+ * MCU row by MCU row. Without libjpeg's internal header, jpeg_skip_scanlines itself, which
+ * cannot be asked for the last iMCU row (a skip to the bottom decodes nothing): windows that
+ * reach it are read with jpeg_read_coefficients. Progressive and multi-scan files: every scan
+ * spans the whole image, so any window's decode pays for all of them: jpeg_read_coefficients
+ * (all scans entropy-decoded into coefficient arrays). */
+static int entropy_rows(struct jpeg_decompress_struct *cinfo, strict_errors *errors,
+                        const unsigned char *data, size_t size, JDIMENSION last_row,
+                        JDIMENSION *rows) {
+    if (setjmp(errors->escape)) {
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    if (last_row >= cinfo->image_height) {
+        snprintf(errors->message, sizeof errors->message,
+                 "last_row %u is outside the %ux%u image", (unsigned)last_row,
+                 (unsigned)cinfo->image_width, (unsigned)cinfo->image_height);
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    if (jpeg_has_multiple_scans(cinfo)) {
+        jpeg_read_coefficients(cinfo);
+        *rows = cinfo->image_height;
+        jpeg_abort_decompress(cinfo);
+        return 0;
+    }
+    cinfo->do_fancy_upsampling = FALSE; /* no context rows: a skip is whole iMCU rows */
+    jpeg_start_decompress(cinfo);
+#ifdef JPEG_INTERNALS
+    /* A single-scan file's scan is interleaved (an MCU row is an iMCU row) or has one
+     * component (an MCU is one block of it). */
+    JDIMENSION per_row = (JDIMENSION)DCTSIZE * (JDIMENSION)cinfo->max_v_samp_factor;
+    if (cinfo->comps_in_scan == 1) {
+        per_row /= (JDIMENSION)cinfo->cur_comp_info[0]->v_samp_factor;
+    }
+    JDIMENSION mcu_rows = last_row / per_row + 1;
+    for (JDIMENSION y = 0; y < mcu_rows && y < cinfo->MCU_rows_in_scan; y++) {
+        for (JDIMENSION x = 0; x < cinfo->MCUs_per_row; x++) {
+            (*cinfo->entropy->decode_mcu)(cinfo, NULL);
+        }
+    }
+    *rows = mcu_rows * per_row < cinfo->image_height ? mcu_rows * per_row : cinfo->image_height;
+#else
+    JDIMENSION per_row = (JDIMENSION)DCTSIZE * (JDIMENSION)cinfo->max_v_samp_factor;
+    JDIMENSION needed = (last_row / per_row + 1) * per_row;
+    if (needed >= cinfo->image_height) {
+        jpeg_abort_decompress(cinfo);
+        jpeg_mem_src(cinfo, data, (unsigned long)size);
+        jpeg_read_header(cinfo, TRUE);
+        jpeg_read_coefficients(cinfo);
+        needed = cinfo->image_height;
+    } else if (jpeg_skip_scanlines(cinfo, needed) != needed) {
+        snprintf(errors->message, sizeof errors->message, "could not skip %u rows",
+                 (unsigned)needed);
+        jpeg_abort_decompress(cinfo);
+        return -1;
+    }
+    *rows = needed;
+#endif
+    jpeg_abort_decompress(cinfo);
+    return 0;
+}
+
+static PyObject *entropy_decode_rows(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int last_row;
+    if (!PyArg_ParseTuple(args, "y*I:entropy_decode_rows", &data, &last_row)) {
+        return NULL;
+    }
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    strict(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    JDIMENSION rows = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = entropy_rows(&cinfo, &errors, (const unsigned char *)data.buf, (size_t)data.len,
+                          last_row, &rows);
+    Py_END_ALLOW_THREADS
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    if (status != 0) {
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", errors.message);
+    }
+    return PyLong_FromUnsignedLong(rows);
+}
+
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace) of a JPEG's header."},
     {"decode", decode, METH_VARARGS,
      "decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray: "
      "the window's rows of pixels in the image scaled by 1/scale_denom."},
+    {"entropy_decode_rows", entropy_decode_rows, METH_VARARGS,
+     "entropy_decode_rows(data, last_row) -> int: entropy-decode the iMCU rows covering pixel "
+     "rows 0..last_row (no IDCT or colour); the pixel rows covered."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -66,6 +66,32 @@ def compiled_available() -> bool:
     return _jpegwindow is not None
 
 
+def entropy_decode_rows(data: bytes, last_row: int) -> int:
+    """Entropy-decode the JPEG `data` down to pixel row `last_row`: the floor of any decode.
+
+    libjpeg-turbo's Huffman decoding of the MCU rows that cover rows 0..`last_row` of the
+    full-size image, with no inverse DCT, upsampling, colour conversion or resize: the work no
+    DCT scale or window avoids, since every row down to a window's last must be entropy-decoded.
+    Timing it on a sample's window (its last row is `box.top + box.height - 1`) measures the
+    floor of that sample's decode. A progressive or multi-scan file is decoded whole (each scan
+    spans the whole image, so every window pays for all of them). Returns the pixel rows
+    covered (whole MCU rows, at most the image's height). Releases the GIL.
+
+    Raises ValueError for data libjpeg-turbo refuses (not a JPEG, corrupt or truncated) or a
+    `last_row` outside the image, and RuntimeError where the compiled window decoder is not
+    built (`compiled_available()`).
+    """
+    if _jpegwindow is None:
+        raise RuntimeError(
+            "entropy_decode_rows needs the compiled window decoder (prefetch._jpegwindow): "
+            "reinstall prefetch where a C compiler and libjpeg-turbo's headers exist"
+        )
+    if last_row < 0:
+        raise ValueError(f"last_row must be >= 0, got {last_row}")
+    rows: int = _jpegwindow.entropy_decode_rows(data, last_row)
+    return rows
+
+
 def window_engine_name(engine: str) -> str:
     """What `engine` decodes JPEG windows with on this machine, for stats and reports."""
     if engine == "pillow":
