@@ -44,7 +44,7 @@ def entropy_decoder() -> EntropyDecoder | None:
 
 @dataclass(frozen=True)
 class FloorSample:
-    """The JPEGs of a sample in memory and the last pixel row each one's sample needs;
+    """The JPEGs of a sample in memory and the last pixel row (from 0) each one's sample needs;
     `left_out`: files of the sample that are not JPEG (not part of the floor);
     `rows_fraction`: the mean share of an image's rows that its sample needs (1.0 without a
     crop)."""
@@ -66,14 +66,14 @@ def floor_sample(paths: Sequence[str], crop: Crop | None, options: DecodeOptions
             continue
         with Image.open(io.BytesIO(contents)) as image:  # the header only
             height, width = image.height, image.width
-        last = height
+        bottom = height
         if crop is not None:
             rng = Augment.rng(0, 0, zlib.crc32(path.encode()))  # as CroppingDecoder draws
             box = crop.box(height, width, options.image_size, rng)
-            last = box.top + box.height
+            bottom = box.top + box.height
         data.append(contents)
-        last_rows.append(last)
-        fractions.append(last / height)
+        last_rows.append(bottom - 1)  # entropy_decode_rows takes the last row, inclusive
+        fractions.append(bottom / height)
     fraction = sum(fractions) / len(fractions) if fractions else 1.0
     return FloorSample(tuple(data), tuple(last_rows), left_out, fraction)
 

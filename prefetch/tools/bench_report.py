@@ -273,7 +273,7 @@ class BenchReport:
         lines.append(f"{limit_name:36s} {self.decode_limit:9.0f}")
         floor = self.floor_limit
         if floor is not None:
-            floor_name = f"entropy floor ({m['usable_cores']} cores x {FLOOR_NAME})"
+            floor_name = f"entropy floor ({m['usable_cores']} cores x entropy)"
             lines.append(f"{floor_name:36s} {floor:9.0f}")
         if c.step_ms > 0:
             ceiling = f"step ceiling (batch / {c.step_ms:g} ms step)"
