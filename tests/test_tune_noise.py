@@ -1,4 +1,4 @@
-"""prefetch tune on a noisy machine: rounds, their spread, and no recommendation from noise.
+"""prefetch tune on a noisy machine: rounds, their spread, and an uncertain best answer from noise.
 
 The judgement is tested on reports built by hand (figures chosen, no timing); the command
 and the load reading run real trials on a tiny folder, with the load average replaced where

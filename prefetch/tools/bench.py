@@ -392,7 +392,7 @@ def _measure(plan: _Plan, progress: Progress | None, on_measured: OnMeasured | N
             decode_runs[name].append(rate)
             measured(number, name, name, rate)
         if plan.floor is not None:
-            label = f"round {number}/{repeats}: entropy floor"
+            label = f"round {number}/{repeats}: {FLOOR_NAME}"
             rate = floor_rate(plan.floor, plan.entropy)  # type: ignore[arg-type]
             floor_runs.append(rate)
             tick()
