@@ -12,12 +12,11 @@ from it and what would sharpen the answer. Plain data: no thread, no file is hel
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefetch.tools.timeline import import_matplotlib
+from prefetch.tools.tune_chart import tune_figure
 
 # Batches timed per trial, after one warm-up batch.
 TRIAL_BATCHES = 12
@@ -31,15 +30,10 @@ STEP_HOW_TO = (
     "time a few hundred steps of model.train_on_batch on one batch held in memory (or read "
     "Keras's ms/step from a fit on data already in memory) and pass it as --step-ms"
 )
-# One colour per depth in the chart (the backend sets the line style and marker).
-SERIES_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
 # Rounds suggested to sharpen an uncertain answer: a median of 5 survives 2 disturbed rounds.
 SHARPER_REPEATS = 5
 # A consumer waiting less than this share of the time in every round kept up with the step.
 KEPT_UP = 0.05
-# A chart line (the step ceiling) is drawn when it lies within this many times the data's
-# top; further off, the axis label names it instead of stretching the axis.
-CEILING_ON_AXIS = 2.0
 
 
 @dataclass(frozen=True)
@@ -346,76 +340,6 @@ class TuneReport:
         self.figure().savefig(os.fspath(path), dpi=110)
 
     def figure(self) -> Any:
-        """A matplotlib `Figure` of images/s against workers, one line per (backend, depth).
-
-        Points are medians, bars the lowest to highest round; threads solid with circles,
-        processes dashed with squares, one colour per depth, each series shifted a little
-        along workers so that none hides another; the workers axis has whole numbers only;
-        the recommendation is starred (the title says when it is uncertain); a step
-        ceiling far above the data is named in the axis label instead of a line. Needs
-        matplotlib (ImportError saying how to install it).
-        """
-        figure_class, _ = import_matplotlib("TuneReport.plot")
-        figure = figure_class(figsize=(7, 4.5))
-        axes = figure.subplots()
-        series: dict[tuple[str, int], list[Trial]] = {}
-        for t in self.trials:
-            series.setdefault((t.backend, t.depth), []).append(t)
-        depths = sorted({depth for _, depth in series})
-        # Threads solid with circles, processes dashed with squares, a colour per depth, and
-        # each series shifted a little along workers, so that no series hides another.
-        shift = 0.08
-        offsets = {}
-        for number, ((backend, depth), trials) in enumerate(sorted(series.items())):
-            trials.sort(key=lambda t: t.workers)
-            offset = offsets[backend, depth] = (number - (len(series) - 1) / 2) * shift
-            axes.errorbar(
-                [t.workers + offset for t in trials],
-                [t.images_per_s for t in trials],
-                yerr=[
-                    [t.images_per_s - t.lowest for t in trials],
-                    [t.highest - t.images_per_s for t in trials],
-                ],
-                marker="o" if backend == "thread" else "s",
-                linestyle="-" if backend == "thread" else "--",
-                color=SERIES_COLOURS[depths.index(depth) % len(SERIES_COLOURS)],
-                capsize=3,
-                label=f"{backend}, depth {depth}",
-            )
-        recommended = self.recommended
-        axes.plot(
-            [recommended.workers + offsets[recommended.backend, recommended.depth]],
-            [recommended.images_per_s],
-            "*",
-            color="tab:red",
-            markersize=16,
-            label="best answer (uncertain)" if self.uncertain else "recommended",
-            zorder=5,
-        )
-        top = max(t.highest for t in self.trials)
-        if math.isfinite(self.step_ceiling) and self.step_ceiling <= CEILING_ON_AXIS * top:
-            axes.axhline(
-                self.step_ceiling,
-                color="gray",
-                linestyle=":",
-                label=f"step ceiling {self.step_ceiling:.0f}/s",
-            )
-            top = max(top, self.step_ceiling)
-        axes.set_xticks(sorted({t.workers for t in self.trials}))
-        axes.set_ylim(0, top * 1.1)
-        far = math.isfinite(self.step_ceiling) and self.step_ceiling > top
-        axes.set_xlabel(
-            f"workers (step ceiling {self.step_ceiling:.0f}/s is far above: the step limits "
-            "no configuration)"
-            if far
-            else "workers"
-        )
-        axes.set_ylabel("images/s (median; bars: its rounds)")
-        step = f"step {self.step_ms:g} ms" if self.step_ms > 0 else "no step"
-        verdict = "\nuncertain: noise could decide it (see the table)" if self.uncertain else ""
-        axes.set_title(
-            f"prefetch tune: {step}, batch {self.batch_size}, {self.repeats} round(s){verdict}"
-        )
-        axes.legend(fontsize="small", loc="lower right", ncol=2 if len(series) > 3 else 1)
-        figure.tight_layout()
-        return figure
+        """A matplotlib `Figure` of images/s against workers (`tune_chart.tune_figure`). Needs
+        matplotlib (ImportError saying how to install it)."""
+        return tune_figure(self)
