@@ -8,13 +8,17 @@ thread, so other processes on the machine count less; median of --rounds):
   plan          the sample's generator, the JPEG header, the crop's box, the DCT scale, the flip
   entropy       libjpeg-turbo's Huffman decoding of the rows down to the window's last
                 (`window_decode.entropy_decode_rows`): the floor no DCT scale or window avoids
-  IDCT          inverse DCTs of the window's blocks at the DCT scale used: estimated from a
-                gray decode of the same window (entropy + the luma IDCT), scaled by the file's
-                blocks per luma block (1.5 for 4:2:0)
-  colour        upsampling and YCbCr->RGB of the window: the RGB window decode less the above
-  resize        the window to 224x224 (`window_decode.resize_window`)
-  flip          the mirrored copy of the flipped samples (about half of them)
-  copy          the sample written into its row of the batch slot
+  libjpeg       the rest of libjpeg-turbo's decode that is neither IDCT nor colour: keeping
+                the coefficients, the rows around the window that upsampling needs, set-up
+                (a gray decode of the window at 1/8, whose IDCT is a DC copy, less entropy)
+  IDCT          inverse DCTs of the window's blocks at the DCT scale used: a gray decode at
+                that scale less the one at 1/8 (the luma IDCT), times the file's blocks per
+                luma block (1.5 for 4:2:0)
+  colour        chroma upsampling and YCbCr->RGB of the window: the RGB decode less the gray
+                one at the same scale, less the chroma IDCT
+  resize        the window to 224x224, straight into its row of the batch slot
+                (`window_decode.resize_window(..., out=row)`: no copy of the sample is made)
+  flip          the flipped samples (about half of them) mirrored in place in the slot
   overhead      `SampleReader.read_into` of all samples into a slot (what a worker runs per
                 batch chunk) less all of the above: Python per sample, checks, bookkeeping
 
@@ -70,12 +74,12 @@ class Sample:
         box = augment.crop.box(height, width, options.image_size, rng)
         self.scale = window_decode.dct_scale(box, options.image_size)
         self.window: Box = window_decode.scaled_box(box, (height, width), self.scale)
+        self.eighth: Box = window_decode.scaled_box(box, (height, width), 8)
         self.last_row = box.top + box.height - 1
         self.flipped = augment.flipped(rng)
         self.blocks = blocks_per_luma_block(self.data)
         raw = jpeg.decode(self.data, *self.window, self.scale, 3, True)
         self.pixels = np.frombuffer(raw, np.uint8).reshape(self.window.height, self.window.width, 3)
-        self.resized = window_decode.resize_window(self.pixels, options)
 
 
 def cpu_ms(work: Callable[[], object], count: int, rounds: int) -> float:
@@ -111,18 +115,17 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
             window_decode.scaled_box(box, header, window_decode.dct_scale(box, SIZE))
             augment.flipped(rng)
 
-    def decode(channels: int) -> Callable[[], None]:
+    def decode(channels: int, eighth: bool = False) -> Callable[[], None]:
         def run() -> None:
             for s in samples:
-                jpeg.decode(s.data, *s.window, s.scale, channels, True)
+                if eighth:
+                    jpeg.decode(s.data, *s.eighth, 8, channels, True)
+                else:
+                    jpeg.decode(s.data, *s.window, s.scale, channels, True)
 
         return run
 
-    def copy() -> None:
-        for row, sample in enumerate(samples):
-            slot.images[row] = sample.resized
-
-    flips = [s.resized for s in samples if s.flipped]
+    flips = [slot.images[row] for row, s in enumerate(samples) if s.flipped]
     ms = {
         "read": cpu_ms(lambda: [read_whole(s.path) for s in samples], count, rounds),
         "plan": cpu_ms(plan, count, rounds),
@@ -132,16 +135,23 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
             rounds,
         ),
     }
+    gray_eighth = cpu_ms(decode(1, eighth=True), count, rounds)
     gray = cpu_ms(decode(1), count, rounds)
     rgb = cpu_ms(decode(3), count, rounds)
     blocks = statistics.mean(s.blocks for s in samples)
-    ms["IDCT"] = max(gray - ms["entropy"], 0.0) * blocks
-    ms["colour"] = max(rgb - ms["entropy"] - ms["IDCT"], 0.0)
+    luma_idct = max(gray - gray_eighth, 0.0)
+    ms["libjpeg"] = max(gray_eighth - ms["entropy"], 0.0)
+    ms["IDCT"] = luma_idct * blocks
+    ms["colour"] = max(rgb - gray - luma_idct * (blocks - 1), 0.0)
     ms["resize"] = cpu_ms(
-        lambda: [window_decode.resize_window(s.pixels, options) for s in samples], count, rounds
+        lambda: [
+            window_decode.resize_window(s.pixels, options, slot.images[row])
+            for row, s in enumerate(samples)
+        ],
+        count,
+        rounds,
     )
-    ms["flip"] = cpu_ms(lambda: [window_decode.flip_left_right(f) for f in flips], count, rounds)
-    ms["copy"] = cpu_ms(copy, count, rounds)
+    ms["flip"] = cpu_ms(lambda: [window_decode.flip_left_right(f, f) for f in flips], count, rounds)
     total = cpu_ms(lambda: reader.read_into(task, slot, 0, count, "bench"), count, rounds)
     ms["overhead"] = max(total - sum(ms.values()), 0.0)
     ms["total"] = total

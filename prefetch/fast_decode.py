@@ -315,15 +315,20 @@ def _blur_sigma(scale: float) -> float:
 
 
 def _resize_antialiased(
-    pixels: np.ndarray, size: tuple[int, int], method: str, cv2: Any
+    pixels: np.ndarray,
+    size: tuple[int, int],
+    method: str,
+    cv2: Any,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """An antialiased bilinear resize: a per-axis Gaussian blur sized by `_blur_sigma`, then
     `cv2.INTER_LINEAR`. About half the time of Pillow's filter, 0.3-0.5 mean from it on photos
-    (docs/decoders.md). `method` is always "bilinear" here."""
+    (docs/decoders.md). `method` is always "bilinear" here. With `out` (HxWxC uint8), the
+    result is written there and `out` returned."""
     out_h, out_w = size
     in_h, in_w, channels = pixels.shape
     if (in_h, in_w) == (out_h, out_w):
-        return pixels
+        return _into(pixels, out)
     pixels = np.ascontiguousarray(pixels)
     sigma_x, sigma_y = _blur_sigma(in_w / out_w), _blur_sigma(in_h / out_h)
     if sigma_x > _MIN_SIGMA or sigma_y > _MIN_SIGMA:
@@ -335,23 +340,41 @@ def _resize_antialiased(
         pixels = cv2.GaussianBlur(
             pixels, kernel, sigmaX=max(sigma_x, _MIN_SIGMA), sigmaY=max(sigma_y, _MIN_SIGMA)
         )
-    resized: np.ndarray = cv2.resize(pixels, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
-    return resized.reshape(out_h, out_w, channels)
+    resized: np.ndarray = cv2.resize(
+        pixels, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR
+    )
+    return _into(resized.reshape(out_h, out_w, channels), out)
 
 
 def _resize_no_antialias(
-    pixels: np.ndarray, size: tuple[int, int], method: str, cv2: Any
+    pixels: np.ndarray,
+    size: tuple[int, int],
+    method: str,
+    cv2: Any,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """`tf.image.resize(method)`: OpenCV for bilinear (within 1 of TensorFlow per value),
-    `prefetch.resize` (TensorFlow's arithmetic) for the other methods."""
+    `prefetch.resize` (TensorFlow's arithmetic) for the other methods. With `out` (HxWxC
+    uint8), the result is written there and `out` returned."""
     out_h, out_w = size
     channels = pixels.shape[2]
     if pixels.shape[:2] == (out_h, out_w):
-        return pixels
+        return _into(pixels, out)
     if method == "bilinear":
-        resized: np.ndarray = cv2.resize(pixels, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
-        return resized.reshape(out_h, out_w, channels)
-    return resize.resize(np.ascontiguousarray(pixels), size, method)
+        resized: np.ndarray = cv2.resize(
+            pixels, (out_w, out_h), dst=out, interpolation=cv2.INTER_LINEAR
+        )
+        return _into(resized.reshape(out_h, out_w, channels), out)
+    return _into(resize.resize(np.ascontiguousarray(pixels), size, method), out)
+
+
+def _into(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """`image`, or with `out`: `out` holding it (copied, unless OpenCV wrote it there)."""
+    if out is None:
+        return image
+    if not np.may_share_memory(image, out):
+        out[...] = image.reshape(out.shape)
+    return out
 
 
 def available_decoders() -> dict[str, Decoder]:

@@ -36,7 +36,7 @@ from PIL import Image
 from prefetch import storage
 from prefetch.augment import Box, Crop
 from prefetch.decode import DecodeOptions, convert_mode, to_target_size
-from prefetch.fast_decode import _modules, _resize_antialiased, _resize_no_antialias
+from prefetch.fast_decode import _into, _modules, _resize_antialiased, _resize_no_antialias
 
 
 def _compiled() -> ModuleType | None:
@@ -102,11 +102,18 @@ def window_engine_name(engine: str) -> str:
 
 
 def decode_window(
-    path: str, crop: Crop, rng: np.random.Generator, options: DecodeOptions, engine: str
+    path: str,
+    crop: Crop,
+    rng: np.random.Generator,
+    options: DecodeOptions,
+    engine: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The window `crop` draws (from `rng`) of the image at `path`, resized to `options.shape`.
 
     `path` is a local path, a `file://` path or an fsspec URL (read whole, with retries).
+    With `out` (a uint8 array of `options.shape`, such as a row of a batch slot) the image is
+    resized straight into it and `out` returned; after an error its contents are undefined.
     Raises what `decode_image` raises for a bad file.
     """
     data = storage.read_whole(path)
@@ -117,11 +124,11 @@ def decode_window(
             box = crop.box(height, width, options.image_size, rng)
             pixels = _turbo_window(data, (height, width), box, options)
             if pixels is not None:
-                return resize_window(pixels, options)
-            return _pillow_window(data, box, options)
+                return resize_window(pixels, options, out)
+            return _pillow_window(data, box, options, out=out)
     with Image.open(io.BytesIO(data)) as image:
         box = crop.box(image.height, image.width, options.image_size, rng)
-        return _pillow_window(data, box, options, image)
+        return _pillow_window(data, box, options, out, image)
 
 
 def crop_image(
@@ -158,24 +165,31 @@ def scaled_box(box: Box, full: tuple[int, int], scale: int) -> Box:
     return Box(top, left, bottom - top, right - left)
 
 
-def resize_window(pixels: np.ndarray, options: DecodeOptions) -> np.ndarray:
-    """An HxWxC window resized to `options.shape` with the loader's interpolation."""
+def resize_window(
+    pixels: np.ndarray, options: DecodeOptions, out: np.ndarray | None = None
+) -> np.ndarray:
+    """An HxWxC window resized to `options.shape` with the loader's interpolation; with `out`
+    (a uint8 array of that shape) resized straight into it, and `out` returned."""
     cv2 = _cv2()
     if cv2 is not None and options.interpolation == "bilinear":
         resize = _resize_antialiased if options.antialias else _resize_no_antialias
-        return resize(pixels, options.image_size, "bilinear", cv2=cv2)
-    return to_target_size(np.ascontiguousarray(pixels), _whole(options))
+        return resize(pixels, options.image_size, "bilinear", cv2=cv2, out=out)
+    return _into(to_target_size(np.ascontiguousarray(pixels), _whole(options)), out)
 
 
-def flip_left_right(image: np.ndarray) -> np.ndarray:
-    """`image` mirrored left-right, as a new contiguous array: OpenCV's flip when the `fast`
-    extra is installed (about 8 us for 224x224x3, where numpy's copy of a reversed view takes
-    about 330 us), else numpy."""
+def flip_left_right(image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`image` mirrored left-right, as a new contiguous array, or written into `out` (which
+    may be `image` itself: flipped in place) and `out` returned. OpenCV's flip when the
+    `fast` extra is installed (about 8 us for 224x224x3, where numpy's copy of a reversed
+    view takes about 330 us), else numpy."""
     cv2 = _cv2()
     if cv2 is None:
-        return np.ascontiguousarray(image[:, ::-1])
-    flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1)
-    return flipped.reshape(image.shape)
+        if out is None:
+            return np.ascontiguousarray(image[:, ::-1])
+        out[...] = image[:, ::-1]  # numpy copies first where the two overlap
+        return out
+    flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1, dst=out)
+    return _into(flipped.reshape(image.shape), out)
 
 
 def _turbo_window(
@@ -207,7 +221,11 @@ def _turbo_window(
 
 
 def _pillow_window(
-    data: bytes, box: Box, options: DecodeOptions, image: Image.Image | None = None
+    data: bytes,
+    box: Box,
+    options: DecodeOptions,
+    out: np.ndarray | None = None,
+    image: Image.Image | None = None,
 ) -> np.ndarray:
     """Pillow decodes (a JPEG at the window's DCT scale), the window is cut and resized."""
     with image if image is not None else Image.open(io.BytesIO(data)) as opened:
@@ -223,7 +241,7 @@ def _pillow_window(
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     top, left, height, width = scaled_box(box, full, scale)
-    return resize_window(pixels[top : top + height, left : left + width], options)
+    return resize_window(pixels[top : top + height, left : left + width], options, out)
 
 
 def _jpeg_header(data: bytes) -> tuple[int, int] | None:

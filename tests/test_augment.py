@@ -338,6 +338,42 @@ def test_batches_depend_on_the_seed_only(photos: Path, backend: str, workers: in
         np.testing.assert_array_equal(labels, want_labels)
 
 
+def identity(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return image
+
+
+@pytest.mark.parametrize(
+    "backend, options",
+    [
+        ("thread", {}),
+        ("process", {}),
+        ("thread", {"transform": identity}),
+        ("thread", {"antialias": True}),
+        ("thread", {"color_mode": "grayscale"}),
+        ("thread", {"interpolation": "nearest", "crop": CenterCrop()}),
+    ],
+    ids=["thread", "process", "transform", "antialias", "gray", "nearest-center"],
+)
+def test_a_batch_holds_each_samples_window_flipped_where_drawn(
+    photos: Path, backend: str, options: dict[str, Any]
+) -> None:
+    """Workers resize and flip straight into the batch's slot: the rows are what the window
+    decoder gives for each sample, mirrored where its draw says so."""
+    loader = prefetch.Loader(photos, workers=2, backend=backend, **{**TRAIN, **options})
+    paths = loader.source.paths  # type: ignore[attr-defined]
+    augment = Augment(loader.crop, flip=True)
+    for (images, _), indices in zip(batches(loader), loader.batch_indices(0), strict=True):
+        for image, index in zip(images, indices, strict=True):
+            rng = Augment.rng(TRAIN["seed"], 0, int(index))  # type: ignore[arg-type]
+            assert augment.crop is not None
+            want = window_decode.decode_window(
+                str(paths[index]), augment.crop, rng, loader.options, "turbo"
+            )
+            if augment.flipped(rng):
+                want = want[:, ::-1]
+            np.testing.assert_array_equal(image, want)
+
+
 def test_each_epoch_draws_new_crops(photos: Path) -> None:
     loader = prefetch.Loader(photos, workers=2, shuffle=False, **{**TRAIN, "seed": 9})
     first, second = (batches(loader)[0][0] for _ in range(2))

@@ -129,8 +129,8 @@ class SampleReader:
             try:
                 if started is not None:
                     started[position] = began_sample
-                slot.images[position], label = self._read(index, task, outcome, step)
-                slot.labels[position] = label
+                out = slot.images[position]
+                slot.labels[position] = self._read(index, task, outcome, step, out)
                 outcome.read_s.append(time.monotonic() - began_sample)
             except Exception as error:
                 what = self.describe(index)
@@ -146,20 +146,27 @@ class SampleReader:
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
         return outcome
 
-    def decode_file(self, path: str, rng: np.random.Generator | None) -> np.ndarray:
+    def decode_file(
+        self, path: str, rng: np.random.Generator | None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """The image file at `path` at the target size: the crop's window when there is a
-        crop (drawn from `rng`, the sample's `Augment.rng`), else the whole image."""
+        crop (drawn from `rng`, the sample's `Augment.rng`), else the whole image. With `out`
+        (a slot's row) a crop's window is resized straight into it (then `out` is returned)."""
         if self.augment.crop is not None and rng is not None:
-            return decode_window(path, self.augment.crop, rng, self.options, self.window_engine)
+            crop, options = self.augment.crop, self.options
+            return decode_window(path, crop, rng, options, self.window_engine, out)
         return self.decoder(path, self.options)
 
     def _read(
-        self, index: int, task: BatchTask, outcome: ChunkOutcome, step: _Step
-    ) -> tuple[np.ndarray, int]:
-        """One sample at the target size, and its label; `step` tells what it is doing."""
+        self, index: int, task: BatchTask, outcome: ChunkOutcome, step: _Step, out: np.ndarray
+    ) -> int:
+        """One sample at the target size, written into `out` (its row of the slot); returns
+        its label. `step` tells what it is doing. Without a transform, a crop's window is
+        resized and flipped in `out` itself: no copy of the sample is made."""
         step.name = FILE  # reading the file (or its copy) until a decoder of the user's runs
         augment = self.augment
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
+        target = out if self.transform is None else None  # where to resize and flip
         if is_file_source(self.source):
             path = self.file_path(index)
             own_decoder = augment.crop is None and not _is_builtin(self.decoder)
@@ -170,7 +177,7 @@ class SampleReader:
                 if rng is not None and again is not None:
                     rng.bit_generator.state = again
                 step.name = DECODER if own_decoder else FILE
-                return self.decode_file(local, rng)
+                return self.decode_file(local, rng, target)
 
             if self.spool is not None:
                 image = _naming_the_url(decode, path, str(self.source.paths[index]))
@@ -198,14 +205,16 @@ class SampleReader:
                 image = to_target_size(image, self.options)
             _check_image(image, self.options, "decoder")
         if rng is not None and augment.flipped(rng):
-            image = flip_left_right(image)
+            image = flip_left_right(image, target)
         if self.transform is not None:
             transform_rng = np.random.default_rng([task.seed, task.epoch, index])
             step.name = TRANSFORM
             image = self.transform(image, transform_rng)
             step.name = TRANSFORM_RESULT
             _check_image(image, self.options, "transform")
-        return image, label
+        if image is not out:
+            out[...] = image
+        return label
 
     def _note(self, step: str, index: int, epoch: int, worker: str) -> str:
         """The note for an error raised at `step` of reading sample `index`: what failed (the
