@@ -8,29 +8,40 @@ thread, so other processes on the machine count less; median of --rounds):
   plan          the sample's generator, the JPEG header, the crop's box, the DCT scale, the flip
   entropy       libjpeg-turbo's Huffman decoding of the rows down to the window's last
                 (`window_decode.entropy_decode_rows`): the floor no DCT scale or window avoids
-  libjpeg       the rest of libjpeg-turbo's decode that is neither IDCT nor colour: keeping
-                the coefficients, the rows around the window that upsampling needs, set-up
-                (a gray decode of the window at 1/8, whose IDCT is a DC copy, less entropy)
-  IDCT          inverse DCTs of the window's blocks at the DCT scale used: a gray decode at
-                that scale less the one at 1/8 (the luma IDCT), times the file's blocks per
-                luma block (1.5 for 4:2:0)
-  colour        chroma upsampling and YCbCr->RGB of the window: the RGB decode less the gray
-                one at the same scale, less the chroma IDCT
+  set-up        the rest of libjpeg-turbo's decode of the window that is neither IDCT nor
+                colour: set-up, the rows next to the window that upsampling needs (a gray
+                decode of the window at 1/8, whose IDCT is a DC copy, less entropy)
+  luma IDCT     the luma blocks' AC coefficients, decoded into blocks (the floor parses and
+                drops them), and their inverse DCT at the DCT scale used (a gray decode at
+                that scale less the one at 1/8)
+  chroma+colour the chroma blocks' coefficients and IDCT, upsampling and YCbCr->RGB (the RGB
+                decode less the gray one at the same scale)
   resize        the window to 224x224, straight into its row of the batch slot
                 (`window_decode.resize_window(..., out=row)`: no copy of the sample is made)
   flip          the flipped samples (about half of them) mirrored in place in the slot
   overhead      `SampleReader.read_into` of all samples into a slot (what a worker runs per
                 batch chunk) less all of the above: Python per sample, checks, bookkeeping
+                (a difference of measurements: below zero within the noise)
 
-Prints ms per image and share of the whole, and the entropy floor's images/s per core.
+Each row but `overhead` is a measurement or a difference of two. Prints ms per image and
+share of the whole, the entropy floor's images/s per core, and libjpeg-turbo's decode of the
+window alone (entropy to colour): the most any loader that makes these pixels with
+libjpeg-turbo can reach.
+
+With --loader-epochs N, also one open default Loader (`Loader(files, batch_size=64,
+image_size=224, crop=..., flip=...)`, threads or processes as "auto" picks) on the same files:
+a warm-up epoch untimed, then N epochs timed; its images/s and CPU time per image (every
+thread of this process), against the entropy floor of the same epochs' windows (one thread,
+times the cores this process may use). On a busy machine the CPU-time fraction is the steadier.
 
     python benchmarks/decode_stages.py --folder /tmp/photos [--images 300] [--crop center]
+        [--loader-epochs 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -38,9 +49,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image
 
-from prefetch import FileList, window_decode
+from prefetch import FileList, Loader, window_decode
 from prefetch.augment import Augment, Box, CenterCrop, Crop, RandomResizedCrop
 from prefetch.backends.base import BatchTask, Slot
 from prefetch.backends.reader import SampleReader
@@ -48,16 +58,6 @@ from prefetch.decode import DecodeOptions, decode_image
 from prefetch.storage import read_whole
 
 SIZE = (224, 224)
-
-
-def blocks_per_luma_block(data: bytes) -> float:
-    """All components' blocks per block of the first (luma) component, from the header."""
-    with Image.open(io.BytesIO(data)) as image:
-        layers = getattr(image, "layer", None)
-    if not layers:
-        return 1.0
-    sampling = [h * v for _, h, v, _ in layers]
-    return sum(sampling) / sampling[0]
 
 
 class Sample:
@@ -77,7 +77,6 @@ class Sample:
         self.eighth: Box = window_decode.scaled_box(box, (height, width), 8)
         self.last_row = box.top + box.height - 1
         self.flipped = augment.flipped(rng)
-        self.blocks = blocks_per_luma_block(self.data)
         raw = jpeg.decode(self.data, *self.window, self.scale, 3, True)
         self.pixels = np.frombuffer(raw, np.uint8).reshape(self.window.height, self.window.width, 3)
 
@@ -138,11 +137,9 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
     gray_eighth = cpu_ms(decode(1, eighth=True), count, rounds)
     gray = cpu_ms(decode(1), count, rounds)
     rgb = cpu_ms(decode(3), count, rounds)
-    blocks = statistics.mean(s.blocks for s in samples)
-    luma_idct = max(gray - gray_eighth, 0.0)
-    ms["libjpeg"] = max(gray_eighth - ms["entropy"], 0.0)
-    ms["IDCT"] = luma_idct * blocks
-    ms["colour"] = max(rgb - gray - luma_idct * (blocks - 1), 0.0)
+    ms["set-up"] = gray_eighth - ms["entropy"]
+    ms["luma IDCT"] = gray - gray_eighth
+    ms["chroma+colour"] = rgb - gray
     ms["resize"] = cpu_ms(
         lambda: [
             window_decode.resize_window(s.pixels, options, slot.images[row])
@@ -153,9 +150,54 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
     )
     ms["flip"] = cpu_ms(lambda: [window_decode.flip_left_right(f, f) for f in flips], count, rounds)
     total = cpu_ms(lambda: reader.read_into(task, slot, 0, count, "bench"), count, rounds)
-    ms["overhead"] = max(total - sum(ms.values()), 0.0)
+    ms["overhead"] = total - sum(ms.values())
     ms["total"] = total
+    ms["decode"] = rgb
     return ms
+
+
+def loader_row(paths: list[str], crop: Crop, flip: bool, epochs: int) -> None:
+    """The default Loader at steady state on `paths`, against the entropy floor of the same
+    epochs' windows."""
+    source = FileList(paths, [0] * len(paths))
+    options = {"batch_size": 64, "image_size": SIZE, "crop": crop, "flip": flip, "seed": 0}
+    count = 0
+    with Loader(source, **options) as loader:  # type: ignore[arg-type]  # (a dict of options)
+        for _ in loader:  # epoch 0: warm-up, untimed
+            pass
+        began, began_cpu = time.perf_counter(), time.process_time()
+        for _ in range(epochs):
+            for batch in loader:
+                count += len(batch.images)
+        wall_s, cpu_s = time.perf_counter() - began, time.process_time() - began_cpu
+        backend = loader.stats().backend
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    datas = [read_whole(path) for path in paths]
+    sizes = [jpeg.header(data)[1::-1] for data in datas]  # (height, width)
+    last_rows = [
+        (data, box.top + box.height - 1)
+        for epoch in range(1, epochs + 1)
+        for index, (data, size) in enumerate(zip(datas, sizes, strict=True))
+        for box in [crop.box(*size, SIZE, Augment.rng(0, epoch, index))]
+    ]
+    began = time.thread_time()
+    for data, last_row in last_rows:
+        window_decode.entropy_decode_rows(data, last_row)
+    floor_ms = (time.thread_time() - began) * 1e3 / len(last_rows)
+    cores = len(os.sched_getaffinity(0))
+    rate, floor_rate = count / wall_s, cores * 1e3 / floor_ms
+    cpu_ms = cpu_s * 1e3 / count
+    by_cpu = (  # worker processes' CPU time is not this process's
+        f", {floor_ms / cpu_ms:.0%} by CPU time ({cpu_ms:.3f} ms/image)"
+        if backend == "thread"
+        else ""
+    )
+    print(
+        f"  Loader ({backend}), {epochs} epochs after a warm-up: {rate:.0f} images/s; floor "
+        f"{floor_ms:.3f} ms/image x {cores} cores = {floor_rate:.0f} images/s: the Loader at "
+        f"{rate / floor_rate:.0%} of it by the clock{by_cpu}"
+    )
 
 
 def main() -> None:
@@ -164,6 +206,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--crop", choices=("random-resized", "center", "both"), default="both")
+    parser.add_argument("--loader-epochs", type=int, default=0)
     args = parser.parse_args()
     cv2.setNumThreads(1)  # as in a worker process: all of a resize's CPU time on this thread
     if not window_decode.compiled_available():
@@ -180,15 +223,19 @@ def main() -> None:
         ms = stages(paths, crop, flip, args.rounds)
         total = ms["total"]
         print(f"\n{label}")
-        print(f"  {'stage':<10} {'ms/image':>9} {'share':>7}")
+        print(f"  {'stage':<13} {'ms/image':>9} {'share':>7}")
         for stage, value in ms.items():
-            if stage != "total":
-                print(f"  {stage:<10} {value:9.3f} {value / total:7.1%}")
-        print(f"  {'total':<10} {total:9.3f} {1:7.1%}")
+            if stage not in ("total", "decode"):
+                print(f"  {stage:<13} {value:9.3f} {value / total:7.1%}")
+        print(f"  {'total':<13} {total:9.3f} {1:7.1%}")
+        floor, decode = ms["entropy"], ms["decode"]
         print(
-            f"  entropy floor: {1e3 / ms['entropy']:.0f} images/s per core; the sample path: "
-            f"{1e3 / total:.0f} images/s per core ({ms['entropy'] / total:.0%} of the floor)"
+            f"  per core: entropy floor {1e3 / floor:.0f} images/s; libjpeg-turbo's window "
+            f"decode alone {1e3 / decode:.0f} ({floor / decode:.0%} of the floor); the sample "
+            f"path {1e3 / total:.0f} ({floor / total:.0%} of the floor)"
         )
+        if args.loader_epochs:
+            loader_row(paths, crop, flip, args.loader_epochs)
 
 
 if __name__ == "__main__":

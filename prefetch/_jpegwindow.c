@@ -102,6 +102,10 @@ static PyObject *header(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Rows asked of each jpeg_read_scanlines call (libjpeg returns at most a row group per call):
+ * fewer calls than one row at a time; the same pixels, measured 0-5% faster per window. */
+#define ROWS_PER_READ 16
+
 /* Decode rows [top, top + height) and columns [left, left + width) of the image scaled by
  * 1/scale_denom into `out` (height * width * channels bytes). Returns 0, or -1 with a message in
  * errors->message (set by libjpeg, or here for a window outside the scaled image). */
@@ -111,6 +115,7 @@ static int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *er
                          unsigned int scale_denom, int channels, int fast_dct,
                          unsigned char *out) {
     volatile JSAMPROW row = NULL; /* volatile: read after a longjmp back into this frame */
+    JSAMPROW rows[ROWS_PER_READ];
     if (setjmp(errors->escape)) {
         free(row);
         jpeg_abort_decompress(cinfo);
@@ -150,9 +155,10 @@ static int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *er
     size_t row_bytes = (size_t)columns * (size_t)channels;
     size_t skip_bytes = (size_t)(left - first_column) * (size_t)channels;
     size_t out_bytes = (size_t)width * (size_t)channels;
-    row = malloc(row_bytes);
+    row = malloc(row_bytes * ROWS_PER_READ);
     if (row == NULL) {
-        snprintf(errors->message, sizeof errors->message, "out of memory for a row");
+        snprintf(errors->message, sizeof errors->message, "out of memory for %d rows",
+                 ROWS_PER_READ);
         jpeg_abort_decompress(cinfo);
         return -1;
     }
@@ -166,16 +172,22 @@ static int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *er
             return -1;
         }
     }
-    for (JDIMENSION y = 0; y < height; y++) {
-        JSAMPROW rows[1] = {(JSAMPROW)row};
-        if (jpeg_read_scanlines(cinfo, rows, 1) != 1) {
+    for (int i = 0; i < ROWS_PER_READ; i++) {
+        rows[i] = (JSAMPROW)row + (size_t)i * row_bytes;
+    }
+    for (JDIMENSION y = 0; y < height;) {
+        JDIMENSION wanted = height - y < ROWS_PER_READ ? height - y : ROWS_PER_READ;
+        JDIMENSION got = jpeg_read_scanlines(cinfo, rows, wanted);
+        if (got == 0) {
             snprintf(errors->message, sizeof errors->message, "no data for row %u",
                      (unsigned)(top + y));
             free(row);
             jpeg_abort_decompress(cinfo);
             return -1;
         }
-        memcpy(out + (size_t)y * out_bytes, (JSAMPROW)row + skip_bytes, out_bytes);
+        for (JDIMENSION i = 0; i < got; i++, y++) {
+            memcpy(out + (size_t)y * out_bytes, rows[i] + skip_bytes, out_bytes);
+        }
     }
     free(row);
     row = NULL;
