@@ -183,7 +183,8 @@ def tf_row(
         options = tf.data.Options()
         options.threading.private_threadpool_size = threadpool
         dataset = dataset.with_options(options)
-    row = time_epochs(lambda: (int(labels.shape[0]) for _, labels in dataset), seconds)
+    # One iterator over the dataset repeated, as a training job iterates it.
+    row = time_epochs(lambda: (int(labels.shape[0]) for _, labels in dataset.repeat()), seconds)
     return row | {"listing": listing, "backend": "tf.data", "workers": "-"}
 
 
@@ -196,7 +197,8 @@ def keras_row(folder: str, size: int, seconds: float) -> dict[str, Any]:
         folder, batch_size=BATCH, image_size=(size, size), seed=0, verbose=False
     )
     listing = time.perf_counter() - start
-    row = time_epochs(lambda: (int(labels.shape[0]) for _, labels in dataset), seconds)
+    # One iterator over the dataset repeated, as a training job iterates it.
+    row = time_epochs(lambda: (int(labels.shape[0]) for _, labels in dataset.repeat()), seconds)
     return row | {"listing": listing, "backend": "tf.data", "workers": "-"}
 
 

@@ -10,10 +10,13 @@ interleaved round by round, `--repeats` rounds; a table shows the median and the
 over the rounds, and the rounds' own values):
 
 1. Local. `prefetch.Loader(source, batch_size=32, image_size=224, seed=0)` with the default
-   decoder, backend and workers, on (a) the folder path, (b) `prefetch.TFRecordSource(dir)`,
+   decoder, backend and workers (one open Loader per row, epoch after epoch, as a job runs
+   it, in a fresh process per row: this script again, `--row`), on (a) the folder path, (b)
+   `prefetch.TFRecordSource(dir)`,
    (c) `prefetch.TarSource(dir)` (local shards are read at random, one pread per sample, each
    epoch an exact permutation); and the same three with `crop=prefetch.RandomResizedCrop(),
-   flip=True`. Order in a round: folder, tfrecord, tar (plain), then the same (crop). A row is
+   flip=True`. Order in a round: folder, tfrecord, tar (plain), then the same (crop), reversed
+   every other round. A row is
    one warm-up epoch, then whole epochs until `--seconds` have passed (the rate is over those
    epochs). Ratio: the row / the folder row of the same round and augmentation.
    Target: shards >= 0.95x the folder.
@@ -64,8 +67,11 @@ over the rounds, and the rounds' own values):
    sample_distorted_bounding_box with area 0.08-1 and ratio 3/4-4/3, 10 attempts, the centre
    crop when the draw fails, decode_and_crop_jpeg, bilinear resize, random_flip_left_right)
    after the same parse, against prefetch with `crop=prefetch.RandomResizedCrop(), flip=True`.
-   Rows as in part 1 (warm-up epoch, then `--seconds`); order in a round: tf.data, prefetch,
-   tf.data crop, prefetch crop. Target: prefetch >= 1.3x tf.data.
+   Each row as a training job runs it, in a fresh process (this script again, `--row`):
+   tf.data `.repeat()`ed with ONE iterator, prefetch one open Loader; one epoch's worth of
+   images untimed, then batches until `--seconds` have passed (at least an epoch's worth).
+   Order in a round: tf.data, prefetch, tf.data crop, prefetch crop, reversed every other
+   round. Target: prefetch >= 1.3x tf.data.
 
     .venv/bin/python benchmarks/shards.py [--folder /tmp/photos | --large] [--repeats 3]
         [--seconds 4] [--remote-seconds 8] [--latency-ms 80] [--shard-size 250]
@@ -85,11 +91,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -283,30 +291,58 @@ def read_whole(paths: Sequence[str]) -> None:
 def part_local(
     folder: str, dirs: dict[str, str], repeats: int, seconds: float
 ) -> list[dict[str, Any]]:
-    sources: dict[str, Any] = {"folder": folder}
-    sources |= {f: shard_source(f, dirs[f]) for f in FORMATS}
+    """Each row in a fresh process (`in_child`), rows alternating by round."""
+    paths = {"folder": folder, **{f: dirs[f] for f in FORMATS}}
+    order = [(name, crop) for crop in (False, True) for name in paths]
     rows = []
     for round_ in range(repeats):
-        for crop in (False, True):
-            base: dict[str, Any] = {}
-            for name, source in sources.items():
-                row = loader_row(source, seconds, **augment(crop))
-                base = row if name == "folder" else base
-                row |= {
-                    "round": round_,
-                    "name": name,
-                    "crop": crop,
-                    "ratio": row["rate"] / base["rate"],
-                    "cpu_ratio": row["cpu_ms"] / base["cpu_ms"],
-                }
-                rows.append(row)
-                print(
-                    f"  [local] round {round_ + 1} {name}{' crop' if crop else ''}: "
-                    f"{row['rate']:.0f} images/s ({row['epochs']} epochs, {row['how']})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        measured: dict[tuple[str, bool], dict[str, Any]] = {}
+        for name, crop in order if round_ % 2 == 0 else order[::-1]:
+            row = in_child(f"local,{name},{paths[name]},{int(crop)}", seconds, 0)
+            measured[name, crop] = row
+            print(
+                f"  [local] round {round_ + 1} {name}{' crop' if crop else ''}: "
+                f"{row['rate']:.0f} images/s ({row['epochs']} epochs, {row['how']})",
+                file=sys.stderr,
+                flush=True,
+            )
+        for name, crop in order:
+            row, base = measured[name, crop], measured["folder", crop]
+            row |= {
+                "round": round_,
+                "name": name,
+                "crop": crop,
+                "ratio": row["rate"] / base["rate"],
+                "cpu_ratio": row["cpu_ms"] / base["cpu_ms"],
+            }
+            rows.append(row)
     return rows
+
+
+def in_child(spec: str, seconds: float, shuffle: int) -> dict[str, Any]:
+    """Row `spec` measured in a fresh process (this script with --row); see `one_row`."""
+    command = [sys.executable, __file__, "--row", spec, "--seconds", str(seconds)]
+    command += ["--tf-shuffle", str(shuffle)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"row {spec} failed: {error}")
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def one_row(spec: str, seconds: float, shuffle: int) -> dict[str, Any]:
+    """The row `spec`, measured in this (fresh) process: "local,NAME,PATH,CROP" (part 1: a
+    Loader on the folder, or on the "tfrecord" or "tar" shards under PATH) or
+    "tf,NAME,DIR,CROP" (part 4: "tf.data" or "prefetch" on the TFRecord shards in DIR)."""
+    part, name, path, crop = spec.split(",")
+    if part == "local":
+        source = path if name == "folder" else shard_source(name, path)
+        return loader_row(source, seconds, **augment(crop == "1"))
+    if name == "tf.data":
+        return tf_row(shard_files(path), crop == "1", shuffle, seconds)
+    source = shard_source("tfrecord", path)
+    return loader_row(source, seconds, shuffle=bool(shuffle), **augment(crop == "1"))
 
 
 def print_local(rows: list[dict[str, Any]], target: float = 0.95) -> None:
@@ -562,28 +598,43 @@ def tf_dataset(files: list[str], crop: bool, shuffle: int) -> Any:
     return data.batch(BATCH).prefetch(tf.data.AUTOTUNE)
 
 
+def tf_row(files: list[str], crop: bool, shuffle: int, seconds: float) -> dict[str, Any]:
+    """tf.data as a training job runs it: the dataset `.repeat()`ed, ONE iterator; one epoch's
+    worth of images untimed (warm-up: AUTOTUNE's ramp, the shuffle buffer), then batches until
+    `seconds` have passed and at least one epoch's worth was timed."""
+    samples = len(shard_source("tfrecord", os.path.dirname(files[0])))
+    batches = (int(images.shape[0]) for images, _ in tf_dataset(files, crop, shuffle).repeat())
+    taken = 0
+    while taken < samples:
+        taken += next(batches)
+    began, cpu = time.perf_counter(), time.process_time()
+    images = 0
+    while images < samples or time.perf_counter() - began < seconds:
+        images += next(batches)
+    return {
+        "rate": images / (time.perf_counter() - began),
+        "cpu_ms": (time.process_time() - cpu) / images * 1000,
+        "images": images,
+        "epochs": round(images / samples, 1),
+        "how": "AUTOTUNE, .repeat(), one iterator",
+    }
+
+
 def part_tf(tfrecord_dir: str, repeats: int, seconds: float, shuffle: int) -> list[dict[str, Any]]:
-    files = shard_files(tfrecord_dir)
-    source = shard_source("tfrecord", tfrecord_dir)
+    """Each row in a fresh process (`in_child`), rows alternating by round."""
+    order = [(name, crop) for crop in (False, True) for name in ("tf.data", "prefetch")]
     rows = []
     for round_ in range(repeats):
-        for crop in (False, True):
-            data = tf_dataset(files, crop, shuffle)
-
-            def epoch(data: Any = data) -> int:
-                return sum(int(images.shape[0]) for images, _ in data)
-
-            tf_row = timed(epoch, seconds) | {"how": "AUTOTUNE"}
-            ours = loader_row(source, seconds, shuffle=bool(shuffle), **augment(crop))
-            for name, row in (("tf.data", tf_row), ("prefetch", ours)):
-                row |= {"round": round_, "name": name, "crop": crop}
-                rows.append(row)
-                print(
-                    f"  [tf] round {round_ + 1} {name}{' crop' if crop else ''}: "
-                    f"{row['rate']:.0f} images/s ({row['epochs']} epochs, {row['how']})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        for name, crop in order if round_ % 2 == 0 else order[::-1]:
+            row = in_child(f"tf,{name},{tfrecord_dir},{int(crop)}", seconds, shuffle)
+            row |= {"round": round_, "name": name, "crop": crop}
+            rows.append(row)
+            print(
+                f"  [tf] round {round_ + 1} {name}{' crop' if crop else ''}: "
+                f"{row['rate']:.0f} images/s ({row['epochs']} epochs, {row['how']})",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -658,7 +709,12 @@ def main() -> None:
     parser.add_argument("--skip-index", action="store_true", help="leave out part 2")
     parser.add_argument("--skip-remote", action="store_true", help="leave out part 3")
     parser.add_argument("--skip-tf", action="store_true", help="leave out part 4")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # parts 1 and 4: a row's own process
     args = parser.parse_args()
+    if args.row:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        print(json.dumps(one_row(args.row, args.seconds, args.tf_shuffle)), flush=True)
+        os._exit(0)  # TensorFlow's threads end with the process (the Loader is closed)
     folder = args.folder or ("/tmp/photos_large" if args.large else "/tmp/photos")
     if not os.path.isdir(folder):
         parser.error(

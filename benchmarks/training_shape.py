@@ -1,34 +1,51 @@
-"""Benchmark: the training shape of image loading (random crop + flip, and the eval centre crop).
+"""Benchmark: the training shape of image loading, at steady state, against the entropy floor.
 
-On an image folder ROOT/<class>/<image>.jpg, 224x224 uint8 batches of 64, in one run:
+On an image folder ROOT/<class>/<image>.jpg, 224x224 uint8 batches of 64, each row measured as a
+training job runs it: one long-lived pipeline (tf.data: `.repeat()` and ONE iterator; prefetch:
+one open Loader, epoch after epoch), `--warmup-epochs` (default 2) untimed, then `--epochs`
+(default 6) timed, in a fresh process per row; `--rounds` rounds (default 3), the rows'
+order reversed every other round; medians with their min-max range. "cold" is the rate of the
+warm-up counted from the pipeline's construction: what a short job, or one that rebuilds its
+pipeline every epoch (the old harness did), pays.
 
-  tf.data train recipe   Model Garden's ImageNet training input: extract_jpeg_shape,
-                         sample_distorted_bounding_box (area 0.08-1, ratio 3/4-4/3, 10 attempts;
-                         a failed draw falls back to the centre crop), decode_and_crop_jpeg,
-                         bilinear resize, random flip, map(AUTOTUNE), batch, prefetch; files
-                         shuffled every epoch
-  tf.data eval recipe    Model Garden's centre crop: a square of int(224 / 256 x short side),
-                         decode_and_crop_jpeg, bilinear resize, map(AUTOTUNE), batch, prefetch
-  user Pillow source     what a user writes today: a __getitem__ that opens the file with
-                         Pillow, picks a torchvision RandomResizedCrop box, resizes that box to
-                         224x224 (bilinear) and flips; in prefetch.Loader(workers=2)
-  prefetch train         prefetch.Loader(crop=RandomResizedCrop(...), flip=True)
-  prefetch eval          prefetch.Loader(crop=CenterCrop(fraction=0.875))
+  1 tf.data train recipe  Model Garden's ImageNet training input: extract_jpeg_shape,
+                          sample_distorted_bounding_box (area 0.08-1, ratio 3/4-4/3, 10 attempts;
+                          a failed draw falls back to the centre crop), decode_and_crop_jpeg,
+                          bilinear resize, random flip, map(AUTOTUNE), batch, prefetch; files
+                          shuffled every epoch
+  2 tf.data eval recipe   Model Garden's centre crop: a square of int(224 / 256 x short side),
+                          decode_and_crop_jpeg, bilinear resize, map(AUTOTUNE), batch, prefetch
+  3 user Pillow source    what a user writes today: a __getitem__ that opens the file with
+                          Pillow, picks a torchvision RandomResizedCrop box, resizes that box to
+                          224x224 (bilinear) and flips; in prefetch.Loader(workers=2)
+  4 prefetch train        prefetch.Loader(crop=RandomResizedCrop(...), flip=True)
+  5 prefetch eval         prefetch.Loader(crop=CenterCrop(fraction=0.875))
+  6 tf.data resize        the whole image resized (Keras's shape of the work): decode_jpeg,
+                          bilinear resize, map(AUTOTUNE), batch, prefetch; shuffled
+  7 prefetch resize       prefetch.Loader(folder) with its defaults
+  8 floor train           the entropy floor (prefetch.tools.bench_floor): libjpeg-turbo's
+  9 floor eval            entropy decoding alone of the rows each sample needs (down to the
+ 10 floor resize          bottom of a RandomResizedCrop window, of the CenterCrop window, of the
+                          whole image), no IDCT, colour or resize, one core, x usable cores: the
+                          limit of any libjpeg-turbo loader on this machine
 
-Each row: one warm-up epoch, then whole epochs until --seconds have passed (or --epochs).
+Every loader row is also shown as a fraction of its shape's floor.
 
-    python benchmarks/training_shape.py --folder /tmp/photos [--seconds 10] [--rows 1,3]
+    python benchmarks/training_shape.py --folder /tmp/photos [--rounds 3] [--rows 1,4,8]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
+import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +53,14 @@ import numpy as np
 from PIL import Image
 
 import prefetch
+from prefetch.autoscale import usable_cores
+from prefetch.decode import DecodeOptions
+from prefetch.tools.bench_floor import entropy_decoder, floor_rate, floor_sample
+from prefetch.tools.bench_steady import Span, steady_rate
 
 SIZE = 224
 BATCH = 64
 CROP_PADDING = 32  # Model Garden: centre crop = SIZE / (SIZE + 32) of the short side
-Rate = tuple[float, int, int]  # images/s, images, epochs
-
-
-def timed(epoch: Callable[[], int], seconds: float, epochs: int | None) -> Rate:
-    """Images/s over whole epochs after one warm-up epoch: `epochs` of them, or until
-    `seconds` have passed. `epoch()` runs one epoch and returns its image count."""
-    epoch()
-    began = time.perf_counter()
-    images = done = 0
-    while (done < epochs) if epochs else (done == 0 or time.perf_counter() - began < seconds):
-        images += epoch()
-        done += 1
-    return images / (time.perf_counter() - began), images, done
 
 
 def list_folder(folder: str) -> tuple[list[str], list[int]]:
@@ -95,8 +103,9 @@ def random_window(shape: Any) -> Any:
     return tf.cond(failed, lambda: centre_window(shape), lambda: window)
 
 
-def tf_dataset(folder: str, train: bool) -> Any:
-    """Model Garden's ImageNet input (train: random crop and flip; eval: centre crop)."""
+def tf_dataset(folder: str, shape: str) -> Any:
+    """Model Garden's ImageNet input ("train": random crop and flip; "eval": centre crop), or
+    the whole image resized ("resize"), batched and prefetched."""
     import tensorflow as tf
 
     tf.random.set_seed(0)
@@ -104,24 +113,28 @@ def tf_dataset(folder: str, train: bool) -> Any:
 
     def load(path: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         contents = tf.io.read_file(path)
-        shape = tf.io.extract_jpeg_shape(contents)
-        window = random_window(shape) if train else centre_window(shape)
-        image = tf.io.decode_and_crop_jpeg(contents, window, channels=3)
+        if shape == "resize":
+            image = tf.io.decode_jpeg(contents, channels=3)
+        else:
+            jpeg_shape = tf.io.extract_jpeg_shape(contents)
+            window = random_window(jpeg_shape) if shape == "train" else centre_window(jpeg_shape)
+            image = tf.io.decode_and_crop_jpeg(contents, window, channels=3)
         image = tf.image.resize(image, [SIZE, SIZE], method="bilinear")
-        if train:
+        if shape == "train":
             image = tf.image.random_flip_left_right(image)
         return tf.cast(image, tf.uint8), label
 
     data = tf.data.Dataset.from_tensor_slices((paths, labels))
-    if train:
+    if shape != "eval":
         data = data.shuffle(len(paths), seed=0, reshuffle_each_iteration=True)
     data = data.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     return data.batch(BATCH).prefetch(tf.data.AUTOTUNE)
 
 
-def tf_rate(folder: str, train: bool, seconds: float, epochs: int | None) -> Rate:
-    data = tf_dataset(folder, train)
-    return timed(lambda: sum(int(images.shape[0]) for images, _ in data), seconds, epochs)
+def tf_stream(folder: str, shape: str) -> tuple[Iterator[int], str]:
+    """One iterator over the dataset repeated, as a training job iterates it."""
+    data = tf_dataset(folder, shape).repeat()
+    return (int(images.shape[0]) for images, _ in data), "AUTOTUNE, .repeat(), one iterator"
 
 
 class PillowCropSource:
@@ -170,65 +183,145 @@ class PillowCropSource:
         return np.asarray(image), self.targets[index]
 
 
-def loader_rate(loader: prefetch.Loader, seconds: float, epochs: int | None) -> tuple[Rate, str]:
-    """Images/s of a Loader held open (`with`) across the warm-up and the timed epochs."""
-    with loader:
-        rate = timed(lambda: sum(len(batch.images) for batch in loader), seconds, epochs)
-        stats = loader.stats()
+def loader_batches(loader: prefetch.Loader) -> Iterator[int]:
+    """One open Loader, epoch after epoch."""
+    while True:
+        for batch in loader:
+            count = len(batch.images)
+            del batch
+            yield count
+
+
+def loader_note(loader: prefetch.Loader) -> str:
+    stats = loader.stats()
     decoder = f", decoder {stats.decoder}" if hasattr(loader.source, "paths") else ""
-    return rate, f"{stats.backend}, {stats.workers} workers{decoder}"
+    return f"{stats.backend}, {stats.workers} workers{decoder}"
+
+
+FLOOR_CROPS: dict[str, Callable[[], Any]] = {
+    "train": lambda: prefetch.RandomResizedCrop(),
+    "eval": lambda: prefetch.CenterCrop(0.875),
+    "resize": lambda: None,
+}
+
+
+def floor_row(folder: str, shape: str, warmup: int, epochs: int) -> dict[str, Any]:
+    """The entropy floor of `shape` on the folder's files: images/s of one core x cores."""
+    decode = entropy_decoder()
+    if decode is None:
+        return {
+            "skipped": "no entropy-only decoder in this build (window_decode.entropy_decode_rows)"
+        }
+    paths, _ = list_folder(folder)
+    options = DecodeOptions((SIZE, SIZE))
+    sample = floor_sample(paths, FLOOR_CROPS[shape](), options)
+    for _ in range(warmup):
+        floor_rate(sample, decode)
+    began = time.perf_counter()
+    for _ in range(epochs):
+        floor_rate(sample, decode)
+    one_core = len(sample.data) * epochs / (time.perf_counter() - began)
+    cores = usable_cores()
+    return {
+        "rate": one_core * cores,
+        "cold": float("nan"),
+        "note": f"{one_core:.0f}/s on 1 core x {cores}; rows needed: "
+        f"{sample.rows_fraction:.0%} of each image on average",
+    }
+
+
+# row number -> (name, shape, what it runs: a stream factory, or "floor")
+ROWS: dict[int, tuple[str, str, str]] = {
+    1: ("tf.data train recipe", "train", "tf"),
+    2: ("tf.data eval recipe", "eval", "tf"),
+    3: ("user Pillow source", "train", "pillow"),
+    4: ("prefetch train", "train", "prefetch"),
+    5: ("prefetch eval", "eval", "prefetch"),
+    6: ("tf.data resize", "resize", "tf"),
+    7: ("prefetch resize", "resize", "prefetch"),
+    8: ("floor train", "train", "floor"),
+    9: ("floor eval", "eval", "floor"),
+    10: ("floor resize", "resize", "floor"),
+}
+
+
+def one_row(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure row `args.one_row` in this (fresh) process."""
+    folder = args.folder
+    _, shape, kind = ROWS[args.one_row]
+    if kind == "floor":
+        return floor_row(folder, shape, args.warmup_epochs, args.epochs)
+    images = len(list_folder(folder)[0])
+    span = Span(args.warmup_epochs * images, args.epochs * images)
+    common: dict[str, Any] = dict(batch_size=BATCH, image_size=(SIZE, SIZE), seed=0)
+    if args.backend:
+        common["backend"] = args.backend
+    if args.workers:
+        common["workers"] = args.workers if args.workers == "auto" else int(args.workers)
+    began = time.perf_counter()
+    if kind == "tf":
+        stream, note = tf_stream(folder, shape)
+        rate, _, cold = steady_rate(stream, span, began)
+        return {"rate": rate, "cold": cold, "note": note}
+    if kind == "pillow":
+        loader = prefetch.Loader(PillowCropSource(folder), workers=2, batch_size=BATCH, seed=0)
+    else:
+        augment: dict[str, Any] = {
+            "train": {"crop": prefetch.RandomResizedCrop(), "flip": True},
+            "eval": {"crop": prefetch.CenterCrop(0.875)},
+            "resize": {},
+        }[shape]
+        loader = prefetch.Loader(folder, **augment, **common)
+    with loader:
+        rate, _, cold = steady_rate(loader_batches(loader), span, began)
+        note = loader_note(loader)
+    return {"rate": rate, "cold": cold, "note": note}
+
+
+def spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return ""
+    return f"({min(values):.0f}-{max(values):.0f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True, help="ROOT/<class>/<image>.jpg")
-    parser.add_argument("--rows", default="1,2,3,4,5", help="comma list of row numbers (1-5)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
-    parser.add_argument("--epochs", type=int, help="timed epochs per row (instead of --seconds)")
-    parser.add_argument("--backend", help="backend of rows 4-5 (default: theirs)")
-    parser.add_argument("--workers", help="workers of rows 4-5 (default: theirs)")
+    parser.add_argument("--rows", default="1,2,3,4,5,6,7,8,9,10", help="comma list (1-10)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, rows alternating")
+    parser.add_argument("--warmup-epochs", type=int, default=2, help="untimed epochs per row")
+    parser.add_argument("--epochs", type=int, default=6, help="timed epochs per row")
+    parser.add_argument("--backend", help="backend of the prefetch rows (default: theirs)")
+    parser.add_argument("--workers", help="workers of the prefetch rows (default: theirs)")
+    parser.add_argument("--one-row", type=int, help=argparse.SUPPRESS)  # a row's own process
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    folder, seconds, epochs = args.folder, args.seconds, args.epochs
-    passthrough: dict[str, Any] = {}
-    if args.backend:
-        passthrough["backend"] = args.backend
-    if args.workers:
-        passthrough["workers"] = args.workers if args.workers == "auto" else int(args.workers)
-    common: dict[str, Any] = dict(batch_size=BATCH, image_size=(SIZE, SIZE), seed=0)
-
-    def prefetch_row(crop: Callable[[], Any], flip: bool) -> tuple[Rate, str] | str:
-        if not hasattr(prefetch, "RandomResizedCrop"):
-            return "skipped: this prefetch has no RandomResizedCrop / CenterCrop yet"
-        try:
-            loader = prefetch.Loader(folder, crop=crop(), flip=flip, **common, **passthrough)
-        except TypeError as error:
-            return f"skipped: {error}"
-        return loader_rate(loader, seconds, epochs)
-
-    rows: dict[int, tuple[str, Callable[[], tuple[Rate, str] | str]]] = {
-        1: ("tf.data train recipe", lambda: (tf_rate(folder, True, seconds, epochs), "AUTOTUNE")),
-        2: ("tf.data eval recipe", lambda: (tf_rate(folder, False, seconds, epochs), "AUTOTUNE")),
-        3: (
-            "user Pillow source",
-            lambda: loader_rate(
-                prefetch.Loader(PillowCropSource(folder), workers=2, **common), seconds, epochs
-            ),
-        ),
-        4: (
-            "prefetch train",
-            lambda: prefetch_row(
-                lambda: prefetch.RandomResizedCrop(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)), True
-            ),
-        ),
-        5: (
-            "prefetch eval",
-            lambda: prefetch_row(lambda: prefetch.CenterCrop(fraction=0.875), False),
-        ),
-    }
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if args.one_row:
+        print(json.dumps(one_row(args)), flush=True)
+        os._exit(0)  # TensorFlow's threads end with the process (every Loader is closed)
     chosen = [int(r) for r in args.rows.split(",")]
+    print_header(args)
+    results: dict[int, list[dict[str, Any]]] = {number: [] for number in chosen}
+    for round_index in range(args.rounds):
+        for number in chosen if round_index % 2 == 0 else chosen[::-1]:
+            command = [sys.executable, __file__, "--one-row", str(number)]
+            command += [a for a in sys.argv[1:] if a != "--one-row"]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            lines = done.stdout.strip().splitlines()
+            if done.returncode != 0 or not lines:
+                error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                results[number].append({"skipped": f"failed: {error}"})
+            else:
+                results[number].append(json.loads(lines[-1]))
+            row = results[number][-1]
+            rate = f"{row['rate']:.0f} images/s" if "rate" in row else row["skipped"]
+            print(f"round {round_index + 1}: {ROWS[number][0]:<22} {rate}", file=sys.stderr)
+    print_table(chosen, results)
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
 
-    paths, _ = list_folder(folder)
+
+def print_header(args: argparse.Namespace) -> None:
+    paths, _ = list_folder(args.folder)
     sizes = []
     for path in paths[:: max(1, len(paths) // 200)]:
         with Image.open(path) as image:
@@ -236,37 +329,51 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     with open("/proc/cpuinfo") as info:
         cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), cpu)
-    load_before = os.getloadavg()[0]
     print(f"$ python {shlex.join(sys.argv)}")
-    print(f"{cpu}; {len(os.sched_getaffinity(0))} cores; load average (1 min) {load_before:.2f}")
+    print(f"{cpu}; {usable_cores()} cores; load average (1 min) {os.getloadavg()[0]:.2f}")
     print(
         f"{len(paths)} JPEGs, median {np.median(sizes) / 1e3:.0f} kpixel, "
         f"mean {np.mean([os.path.getsize(p) for p in paths]) / 1024:.0f} KiB -> "
-        f"{SIZE}x{SIZE}, batch {BATCH}; "
-        + (f"{epochs} epochs" if epochs else f"{seconds:g} s")
-        + " per row after one warm-up epoch\n"
+        f"{SIZE}x{SIZE}, batch {BATCH}; each row in a fresh process, one pipeline, "
+        f"{args.warmup_epochs} epochs untimed, then {args.epochs} timed; median of "
+        f"{args.rounds} rounds (min-max), rows alternating\n"
     )
-    print(f"{'row':<24} {'images/s':>9}  {'timed':<18} notes")
-    measured: dict[int, float] = {}
-    for number in chosen:
-        name, run = rows[number]
-        result = run()
-        if isinstance(result, str):
-            print(f"{name:<24} {'-':>9}  {'':<18} {result}", flush=True)
-            continue
-        (rate, images, done), note = result
-        measured[number] = rate
-        print(f"{name:<24} {rate:>9.0f}  {f'{images} img, {done} ep':<18} {note}", flush=True)
 
+
+def print_table(chosen: list[int], results: dict[int, list[dict[str, Any]]]) -> None:
+    medians: dict[int, float] = {}
+    rates: dict[int, list[float]] = {}
+    for number in chosen:
+        rates[number] = [r["rate"] for r in results[number] if "rate" in r]
+        if rates[number]:
+            medians[number] = statistics.median(rates[number])
+    floors = {shape: n for n, (_, shape, kind) in ROWS.items() if kind == "floor"}
+    print(f"{'row':<22} {'images/s':>9} {'(min-max)':>13} {'cold':>6} {'of floor':>9}  notes")
+    for number in chosen:
+        name, shape, kind = ROWS[number]
+        runs = results[number]
+        if number not in medians:
+            print(f"{name:<22} {'-':>9} {'':>13} {'':>6} {'':>9}  {runs[-1].get('skipped')}")
+            continue
+        colds = [r["cold"] for r in runs if "rate" in r and r["cold"] == r["cold"]]
+        cold = f"{statistics.median(colds):.0f}" if colds else "-"
+        floor = medians.get(floors[shape])
+        share = f"{medians[number] / floor:.2f}x" if floor and kind != "floor" else ""
+        print(
+            f"{name:<22} {medians[number]:>9.0f} {spread(rates[number]):>13} {cold:>6} "
+            f"{share:>9}  {runs[-1]['note']}"
+        )
     print()
-    for top, bottom, label in [
-        (4, 1, "prefetch train / tf.data train"),
-        (4, 3, "prefetch train / user Pillow source"),
-        (5, 2, "prefetch eval / tf.data eval"),
-    ]:
-        if top in measured and bottom in measured:
-            print(f"{label:<38} {measured[top] / measured[bottom]:.2f}x")
-    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+    for top, bottom in [(4, 1), (4, 3), (5, 2), (7, 6)]:
+        if top in medians and bottom in medians:
+            pairs = [
+                a["rate"] / b["rate"]
+                for a, b in zip(results[top], results[bottom], strict=True)
+                if "rate" in a and "rate" in b
+            ]
+            label = f"{ROWS[top][0]} / {ROWS[bottom][0]}"
+            within = f" (rounds {min(pairs):.2f}x-{max(pairs):.2f}x)" if len(pairs) > 1 else ""
+            print(f"{label:<44} {medians[top] / medians[bottom]:.2f}x{within}")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
+from prefetch import window_decode
+from prefetch.augment import CenterCrop, RandomResizedCrop
 from prefetch.cli import main
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.fast_decode import fast_available
-from prefetch.testing import SlowDecoder, serve_folder
-from prefetch.tools import bench, bench_loaders
+from prefetch.testing import FailingDecoder, SlowDecoder, serve_folder
+from prefetch.tools import bench, bench_floor, bench_loaders
 from prefetch.tools import timeline as tools_timeline
 from prefetch.tools.bench_machine import local_sample
 from prefetch.tools.command_args import ProgressBar
@@ -72,14 +75,23 @@ def test_run_measures_every_available_loader_with_sane_figures(folder: Path) -> 
     assert f"{default}, {chosen.backend}" in table
     tf_rate = report.loader("tf.data").images_per_s if "tf.data" in available else None
     for row in report.loaders:
-        assert row.images_per_s > 0, row
-        assert 0.0 <= row.consumer_wait_fraction <= 1.0, row
+        assert row.images_per_s > 0 and row.cold_images_per_s > 0, row
+        assert row.consumer_wait_fraction is None, row  # no step: no wait to speak of
         assert row.ratio_to_limit == pytest.approx(row.images_per_s / report.decode_limit)
         if tf_rate is None:
             assert row.ratio_to_tf_data is None
         else:
             assert row.ratio_to_tf_data == pytest.approx(row.images_per_s / tf_rate)
-        assert len(row.images_per_s_runs) == len(row.wait_fraction_runs) == 1
+        if report.floor_limit is None:
+            assert row.ratio_to_floor is None
+        else:
+            assert row.ratio_to_floor == pytest.approx(row.images_per_s / report.floor_limit)
+        assert len(row.images_per_s_runs) == 1 and row.wait_fraction_runs == ()
+    # Each row ran as a training job runs it: one epoch untimed, three timed, its own process.
+    assert (report.config.warmup_images, report.config.timed_images) == (16, 48)
+    assert report.config.isolated
+    assert "one pipeline in a fresh process, 1 epoch untimed, then 3 epochs timed" in table
+    assert "no wait column without a step" in table
     assert calls[-1] == (calls[-1][1], calls[-1][1], "done")
     assert [done for done, _, _ in calls] == sorted(done for done, _, _ in calls)
 
@@ -106,11 +118,12 @@ def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path)
     report.to_json(path)
     data = json.loads(path.read_text())
 
-    assert data["schema"] == bench.SCHEMA_VERSION == 2
+    assert data["schema"] == bench.SCHEMA_VERSION == 3
     assert set(data) == {
-        "schema", "config", "machine", "decoders", "decode_limit", "loaders", "skipped",
-        "timeline", "fast_hint",
+        "schema", "config", "machine", "decoders", "decode_limit", "floor", "loaders",
+        "skipped", "timeline", "fast_hint",
     }  # fmt: skip
+    assert data["config"]["timed_images"] == 48 and data["config"]["isolated"] is True
     assert data["config"]["image_size"] == [16, 16] and data["config"]["batch_size"] == 4
     assert data["machine"]["usable_cores"] == bench.usable_cores()
     assert data["decoders"][0]["name"] == "pillow" and len(data["decoders"][0]["runs"]) == 1
@@ -122,8 +135,10 @@ def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path)
     assert set(data["loaders"][0]) == {
         "key", "name", "images_per_s", "consumer_wait_fraction", "ratio_to_limit",
         "ratio_to_tf_data", "images_per_s_runs", "wait_fraction_runs", "decoder", "backend",
-        "backend_reason", "antialias",
+        "backend_reason", "antialias", "ratio_to_floor", "cold_images_per_s", "note",
     }  # fmt: skip
+    if data["floor"] is not None:
+        assert data["floor"]["images_per_s"] == pytest.approx(report.floor_limit)
     loop, threads = data["loaders"]
     assert loop["decoder"] == threads["decoder"] == data["config"]["loader_decoder"]
     assert (loop["backend"], threads["backend"]) == (None, "thread")
@@ -181,7 +196,7 @@ def test_cli_generates_a_sample_folder_benches_it_and_prints_the_table(tmp_path:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(
-        line.startswith("loader") and "images/s" in line and "wait %" in line for line in lines
+        line.startswith("loader") and "images/s" in line and "vs tf.data" in line for line in lines
     )
     assert any(line.startswith("python loop (1 core)") for line in lines)
     assert any(line.startswith("prefetch threads") for line in lines)
@@ -228,6 +243,9 @@ def test_pool_row_is_skipped_when_its_unbounded_read_ahead_would_not_fit(
     report = bench.run(folder, loaders=["loop", "pool"], step_ms=1, **TINY)
 
     assert [row.key for row in report.loaders] == ["loop"]
+    wait = report.loader("loop").consumer_wait_fraction  # with a step, the wait is measured
+    assert wait is not None and 0.0 <= wait <= 1.0
+    assert "wait: share of the timed span the consumer waited" in report.format_table()
     assert "decodes ahead without bound" in report.skipped["pool"]
     assert "skipped thread pool (15 lines): its map decodes ahead" in report.format_table()
 
@@ -308,6 +326,7 @@ def test_cli_without_the_fast_extra_estimates_what_installing_it_would_gain(
     out = tmp_path / "report.json"
     args = ["--loaders", "loop,default", "--batch-size", "4", "--image-size", "16x16"]
     args += ["--repeats", "1", "--decode-sample", "8", "--json", str(out), "--quiet"]
+    args += ["--in-process"]  # the fault is injected into this process only
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_FAST_EXTRA, "bench", str(folder), *args],
         capture_output=True,
@@ -505,3 +524,100 @@ def test_timeline_chart_names_the_loader_and_labels_every_row_in_its_legends_wor
     assert legend == [tools_timeline.KIND_LABELS[kind] for kind in tools_timeline.KIND_LABELS]
     assert legend[1].startswith("in flight")  # the rows' word, not the span kind "produce"
     assert f"timeline: {title}" in report.format_table()
+
+
+def test_a_row_that_fails_is_named_in_one_line_and_the_other_rows_are_still_measured(
+    folder: Path,
+) -> None:
+    last = sorted(folder.rglob("*.jpg"))[-1].name  # outside the decode sample: rows only
+    report = bench.run(folder, loaders=["loop", "default"], decoder=FailingDecoder(last), **TINY)
+
+    assert [row.key for row in report.loaders] == ["default"]
+    reason = report.skipped["loop"]
+    assert reason.startswith("failed in round 1: ValueError: injected failure for ")
+    assert "\n" not in reason and last in reason
+    table = report.format_table()
+    assert f"skipped python loop (1 core): {reason}" in table
+    assert "Traceback" not in table
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)  # imports TensorFlow in the tf.data row's process
+def test_crop_on_a_folder_with_pngs_runs_tf_data_on_its_jpegs_and_says_so(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    root = bench.write_sample_folder(tmp_path / "mixed", 16, size=(60, 40))
+    for index in range(4):
+        Image.new("RGB", (60, 40), (index * 60, 90, 30)).save(root / "circle" / f"p{index}.png")
+
+    report = bench.run(
+        root, loaders=["threads", "processes", "tf.data"], crop=RandomResizedCrop(), **TINY
+    )
+    report.plot(tmp_path / "bench-crop.png")
+
+    assert [row.key for row in report.loaders] == ["threads", "processes", "tf.data"]
+    note = "ran on the 16 JPEGs only: decode_and_crop_jpeg cannot read the other 4 files"
+    assert report.loader("tf.data").note == note
+    assert report.format_table().count(note) == 1
+    # Every prefetch row names the window decoder it runs under a crop.
+    window = window_decode.window_engine_name("turbo")
+    assert report.loader("threads").decoder == report.loader("processes").decoder == window
+    assert (tmp_path / "bench-crop.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_floor_sample_holds_each_jpeg_and_the_rows_its_sample_needs(
+    folder: Path, tmp_path: Path
+) -> None:
+    paths = sorted(str(path) for path in folder.rglob("*.jpg"))[:6]
+    png = tmp_path / "flat.png"
+    Image.new("RGB", (40, 30)).save(png)
+    options = DecodeOptions((16, 16))
+
+    whole = bench_floor.floor_sample([*paths, str(png)], None, options)
+    centre = bench_floor.floor_sample(paths, CenterCrop(0.5), options)
+
+    assert whole.left_out == 1 and len(whole.data) == 6
+    assert whole.last_rows == (29,) * 6 and whole.rows_fraction == 1.0  # 40x30 images
+    assert whole.data[0] == Path(paths[0]).read_bytes()
+    box = CenterCrop(0.5).box(30, 40, (16, 16), np.random.default_rng())
+    assert centre.last_rows == (box.top + box.height - 1,) * 6
+    assert centre.rows_fraction == pytest.approx((box.top + box.height) / 30)
+
+
+def test_the_table_reports_each_loader_against_the_entropy_floor_or_says_why_not(
+    folder: Path,
+) -> None:
+    report = bench.run(folder, loaders=["loop"], isolate=False, **TINY)
+
+    table = report.format_table()
+    row = report.loader("loop")
+    if bench_floor.entropy_decoder() is None:
+        assert report.floor is None and row.ratio_to_floor is None
+        assert f"entropy floor not measured: {bench_floor.NO_ENTROPY_DECODER}" in table
+        assert "of limit" in table
+    else:
+        assert report.floor is not None and report.floor.images_per_s > 0
+        assert report.floor_limit == pytest.approx(report.floor.images_per_s * bench.usable_cores())
+        assert row.ratio_to_floor == pytest.approx(row.images_per_s / report.floor_limit)
+        assert "entropy floor (" in table and "of floor" in table
+    assert not report.config.isolated and "in this process" in table
+    assert f"{row.ratio_to_limit:.2f}x" in table or f"{row.ratio_to_floor:.2f}x" in table
+    assert "%" not in table.split("loader", 1)[1].split("\n")[1]  # one notation: 1.12x
+
+
+def test_bench_chart_labels_stay_clear_of_the_lines() -> None:
+    pytest.importorskip("matplotlib")
+    report = hand_built_report(step_ms=0)  # threads at 1,400/s, the decode limit at 1,500/s
+    figure = report.figure()
+    axes = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    to_data = axes.transData.inverted()
+
+    labels = [text for text in axes.texts if "/s" in text.get_text()]
+    assert len(labels) == 2
+    for label in labels:
+        box = label.get_window_extent(renderer).transformed(to_data)
+        assert not box.x0 <= report.decode_limit <= box.x1, label.get_text()
+        assert box.x1 <= axes.get_xlim()[1]
+    assert len(axes.get_title().splitlines()) == 2  # not one line cut at the right

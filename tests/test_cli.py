@@ -15,7 +15,7 @@ import pytest
 import prefetch
 from prefetch.cli import build_parser, main
 from prefetch.stats import LoaderStats
-from prefetch.tools import bench, tune
+from prefetch.tools import bench, bench_floor, tune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,7 +94,8 @@ def test_bench_prints_each_round_as_measured_when_stdout_is_not_a_terminal(
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("round ")]
     decoders = len(bench.available_decoders())
-    assert len(rows) == 2 * (decoders + 2)  # two rounds of every decoder and loader
+    floor = 0 if bench_floor.entropy_decoder() is None else 1
+    assert len(rows) == 2 * (decoders + floor + 2)  # two rounds of every decoder and loader
     assert rows[0].startswith("round 1/2: decode ")
     assert any(row.startswith("round 2/2: prefetch threads") and "images/s" in row for row in rows)
     table = lines.index(next(line for line in lines if line.startswith("prefetch bench: ")))
@@ -129,7 +130,7 @@ def test_each_round_is_passed_on_right_after_it_is_measured(folder: Path) -> Non
     )
 
     rows = [(index, row) for index, (kind, row) in enumerate(events) if kind == "row"]
-    assert len(rows) == 2 * (len(report.decoders) + 2)
+    assert len(rows) == 2 * (len(report.decoders) + (report.floor is not None) + 2)
     for index, row in rows:
         assert isinstance(row, bench.Measurement)
         kind, label = events[index - 1]
@@ -140,7 +141,8 @@ def test_each_round_is_passed_on_right_after_it_is_measured(folder: Path) -> Non
         mine = [m for m in measured if m.key == result.key]
         assert [m.round for m in mine] == [1, 2]
         assert tuple(m.images_per_s for m in mine) == result.images_per_s_runs
-        assert tuple(m.wait_fraction for m in mine) == result.wait_fraction_runs
+        assert all(m.wait_fraction is None for m in mine)  # no step: no wait to report
+        assert result.wait_fraction_runs == ()
     for rate in report.decoders:
         mine = [m for m in measured if m.key == rate.name]
         assert tuple(m.images_per_s for m in mine) == rate.runs
@@ -168,8 +170,8 @@ def test_tune_rounds_every_configuration_and_keeps_each_rounds_figures(folder: P
         assert trial.spread == pytest.approx((high - low) / trial.images_per_s)
     table = report.format_table()
     assert "2 round(s)" in table and "spread" in table
-    assert ("recommended: Loader(" in table) == (report.recommended is not None)
-    assert ("no recommendation" in table) == bool(report.noise)
+    assert ("recommended: Loader(" in table) == (not report.uncertain)
+    assert ("best answer, uncertain: Loader(" in table) == bool(report.noise)
 
 
 STATS = LoaderStats(

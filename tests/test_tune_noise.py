@@ -1,4 +1,4 @@
-"""prefetch tune on a noisy machine: rounds, their spread, and no recommendation from noise.
+"""prefetch tune on a noisy machine: rounds, their spread, and an uncertain best answer from noise.
 
 The judgement is tested on reports built by hand (figures chosen, no timing); the command
 and the load reading run real trials on a tiny folder, with the load average replaced where
@@ -60,21 +60,27 @@ def test_steady_rounds_on_a_quiet_machine_recommend_the_smallest_near_the_best()
     assert "980-1000" in table and "2%" in table  # each configuration's rounds and spread
 
 
-def test_the_issues_420_and_231_images_per_s_are_noise_and_nothing_is_recommended() -> None:
+def test_the_issues_420_and_231_images_per_s_give_an_uncertain_best_answer() -> None:
     noisy = report(trial(1, 420, 231, 400), trial(2, 410, 300, 415))
 
-    assert noisy.recommended is None
-    assert noisy.candidate == noisy.trials[0]  # what the medians alone would have said
+    assert noisy.uncertain
+    assert noisy.recommended == noisy.candidate == noisy.trials[0]  # the best answer there is
+    assert noisy.alternatives == [noisy.trials[1]]  # what the data cannot tell it from
     [reason] = noisy.noise
     assert "varied by more than 10% between rounds" in reason
     assert "thread, 1 worker, depth 2 gave 231 to 420 images/s (47%)" in reason
     table = noisy.format_table()
-    assert "no recommendation: noise could decide it" in table
-    assert "recommended: Loader(" not in table and "<- recommended" not in table
-    assert "more --repeats or --trial-batches" in table
+    assert (
+        "best answer, uncertain: Loader(..., backend='thread', workers=1, depth=2): "
+        "400 images/s (rounds 231-420)" in table
+    )
+    assert "the data cannot tell it from: thread, 2 workers, depth 2 (300-415 images/s)" in table
+    assert "to sharpen it: --repeats 5" in table and "--trial-batches 48" in table
+    assert "<- best answer (uncertain)" in table and "recommended: Loader(" not in table
     data = json.loads(json.dumps(noisy.as_dict()))
-    assert data["recommended"] is None and data["noise"] == noisy.noise
-    assert data["candidate"]["workers"] == 1
+    assert data["recommended"] == data["candidate"] and data["uncertain"] is True
+    assert data["noise"] == noisy.noise and data["candidate"]["workers"] == 1
+    assert [t["workers"] for t in data["alternatives"]] == [2]
     assert [row["spread"] for row in data["trials"]] == [t.spread for t in noisy.trials]
 
 
@@ -84,7 +90,7 @@ def test_noise_in_a_configuration_that_cannot_be_chosen_does_not_block_the_choic
 
     assert mixed.trials[0].spread > mixed.spread_limit
     assert mixed.noisy_trials == []
-    assert mixed.recommended == mixed.trials[1]
+    assert mixed.recommended == mixed.trials[1] and not mixed.uncertain
 
 
 def test_a_round_within_the_tolerance_makes_a_noisy_configuration_count() -> None:
@@ -92,18 +98,20 @@ def test_a_round_within_the_tolerance_makes_a_noisy_configuration_count() -> Non
     close = report(trial(1, 800, 960, 900), trial(2, 995, 1000, 1000))
 
     assert close.noisy_trials == [close.trials[0]]
-    assert close.recommended is None
+    assert close.uncertain
 
 
 def test_a_load_above_the_usable_cores_is_noise_even_when_the_rounds_agree() -> None:
     busy = report(trial(1, 500, 505, 502), trial(2, 990, 1000, 995), load=3.4)
 
-    assert busy.busy and busy.recommended is None
+    assert busy.busy and busy.uncertain and busy.recommended == busy.trials[1]
     [reason] = busy.noise
     assert "load average 3.4" in reason and "above its 2 usable cores" in reason
-    assert "load average 3.4 before the search" in busy.format_table()
+    table = busy.format_table()
+    assert "load average 3.4 before the search" in table
+    assert "to sharpen it: run it when the load average is at most 2 (it was 3.4)" in table
     at_the_cores = report(trial(1, 500, 505, 502), trial(2, 990, 1000, 995), load=2.0)
-    assert not at_the_cores.busy and at_the_cores.recommended is not None
+    assert not at_the_cores.busy and not at_the_cores.uncertain
     unknown = report(trial(2, 990, 1000, 995), load=None)
     assert not unknown.busy and "load average unknown" in unknown.format_table()
 
@@ -112,10 +120,10 @@ def test_the_spread_limit_follows_the_tolerance_unless_given() -> None:
     rounds = (trial(1, 900, 1000, 950), trial(2, 940, 1000, 990))  # spreads 11% and 6%
 
     assert report(*rounds).spread_limit == pytest.approx(2 * 0.05)
-    assert report(*rounds).recommended is None
+    assert report(*rounds).uncertain
     loose = report(*rounds, tolerance=0.1)
-    assert loose.spread_limit == pytest.approx(0.2) and loose.recommended is not None
-    assert report(*rounds, max_spread=math.inf).recommended is not None
+    assert loose.spread_limit == pytest.approx(0.2) and not loose.uncertain
+    assert not report(*rounds, max_spread=math.inf).uncertain
     assert report(*rounds, max_spread=0.01).spread_limit == 0.01
 
 
@@ -150,10 +158,10 @@ def test_the_load_average_is_read_before_the_first_trial(
     )  # fmt: skip
 
     assert trials_run == ["trial", "trial"]  # one configuration, two rounds
-    assert busy.load_average == 99.0 and busy.busy and busy.recommended is None
+    assert busy.load_average == 99.0 and busy.busy and busy.uncertain
 
 
-def test_the_command_writes_no_recommendation_to_json_on_a_busy_machine(
+def test_the_command_gives_its_best_answer_and_its_uncertainty_on_a_busy_machine(
     folder: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -168,10 +176,11 @@ def test_the_command_writes_no_recommendation_to_json_on_a_busy_machine(
     assert main(args) == 0
 
     text = capsys.readouterr().out
-    assert "no recommendation: noise could decide it" in text
+    assert "best answer, uncertain: Loader(..., backend='thread', workers=1, depth=1)" in text
     assert "the machine was busy: load average 99.0" in text
+    assert "to sharpen it: run it when the load average is at most" in text
     data = json.loads(out.read_text())
-    assert data["recommended"] is None and data["candidate"]["backend"] == "thread"
+    assert data["uncertain"] is True and data["recommended"]["backend"] == "thread"
     assert data["repeats"] == 2 and len(data["trials"][0]["images_per_s_runs"]) == 2
 
 
@@ -184,7 +193,7 @@ def test_bad_rounds_and_spreads_name_the_argument(folder: Path) -> None:
         tune.tune(folder, trial_batches=0)
 
 
-def test_the_chart_has_whole_worker_ticks_error_bars_and_no_star_without_a_recommendation() -> None:
+def test_the_chart_has_whole_worker_ticks_error_bars_and_says_when_its_star_is_uncertain() -> None:
     pytest.importorskip("matplotlib")
     steady = report(trial(1, 500, 510, 505), trial(2, 980, 1000, 990), trial(3, 1000, 1010, 1005))
     noisy = report(trial(1, 420, 231, 400), trial(2, 410, 300, 415))
@@ -195,8 +204,29 @@ def test_the_chart_has_whole_worker_ticks_error_bars_and_no_star_without_a_recom
     assert "step ceiling 320/s" in axes.get_legend_handles_labels()[1]  # 32 per 100 ms
     noisy_axes = noisy.figure().axes[0]
     assert list(noisy_axes.get_xticks()) == [1, 2]
-    assert "recommended" not in noisy_axes.get_legend_handles_labels()[1]
-    assert "no recommendation" in noisy_axes.get_title()
+    assert "best answer (uncertain)" in noisy_axes.get_legend_handles_labels()[1]
+    assert "uncertain: noise could decide it" in noisy_axes.get_title()
+
+
+def test_the_chart_keeps_every_series_visible() -> None:
+    pytest.importorskip("matplotlib")
+    # Six series with the same figures: each must still be seen (no line hides another).
+    same = [
+        Trial(backend, workers, depth, 500.0 * workers, 0.0, (500.0 * workers,) * 3)
+        for backend in ("thread", "process")
+        for depth in (1, 2, 4)
+        for workers in (1, 2)
+    ]
+    axes = report(*same).figure().axes[0]
+
+    series = {bars.get_label(): bars.lines[0] for bars in axes.containers}  # errorbar's lines
+    assert len(series) == 6
+    assert len({tuple(line.get_xdata()) for line in series.values()}) == 6  # each shifted
+    styles = {
+        (line.get_linestyle(), line.get_marker(), line.get_color()) for line in series.values()
+    }
+    assert len(styles) == 6
+    assert {series[f"process, depth {d}"].get_linestyle() for d in (1, 2, 4)} == {"--"}
 
 
 def test_a_step_ceiling_far_above_the_data_is_named_not_drawn_off_the_axis() -> None:

@@ -1,34 +1,32 @@
-"""prefetch.tools.bench: measure loaders on one image folder against the machine's decode limit.
+"""prefetch.tools.bench: measure loaders on one image folder against the machine's limits.
 
-`run(root, ...)` measures, in one process and one run, the single-core decode + resize rate of
-every decoder in `available_decoders()` (the decode limit is usable cores x the best rate) and
-the images/s and consumer wait of each loader (`bench_loaders`: a Python loop, a 15-line thread
-pool, `prefetch.Loader` by default, with threads and with processes, and tf.data, Keras and
-torch where installed). It returns a `BenchReport` (`bench_report`: table, JSON, chart) and,
-when the `fast` extra is missing, an estimate of what installing it would gain (`bench_hint`).
-Rounds are interleaved (every loader once per round, medians over rounds) so that a busy machine
-slows all rows alike. `root` may be an fsspec URL (a bucket, a web server): the decode limit is
-then measured on local copies of the decode sample (the CPU's limit, without the storage's
-latency), and the TensorFlow rows are skipped when `tf.io.gfile` cannot read the URL. This
-module re-exports the public names of its `bench_*` siblings.
+`run(root, ...)` measures, in one run, the single-core decode + resize rate of every decoder
+in `available_decoders()` (the decode limit is usable cores x the best rate), the entropy
+floor (`bench_floor`: entropy decoding alone, x usable cores) and the steady-state images/s of
+each loader as a training job runs it (`bench_loaders`: a Python loop, a 15-line thread pool,
+`prefetch.Loader` by default, with threads and with processes, and tf.data, Keras and torch
+where installed; `bench_steady`: one long-lived pipeline per row, in a fresh process;
+`bench_rounds` runs the rounds). It
+returns a `BenchReport` (`bench_report`: table, JSON, chart) and, when the `fast` extra is
+missing, an estimate of what installing it would gain (`bench_hint`). Rounds are interleaved
+(every loader once per round, alternating their order; medians over rounds) so that a busy
+machine slows all rows alike. `root` may be an fsspec URL (a bucket, a web server): the
+decode limit is then measured on local copies of the decode sample (the CPU's limit, without
+the storage's latency), and the TensorFlow rows are skipped when `tf.io.gfile` cannot read the
+URL. This module re-exports the public names of its `bench_*` siblings.
 
-Contract: runs in the calling thread; every loader it opens (threads, processes) is closed
-before `run` returns or raises. TensorFlow, Keras and torch are imported only to measure their
-loaders, matplotlib only to draw. Figures are timings: compare rows of one run, not runs.
+Contract: runs in the calling thread; every loader it opens (threads, processes), and every
+process it spawns for a row, is closed before `run` returns or raises. TensorFlow, Keras and
+torch are imported only to measure their loaders (in the rows' processes), matplotlib only to
+draw. Figures are timings: compare rows of one run, not runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import math
 import os
-import statistics
 import tempfile
-import time
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
 
 from prefetch.augment import Crop
 from prefetch.autoscale import usable_cores
@@ -36,12 +34,16 @@ from prefetch.decode import DecodeOptions, Decoder
 from prefetch.loader import Loader
 from prefetch.options import positive
 from prefetch.sources import ImageFolder
+from prefetch.tools.bench_floor import (
+    NO_ENTROPY_DECODER,
+    entropy_decoder,
+    floor_sample,
+)
 from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fast_hint
 from prefetch.tools.bench_loaders import (
     LOADER_NAMES,
     CroppingDecoder,
     Setup,
-    make_contender,
     missing_requirement,
     python_loop_batches,
     thread_pool_batches,
@@ -66,8 +68,9 @@ from prefetch.tools.bench_report import (
     LoaderResult,
     Measurement,
 )
-from prefetch.tools.bench_timeline import record_setup_timeline, record_timeline, step
-from prefetch.tools.timeline import Timeline
+from prefetch.tools.bench_rounds import OnMeasured, Plan, Progress, measure, report
+from prefetch.tools.bench_steady import Span
+from prefetch.tools.bench_timeline import record_timeline
 
 __all__ = [
     "DECODERS",
@@ -85,6 +88,7 @@ __all__ = [
     "LoaderResult",
     "Measurement",
     "Progress",
+    "Span",
     "available_decoders",
     "decoder_name",
     "default_decoder",
@@ -100,77 +104,6 @@ __all__ = [
 
 # Images per single-core decode measurement (fewer when the folder is smaller).
 DECODE_SAMPLE = 200
-
-Progress = Callable[[int, int, str], None]
-"""`progress(done, total, label)`: called as work advances (units: batches of images)."""
-OnMeasured = Callable[[Measurement], None]
-"""`on_measured(measurement)`: called with each round's figure as soon as it is measured."""
-
-
-def _measure_epoch(
-    batches: Generator[int, None, None], step_s: float, tick: Callable[[], None]
-) -> tuple[int, float, float]:
-    """(images, seconds, seconds waited) of one epoch, after its first (warm-up) batch.
-
-    The consumer takes a batch, then works on it for `step_s` (a sleep, like a device step).
-    """
-    with contextlib.closing(batches):
-        next(batches)  # the warm-up batch: start-up, tracing and filling the window
-        step(step_s)
-        tick()
-        images, waited = 0, 0.0
-        began = time.perf_counter()
-        while True:
-            asked = time.perf_counter()
-            count = next(batches, None)
-            if count is None:
-                break
-            waited += time.perf_counter() - asked
-            images += count
-            step(step_s)
-            tick()
-        return images, time.perf_counter() - began, waited
-
-
-def _decode_rate(
-    decoder: Decoder,
-    paths: Sequence[str],
-    options: DecodeOptions,
-    tick: Callable[[], None] = lambda: None,
-    every: int = 1,
-) -> float:
-    """Images/s of `decoder` on `paths`, one after another in this thread; `tick` every `every`."""
-    began = time.perf_counter()
-    for done, path in enumerate(paths, 1):
-        decoder(path, options)
-        if done % every == 0:
-            tick()
-    return len(paths) / (time.perf_counter() - began)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What one `run` measures, its arguments checked and its decoders warmed."""
-
-    setup: Setup
-    decoders: dict[str, Decoder]
-    sample: list[str]  # the images of each single-core decode measurement
-    keys: list[str]  # the loaders measured, in order
-    skipped: dict[str, str]  # loader key -> why it is not measured
-    repeats: int
-    step_ms: float
-    timeline_batches: int
-    timeline_backend: str
-
-
-@dataclass(frozen=True)
-class _Runs:
-    """What the rounds measured: per-round figures, each loader's description, the timeline."""
-
-    decode: dict[str, list[float]]  # decoder name -> images/s per round
-    load: dict[str, list[tuple[float, float]]]  # key -> (images/s, wait fraction) per round
-    described: dict[str, dict[str, Any]]
-    timeline: Timeline | None
 
 
 def run(
@@ -193,6 +126,9 @@ def run(
     antialias: bool | None = None,
     crop: Crop | None = None,
     on_measured: OnMeasured | None = None,
+    warmup_images: int | None = None,
+    timed_images: int | None = None,
+    isolate: bool = True,
 ) -> BenchReport:
     """Measure every loader in `loaders` on the image folder `root`; see the module docstring.
 
@@ -207,9 +143,19 @@ def run(
       Loader's default (`default_decoder()`; `report.config.loader_decoder` names the one
       used). The "default" row is `Loader(root, batch_size=, image_size=, seed=)` with
       nothing else: its own decoder, backend, workers, depth and antialias.
-    - Each round runs one epoch per loader; the first batch of each epoch is a warm-up and is
-      not timed. After each batch the consumer sleeps `step_ms` (a simulated training step).
-      Medians over `repeats` rounds are reported.
+    - Each loader is measured as a training job runs it (`bench_steady`): in each of
+      `repeats` rounds, one long-lived pipeline per loader (tf.data and Keras with `.repeat()`
+      and one iterator, prefetch one open Loader), in a fresh process (`isolate=False`: in
+      this one), `warmup_images` untimed, then `timed_images` timed (rounded up to whole
+      batches; defaults `Span.default`: one epoch, then three, at most `SPAN_EPOCH_CAP`
+      images per epoch's worth). The rows' order alternates from round to round;
+      medians over the rounds are reported, with each round's value. After each batch the
+      consumer sleeps `step_ms` (a simulated training step). A row that fails is reported in
+      `skipped` with its one-line reason, and the others are still measured.
+    - The entropy floor (`bench_floor`): when this build has the entropy-only decoder, the
+      single-core rate of entropy decoding alone of the rows each sample needs, on the decode
+      sample's JPEGs and the same crop windows, x usable cores; every row's
+      `ratio_to_floor` is its share of it.
     - `decode_sample`: images per single-core decode measurement (at most the folder's).
     - `timeline_batches` > 0: afterwards, record a `Timeline` of the first that many batches of
       a prefetch loader (`timeline_backend` "thread" or "process") into `report.timeline`.
@@ -237,6 +183,11 @@ def run(
     decoders = _checked_decoders(decoders)
     options = _decode_options(image_size, antialias)
     decoder = decoder if decoder is not None else default_decoder()
+    default = Span.default(len(folder))
+    span = Span(
+        _whole_batches("warmup_images", _or(warmup_images, default.warmup), batch_size),
+        _whole_batches("timed_images", _or(timed_images, default.timed), batch_size),
+    )
     if crop is not None:
         decoders = {name: CroppingDecoder(crop, engine) for name, engine in _crop_engines()}
         decoder = decoders["turbo"] if "turbo" in decoders else decoders["pillow"]
@@ -247,7 +198,18 @@ def run(
         setup = Setup(folder, options, batch_size, workers, depth, seed, decoder, name, crop)
         skipped = unavailable(keys, setup, step_ms)
         keys = [key for key in keys if key not in skipped]
-        plan = _Plan(
+        entropy = entropy_decoder()
+        floor, floor_note = None, NO_ENTROPY_DECODER
+        if entropy is not None:
+            floor = floor_sample(sample, crop, options)
+            floor_note = (
+                f"on the sample's {len(floor.data)} JPEGs; {floor.left_out} other files left out"
+                if floor.left_out
+                else ""
+            )
+            if not floor.data:
+                floor, floor_note = None, "the decode sample holds no JPEG"
+        plan = Plan(
             setup,
             decoders,
             sample,
@@ -257,8 +219,22 @@ def run(
             step_ms,
             timeline_batches,
             timeline_backend,
+            span,
+            isolate,
+            floor,
+            floor_note,
+            entropy,
         )
-        return _report(plan, _measure(plan, progress, on_measured))
+        return report(plan, measure(plan, progress, on_measured))
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _whole_batches(name: str, images: int, batch_size: int) -> int:
+    """`images` rounded up to whole batches; ValueError naming `name` when not positive."""
+    return -(-positive(name, images) // batch_size) * batch_size
 
 
 def _checked_keys(
@@ -320,129 +296,3 @@ def _warm(sample: Sequence[str], decoders: Collection[Decoder], options: DecodeO
     for path in sample:
         for candidate in decoders:
             candidate(path, options)
-
-
-def _measure(plan: _Plan, progress: Progress | None, on_measured: OnMeasured | None) -> _Runs:
-    """Run the rounds, then the timeline, calling `progress` after every batch and
-    `on_measured` after every decoder rate and loader epoch."""
-    setup, repeats = plan.setup, plan.repeats
-    epoch_batches = math.ceil(len(setup.folder) / setup.batch_size)
-    decode_ticks = len(plan.sample) // setup.batch_size
-    total = repeats * (len(plan.decoders) * decode_ticks + len(plan.keys) * epoch_batches)
-    total += min(plan.timeline_batches, epoch_batches)
-    done = 0
-    label = "starting"
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(min(done, total), total, label)
-
-    decode_runs: dict[str, list[float]] = {name: [] for name in plan.decoders}
-    load_runs: dict[str, list[tuple[float, float]]] = {key: [] for key in plan.keys}
-    contenders = {key: make_contender(key, setup) for key in plan.keys}
-    with contextlib.ExitStack() as stack:
-        for contender in contenders.values():
-            contender.open(stack)
-        for round_index in range(repeats):
-            for name, candidate in plan.decoders.items():
-                label = f"round {round_index + 1}/{repeats}: decode {name}"
-                every = setup.batch_size
-                rate = _decode_rate(candidate, plan.sample, setup.options, tick, every)
-                decode_runs[name].append(rate)
-                if on_measured is not None:
-                    on_measured(Measurement(round_index + 1, repeats, name, name, rate))
-            for key, contender in contenders.items():
-                label = f"round {round_index + 1}/{repeats}: {LOADER_NAMES[key]}"
-                images, elapsed, waited = _measure_epoch(
-                    contender.epoch(round_index), plan.step_ms / 1000, tick
-                )
-                load_runs[key].append((images / elapsed, waited / elapsed))
-                if on_measured is not None:
-                    on_measured(
-                        Measurement(
-                            round_index + 1,
-                            repeats,
-                            key,
-                            LOADER_NAMES[key],
-                            images / elapsed,
-                            waited / elapsed,
-                        )
-                    )
-        described = {key: contender.describe() for key, contender in contenders.items()}
-    timeline = None
-    if plan.timeline_batches:
-        label = "timeline"
-        step_s, backend = plan.step_ms / 1000, plan.timeline_backend
-        timeline = record_setup_timeline(setup, plan.timeline_batches, step_s, backend, tick)
-    if progress is not None:
-        progress(total, total, "done")
-    return _Runs(decode_runs, load_runs, described, timeline)
-
-
-def _report(plan: _Plan, runs: _Runs) -> BenchReport:
-    """The report of `plan`'s measured `runs`: medians, ratios, the config and the hint."""
-    rates = [DecoderRate(n, statistics.median(r), tuple(r)) for n, r in runs.decode.items()]
-    best = max(rates, key=lambda rate: rate.images_per_s)
-    limit = best.images_per_s * usable_cores()
-    return BenchReport(
-        _config(plan),
-        machine_info(),
-        rates,
-        limit,
-        best.name,
-        _rows(runs, limit),
-        plan.skipped,
-        runs.timeline,
-        fast_hint(rates, plan.sample, plan.setup.options.antialias),
-    )
-
-
-def _rows(runs: _Runs, limit: float) -> list[LoaderResult]:
-    """One row per measured loader: median images/s and wait, and their ratios."""
-    medians = {
-        key: (
-            statistics.median(r for r, _ in per_round),
-            statistics.median(w for _, w in per_round),
-        )
-        for key, per_round in runs.load.items()
-    }
-    tf_rate = medians["tf.data"][0] if "tf.data" in medians else None
-    return [
-        LoaderResult(
-            key=key,
-            name=LOADER_NAMES[key],
-            images_per_s=rate,
-            consumer_wait_fraction=wait,
-            ratio_to_limit=rate / limit,
-            ratio_to_tf_data=rate / tf_rate if tf_rate else None,
-            images_per_s_runs=tuple(r for r, _ in runs.load[key]),
-            wait_fraction_runs=tuple(w for _, w in runs.load[key]),
-            **runs.described[key],
-        )
-        for key, (rate, wait) in medians.items()
-    ]
-
-
-def _config(plan: _Plan) -> BenchConfig:
-    """The `BenchConfig` of `plan`: what was measured, and how."""
-    setup = plan.setup
-    return BenchConfig(
-        root=str(setup.folder.root),
-        images=len(setup.folder),
-        classes=len(setup.folder.class_names),
-        image_size=setup.options.image_size,
-        batch_size=setup.batch_size,
-        workers=setup.workers,
-        depth=setup.depth,
-        step_ms=float(plan.step_ms),
-        repeats=plan.repeats,
-        seed=setup.seed,
-        decode_sample=len(plan.sample),
-        loader_decoder=setup.decoder_name,
-        timeline_batches=plan.timeline_batches,
-        timeline_backend=plan.timeline_backend,
-        antialias=setup.options.antialias,
-        crop=repr(setup.crop) if setup.crop is not None else "",
-    )

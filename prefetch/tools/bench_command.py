@@ -15,6 +15,7 @@ from contextlib import ExitStack
 
 from prefetch.augment import CenterCrop, Crop, RandomResizedCrop
 from prefetch.tools import bench
+from prefetch.tools.bench_steady import SPAN_EPOCH_CAP, TIMED_EPOCHS
 from prefetch.tools.command_args import (
     ProgressBar,
     add_batch_shape_arguments,
@@ -33,10 +34,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="compare loaders on an image folder against the machine's decode limit",
         description=(
             "Measure, on one image folder (root/<class>/<image>), the single-core decode rate "
-            "(the decode limit is usable cores x the best rate) and the images/s and consumer "
-            "wait of a Python loop, a 15-line thread pool, prefetch.Loader with its defaults, "
-            "prefetch threads and processes, and tf.data AUTOTUNE, Keras "
-            "image_dataset_from_directory and torch DataLoader where installed. Without the "
+            "(the decode limit is usable cores x the best rate), the entropy floor (entropy "
+            "decoding alone x usable cores: the limit of any libjpeg-turbo loader) and the "
+            "steady-state images/s of a Python loop, a 15-line thread pool, prefetch.Loader "
+            "with its defaults, prefetch threads and processes, and tf.data AUTOTUNE, Keras "
+            "image_dataset_from_directory and torch DataLoader where installed, each as a "
+            "training job runs it: one long-lived pipeline in a fresh process, a warm-up "
+            "untimed, then several epochs timed. Without the "
             "fast extra, it estimates what installing it would gain. On a terminal a progress "
             "bar runs on stderr; when the output is not a terminal (a pipe, a file), each "
             "round's figures are printed as they are measured, then the table."
@@ -85,7 +89,28 @@ def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=positive_int,
         default=3,
-        help="rounds: every loader runs one epoch per round; medians are reported (default 3)",
+        help="rounds: every loader is measured once per round, rows alternating; medians "
+        "are reported (default 3)",
+    )
+    parser.add_argument(
+        "--warmup-images",
+        type=positive_int,
+        metavar="N",
+        help="images each row takes untimed after its pipeline starts (default: one epoch, "
+        f"at most {SPAN_EPOCH_CAP})",
+    )
+    parser.add_argument(
+        "--timed-images",
+        type=positive_int,
+        metavar="N",
+        help=f"images each row is timed on after its warm-up (default: {TIMED_EPOCHS} epochs, "
+        f"at most {TIMED_EPOCHS * SPAN_EPOCH_CAP})",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="measure every row in this process instead of a fresh one each (quicker to "
+        "start; rows then share TensorFlow's runtime and the memory of the rows before)",
     )
     parser.add_argument(
         "--loaders",
@@ -181,6 +206,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 antialias=args.antialias,
                 crop=CROP_CHOICES[args.crop] if args.crop else None,
                 on_measured=rows,
+                warmup_images=args.warmup_images,
+                timed_images=args.timed_images,
+                isolate=not args.in_process,
             )
         except (ValueError, FileNotFoundError) as error:
             bar.close()

@@ -2,9 +2,12 @@
 
 A python loop and a thread pool written by hand, `prefetch.Loader` (as a user gets it, and with
 threads and processes), and, where installed, tf.data AUTOTUNE, Keras
-`image_dataset_from_directory` and torch's `DataLoader`. `make_contender(key, setup)` builds
+`image_dataset_from_directory` and torch's `DataLoader` (those three in `bench_frameworks`).
+`make_contender(key, setup)` builds
 one; `open(stack)` enters what it owns into the caller's ExitStack, so everything it starts is
-closed with the stack. TensorFlow, Keras and torch are imported only in `open`.
+closed with the stack; `stream()` is then one long-lived pipeline, as a training job iterates
+it (tf.data and Keras: `.repeat()` and one iterator; prefetch: one open Loader, epoch after
+epoch). TensorFlow, Keras and torch are imported only in `open`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Generator, Sequence
@@ -29,6 +33,12 @@ from prefetch.loader import Loader
 from prefetch.plan import epoch_order
 from prefetch.shard_members import Location
 from prefetch.sources import ImageFolder
+from prefetch.tools.bench_frameworks import (
+    KerasContender,
+    TfDataContender,
+    TorchContender,
+    tensorflow_cannot_read,
+)
 from prefetch.window_decode import decode_window, flip_left_right
 
 # Loader keys in the order they run in each round, with their display names.
@@ -51,13 +61,14 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 class Contender(Protocol):
-    """A loader under test: opened once, then one epoch per round, yielding batch sizes;
-    `describe()` gives its row's decoder, backend, backend_reason and antialias (after the
-    rounds: an automatic choice is made when a loader starts)."""
+    """A loader under test: opened once, then `stream()` yields batch sizes without end, epoch
+    after epoch; `describe()` gives its row's decoder, backend, backend_reason and antialias
+    (after it ran: an automatic choice is made when a loader starts) and a `note` on what it
+    measured when that differs from the folder ("" otherwise)."""
 
     def open(self, stack: contextlib.ExitStack) -> None: ...
 
-    def epoch(self, number: int) -> Generator[int, None, None]: ...
+    def stream(self) -> Generator[int, None, None]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -129,6 +140,10 @@ class _ByHand:
     def open(self, stack: contextlib.ExitStack) -> None:
         pass
 
+    def stream(self) -> Generator[int, None, None]:
+        for number in itertools.count():
+            yield from self.epoch(number)
+
     def epoch(self, number: int) -> Generator[int, None, None]:
         s = self.setup
         order = epoch_order(len(s.folder), shuffle=True, seed=s.seed, epoch=number)
@@ -176,158 +191,20 @@ class _PrefetchLoader:
     def open(self, stack: contextlib.ExitStack) -> None:
         stack.enter_context(self.loader)
 
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        return batch_sizes(self.loader)
+    def stream(self) -> Generator[int, None, None]:
+        while True:
+            yield from batch_sizes(self.loader)
 
     def describe(self) -> dict[str, Any]:
         stats = self.loader.stats()
+        # With a crop, every prefetch row runs the loader's own window decoder.
+        own = self.by_default or self.setup.crop is not None
         return {
-            "decoder": stats.decoder if self.by_default else self.setup.decoder_name,
+            "decoder": stats.decoder if own else self.setup.decoder_name,
             "backend": stats.backend,
             "backend_reason": stats.backend_reason,
             "antialias": self.loader.options.antialias,
         }
-
-
-class _TfData:
-    """The tf.data pipeline as TensorFlow's guides write it, AUTOTUNE everywhere.
-
-    Files (the same listing as ImageFolder) -> shuffle -> read -> decode -> resize (bilinear,
-    float32 like Keras) -> batch -> prefetch.
-    """
-
-    def __init__(self, setup: Setup) -> None:
-        self.setup = setup
-        self.dataset: Any = None
-
-    def open(self, stack: contextlib.ExitStack) -> None:
-        tf = importlib.import_module("tensorflow")
-        s = self.setup
-        autotune = tf.data.AUTOTUNE
-        channels = s.options.channels
-
-        def load(path: Any, label: Any) -> tuple[Any, Any]:
-            data = tf.io.read_file(path)
-            if s.crop is not None:
-                return model_garden_crop(tf, data, s.crop, s.options), label
-            image = tf.io.decode_image(data, channels=channels, expand_animations=False)
-            return tf.image.resize(image, s.options.image_size), label
-
-        paths = [str(p) for p in s.folder.paths]
-        dataset = tf.data.Dataset.from_tensor_slices((paths, s.folder.labels))
-        dataset = dataset.shuffle(len(paths), seed=s.seed, reshuffle_each_iteration=True)
-        dataset = dataset.map(load, num_parallel_calls=autotune)
-        self.dataset = dataset.batch(s.batch_size).prefetch(autotune)
-
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        for images, _labels in self.dataset:
-            count = int(images.shape[0])
-            del images, _labels
-            yield count
-
-    def describe(self) -> dict[str, Any]:
-        return {"decoder": None, "antialias": False}  # tf.image.resize's default, and Keras's
-
-
-def model_garden_crop(tf: Any, data: Any, crop: Crop, options: DecodeOptions) -> Any:
-    """TF Model Garden's ImageNet input for one JPEG: `tf.io.decode_and_crop_jpeg` of a
-    `sample_distorted_bounding_box` window (RandomResizedCrop's area and ratio ranges, 10
-    attempts; whole image when none fits) and a random flip, or of the central window
-    (CenterCrop: `int(fraction x short side)` for square targets), then a bilinear resize."""
-    shape = tf.io.extract_jpeg_shape(data)
-    height, width = shape[0], shape[1]
-    if isinstance(crop, CenterCrop):
-        target_h, target_w = options.image_size
-        full_h = tf.minimum(
-            tf.cast(height, tf.float32), tf.cast(width * target_h / target_w, tf.float32)
-        )
-        full_w = tf.minimum(
-            tf.cast(width, tf.float32), tf.cast(height * target_w / target_h, tf.float32)
-        )
-        crop_h = tf.cast(crop.fraction * full_h, tf.int32)
-        crop_w = tf.cast(crop.fraction * full_w, tf.int32)
-        window = tf.stack([(height - crop_h + 1) // 2, (width - crop_w + 1) // 2, crop_h, crop_w])
-    else:
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape,
-            bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
-            min_object_covered=0.1,  # Model Garden's
-            aspect_ratio_range=crop.ratio,
-            area_range=crop.scale,
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        window = tf.stack([begin[0], begin[1], size[0], size[1]])
-    image = tf.io.decode_and_crop_jpeg(data, window, channels=options.channels)
-    image = tf.image.resize(image, options.image_size)
-    if not isinstance(crop, CenterCrop):
-        image = tf.image.random_flip_left_right(image)
-    return image
-
-
-class _Keras(_TfData):
-    """`keras.utils.image_dataset_from_directory` on the folder, with its own defaults."""
-
-    def open(self, stack: contextlib.ExitStack) -> None:
-        keras = importlib.import_module("keras")
-        s = self.setup
-        self.dataset = keras.utils.image_dataset_from_directory(
-            str(s.folder.root),
-            batch_size=s.batch_size,
-            image_size=s.options.image_size,
-            shuffle=True,
-            seed=s.seed,
-            verbose=False,
-        )
-
-
-class _TorchSamples:
-    """A map-style dataset for torch's `DataLoader`: `(decoded image, label)` per index.
-
-    Picklable (spawned DataLoader workers import it from here); no torch needed to build it.
-    """
-
-    def __init__(self, folder: ImageFolder, decoder: Decoder, options: DecodeOptions) -> None:
-        self.paths = folder.paths
-        self.labels = folder.labels
-        self.decoder = decoder
-        self.options = options
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
-        return self.decoder(str(self.paths[index]), self.options), int(self.labels[index])
-
-
-class _Torch:
-    """torch's `DataLoader` with `workers` spawned worker processes and default prefetching."""
-
-    def __init__(self, setup: Setup) -> None:
-        self.setup = setup
-        self.loader: Any = None
-
-    def open(self, stack: contextlib.ExitStack) -> None:
-        torch = importlib.import_module("torch")
-        data = importlib.import_module("torch.utils.data")
-        s = self.setup
-        self.loader = data.DataLoader(
-            _TorchSamples(s.folder, s.decoder, s.options),
-            batch_size=s.batch_size,
-            shuffle=True,
-            num_workers=s.workers,
-            multiprocessing_context="spawn",  # never fork a process that may hold TensorFlow
-            generator=torch.Generator().manual_seed(s.seed),
-        )
-
-    def epoch(self, number: int) -> Generator[int, None, None]:
-        for images, _labels in self.loader:
-            count = int(images.shape[0])
-            del images, _labels
-            yield count
-
-    def describe(self) -> dict[str, Any]:
-        return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
 
 
 def make_contender(key: str, setup: Setup) -> Contender:
@@ -337,10 +214,10 @@ def make_contender(key: str, setup: Setup) -> Contender:
         "default": lambda: _PrefetchLoader(setup, None),
         "threads": lambda: _PrefetchLoader(setup, "thread"),
         "processes": lambda: _PrefetchLoader(setup, "process"),
-        "tf.data": lambda: _TfData(setup),
-        "keras": lambda: _Keras(setup),
+        "tf.data": lambda: TfDataContender(setup),
+        "keras": lambda: KerasContender(setup),
     }
-    return makers.get(key, lambda: _Torch(setup))()
+    return makers.get(key, lambda: TorchContender(setup))()
 
 
 def missing_requirement(key: str) -> str | None:
@@ -358,21 +235,6 @@ def batch_sizes(loader: Loader) -> Generator[int, None, None]:
         count = len(batch.images)
         del batch  # a held view would keep its slot from being reused
         yield count
-
-
-def tensorflow_cannot_read(url: str) -> str | None:
-    """Why TensorFlow's `tf.io.gfile` (what tf.data's `read_file` and Keras's lister use)
-    cannot read the folder `url`, or None when it can (`gs://` with TensorFlow's own
-    filesystem, `s3://` with tensorflow-io)."""
-    import tensorflow as tf  # the TensorFlow rows import it anyway
-
-    try:
-        if tf.io.gfile.isdir(url):
-            return None
-        problem = "it sees no folder there; it has no http(s):// filesystem"
-    except Exception as error:  # tf.errors.UnimplementedError for an unknown scheme, ...
-        problem = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-    return f"TensorFlow's tf.io.gfile cannot read {url!r} ({problem})"
 
 
 def unavailable(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, str]:

@@ -15,12 +15,14 @@ loader alone), over backend x depth x workers, in `repeats` rounds:
 - the candidate is the smallest configuration (fewest workers, then the shallowest window,
   then threads before processes) within `tolerance` of the best median.
 
-The candidate is recommended only when the figures are not noise (`TuneReport.noise`): the
-machine's load average before the search was at most its usable cores, and no configuration
-that could be chosen (one with a round within `tolerance` of the best median) spread over
-`max_spread` (default `SPREAD_PER_TOLERANCE` x `tolerance`: the median of 3 rounds is
-uncertain by about 0.4 times their range, so over twice the tolerance, noise would decide what
-lies within the tolerance). The report prints as a table and draws throughput against workers
+The candidate is always recommended, as the best answer the data supports; it is uncertain
+(`TuneReport.uncertain`, the reasons in `noise`) unless the machine's load average before the
+search was at most its usable cores and no configuration that could be chosen (one with a
+round within `tolerance` of the best median) spread over `max_spread` (default
+`SPREAD_PER_TOLERANCE` x `tolerance`: the median of 3 rounds is uncertain by about 0.4 times
+their range, so over twice the tolerance, noise could decide what lies within the tolerance).
+An uncertain answer comes with its range, the configurations it cannot be told from, and
+what would sharpen it. The report prints as a table and draws throughput against workers
 (`plot`, needs matplotlib). Runs in the calling thread; every loader is closed before the
 trial returns.
 """

@@ -29,9 +29,11 @@ def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
             "simulated training step of --step-ms per batch, stopping early along workers, and "
             "measure each configuration found in --repeats rounds; print the table (medians "
             "and the spread of the rounds) and the smallest configuration within --tolerance "
-            "of the best. No configuration is recommended when the figures are noise: the "
-            "load average before the search above the usable cores, or the rounds of a "
-            "configuration that could be chosen spread over --max-spread."
+            "of the best. When the figures are noise (the load average before the search above "
+            "the usable cores, or the rounds of a configuration that could be chosen spread "
+            "over --max-spread), that configuration is still given, as the best answer the "
+            "data supports, with its range, what it cannot be told from and what would "
+            "sharpen it."
         ),
     )
     _add_tune_work_arguments(parser)

@@ -3,20 +3,20 @@ are steady enough to recommend it.
 
 `TuneReport` prints as the table `prefetch tune` shows (`format_table`), converts to JSON-ready
 data (`as_dict`) and draws throughput against workers (`figure`, `plot`; matplotlib is imported
-when called). A configuration is recommended only when `noise` is empty: the load average
-before the search was at most the usable cores, and no configuration that could be chosen
-spread over `spread_limit` between its rounds (see `SPREAD_PER_TOLERANCE`). Plain data: no
-thread, no file is held.
+when called). The candidate is always recommended, as the best answer the data supports; it is
+`uncertain` when `noise` is not empty (the load average before the search was above the usable
+cores, or a configuration that could be chosen spread over `spread_limit` between its rounds,
+see `SPREAD_PER_TOLERANCE`): the report then names the configurations the data cannot tell
+from it and what would sharpen the answer. Plain data: no thread, no file is held.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefetch.tools.timeline import import_matplotlib
+from prefetch.tools.tune_chart import tune_figure
 
 # Batches timed per trial, after one warm-up batch.
 TRIAL_BATCHES = 12
@@ -30,9 +30,10 @@ STEP_HOW_TO = (
     "time a few hundred steps of model.train_on_batch on one batch held in memory (or read "
     "Keras's ms/step from a fit on data already in memory) and pass it as --step-ms"
 )
-# A chart line (the step ceiling) is drawn when it lies within this many times the data's
-# top; further off, the axis label names it instead of stretching the axis.
-CEILING_ON_AXIS = 2.0
+# Rounds suggested to sharpen an uncertain answer: a median of 5 survives 2 disturbed rounds.
+SHARPER_REPEATS = 5
+# A consumer waiting less than this share of the time in every round kept up with the step.
+KEPT_UP = 0.05
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,30 @@ class TuneReport:
         return min((t for t in self.trials if t.images_per_s >= floor), key=lambda t: t.size)
 
     @property
-    def recommended(self) -> Trial | None:
-        """`candidate` when the figures are steady (`noise` is empty), else None."""
-        return None if self.noise else self.candidate
+    def recommended(self) -> Trial:
+        """The best answer the data supports: `candidate`, steady or not (see `uncertain`)."""
+        return self.candidate
+
+    @property
+    def uncertain(self) -> bool:
+        """Whether noise could have decided the recommendation (`noise` is not empty)."""
+        return bool(self.noise)
+
+    @property
+    def alternatives(self) -> list[Trial]:
+        """The other trials the data cannot tell from the candidate: a round within
+        `tolerance` of the best median (empty when the answer is not uncertain)."""
+        if not self.uncertain:
+            return []
+        floor = (1 - self.tolerance) * self.best.images_per_s
+        return [t for t in self.trials if t.highest >= floor and t != self.candidate]
+
+    @property
+    def kept_up(self) -> bool:
+        """Whether, with a step, the candidate's consumer waited under `KEPT_UP` of the time in
+        every round: it keeps up, however busy the machine was."""
+        waits = self.candidate.wait_fraction_runs or (self.candidate.consumer_wait_fraction,)
+        return self.step_ms > 0 and max(waits) < KEPT_UP
 
     @property
     def spread_limit(self) -> float:
@@ -171,14 +193,16 @@ class TuneReport:
 
     def as_dict(self) -> dict[str, Any]:
         """Everything as plain data (JSON-ready): the settings, the trials (with each round's
-        figures and their `spread`), `candidate`, `recommended` (null when the figures are
-        noise), `noise` (the reasons) and `spread_limit`."""
+        figures and their `spread`), `candidate`, `recommended` (the same, always),
+        `uncertain`, `alternatives` (the trials the data cannot tell from it), `noise` (why it
+        is uncertain) and `spread_limit`."""
         data = asdict(self)
         for trial, row in zip(self.trials, data["trials"], strict=True):
             row["spread"] = trial.spread
         data["candidate"] = asdict(self.candidate)
-        recommended = self.recommended
-        data["recommended"] = asdict(recommended) if recommended is not None else None
+        data["recommended"] = asdict(self.recommended)
+        data["uncertain"] = self.uncertain
+        data["alternatives"] = [asdict(t) for t in self.alternatives]
         data["noise"] = self.noise
         data["spread_limit"] = self.spread_limit
         return data
@@ -198,12 +222,14 @@ class TuneReport:
             runs = t.images_per_s_runs
             low_high = f"{t.lowest:.0f}-{t.highest:.0f}" if len(runs) > 1 else "-"
             spread = f"{t.spread:.0%}" if len(runs) > 1 else "-"
-            mark = "  <- recommended" if t == recommended else ""
+            mark = ""
+            if t == recommended:
+                mark = "  <- best answer (uncertain)" if self.uncertain else "  <- recommended"
             mark += "  noisy" if t in noisy else ""
             lines.append(
                 f"{t.backend:<8} {t.workers:>7} {t.depth:>5} {t.images_per_s:>9.0f} "
                 f"{low_high:>13} {spread:>6} {t.consumer_wait_fraction:>6.1%} "
-                f"{t.images_per_s / best:>7.0%}{mark}"
+                f"{t.images_per_s / best:>6.2f}x{mark}"
             )
         lines.append(
             "images/s and wait: medians of the rounds; rounds: the lowest and highest images/s; "
@@ -240,12 +266,7 @@ class TuneReport:
             f"depth={candidate.depth})"
         )
         if self.noise:
-            lines.append("no recommendation: noise could decide it")
-            lines += [f"- {reason}" for reason in self.noise]
-            lines.append(
-                f"(the medians point to {config}, not to be trusted.) Run again on a quiet "
-                "machine, or with more --repeats or --trial-batches"
-            )
+            lines += self._uncertain(config)
         else:
             wait = (
                 f", expected consumer wait {candidate.consumer_wait_fraction:.1%} with a "
@@ -255,7 +276,7 @@ class TuneReport:
             )
             lines.append(
                 f"recommended: {config}: {candidate.images_per_s:.0f} images/s "
-                f"({candidate.images_per_s / best:.0%} of the best){wait}"
+                f"({candidate.images_per_s / best:.2f}x the best){wait}"
             )
             if self.step_ms > 0 and candidate.consumer_wait_fraction > 0.05:
                 lines.append(
@@ -273,70 +294,52 @@ class TuneReport:
             )
         return lines
 
+    def _uncertain(self, config: str) -> list[str]:
+        """The best answer when noise could decide it: with its range, why it is uncertain,
+        what it cannot be told from, and what would sharpen it."""
+        candidate = self.candidate
+        lines = [
+            f"best answer, uncertain: {config}: {candidate.images_per_s:.0f} images/s (rounds "
+            f"{candidate.lowest:.0f}-{candidate.highest:.0f}); noise could decide it:"
+        ]
+        lines += [f"- {reason}" for reason in self.noise]
+        if self.kept_up:
+            lines.append(
+                f"- but it kept up with the {self.step_ms:g} ms step in every round (the "
+                f"consumer waited under {KEPT_UP:.0%} of the time), busy machine or not: "
+                "enough for this step"
+            )
+        others = self.alternatives
+        if others:
+            lines.append(
+                "the data cannot tell it from: "
+                + "; ".join(
+                    f"{t.describe()} ({t.lowest:.0f}-{t.highest:.0f} images/s)" for t in others
+                )
+            )
+        sharpen = []
+        if self.busy:
+            sharpen.append(
+                f"run it when the load average is at most {self.usable_cores} (it was "
+                f"{self.load_average:.1f})"
+            )
+        if self.repeats < SHARPER_REPEATS:
+            sharpen.append(
+                f"--repeats {SHARPER_REPEATS} (a median of {SHARPER_REPEATS} rounds survives "
+                f"{(SHARPER_REPEATS - 1) // 2} disturbed ones)"
+            )
+        sharpen.append(
+            f"--trial-batches {4 * self.trial_batches} (longer trials average other jobs' "
+            "bursts out)"
+        )
+        lines.append("to sharpen it: " + ", or ".join(sharpen))
+        return lines
+
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Draw `figure()` into `path` (PNG); needs matplotlib."""
         self.figure().savefig(os.fspath(path), dpi=110)
 
     def figure(self) -> Any:
-        """A matplotlib `Figure` of images/s against workers, one line per (backend, depth).
-
-        Points are medians, bars the lowest to highest round; the workers axis has whole
-        numbers only; the recommendation is starred (or the title says there is none); a step
-        ceiling far above the data is named in the axis label instead of a line. Needs
-        matplotlib (ImportError saying how to install it).
-        """
-        figure_class, _ = import_matplotlib("TuneReport.plot")
-        figure = figure_class(figsize=(7, 4.5))
-        axes = figure.subplots()
-        series: dict[tuple[str, int], list[Trial]] = {}
-        for t in self.trials:
-            series.setdefault((t.backend, t.depth), []).append(t)
-        for (backend, depth), trials in sorted(series.items()):
-            trials.sort(key=lambda t: t.workers)
-            medians = [t.images_per_s for t in trials]
-            below = [t.images_per_s - t.lowest for t in trials]
-            above = [t.highest - t.images_per_s for t in trials]
-            axes.errorbar(
-                [t.workers for t in trials],
-                medians,
-                yerr=[below, above],
-                marker="o",
-                capsize=3,
-                label=f"{backend}, depth {depth}",
-            )
-        recommended = self.recommended
-        if recommended is not None:
-            axes.plot(
-                [recommended.workers],
-                [recommended.images_per_s],
-                "r*",
-                markersize=14,
-                label="recommended",
-            )
-        top = max(t.highest for t in self.trials)
-        if math.isfinite(self.step_ceiling) and self.step_ceiling <= CEILING_ON_AXIS * top:
-            axes.axhline(
-                self.step_ceiling,
-                color="gray",
-                linestyle=":",
-                label=f"step ceiling {self.step_ceiling:.0f}/s",
-            )
-            top = max(top, self.step_ceiling)
-        axes.set_xticks(sorted({t.workers for t in self.trials}))
-        axes.set_ylim(0, top * 1.1)
-        far = math.isfinite(self.step_ceiling) and self.step_ceiling > top
-        axes.set_xlabel(
-            f"workers (step ceiling {self.step_ceiling:.0f}/s is far above: the step limits "
-            "no configuration)"
-            if far
-            else "workers"
-        )
-        axes.set_ylabel("images/s (median; bars: its rounds)")
-        step = f"step {self.step_ms:g} ms" if self.step_ms > 0 else "no step"
-        verdict = "" if recommended is not None else "\nno recommendation: noise could decide it"
-        axes.set_title(
-            f"prefetch tune: {step}, batch {self.batch_size}, {self.repeats} round(s){verdict}"
-        )
-        axes.legend(fontsize="small", loc="lower right")
-        figure.tight_layout()
-        return figure
+        """A matplotlib `Figure` of images/s against workers (`tune_chart.tune_figure`). Needs
+        matplotlib (ImportError saying how to install it)."""
+        return tune_figure(self)
