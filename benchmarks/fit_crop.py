@@ -4,7 +4,9 @@ On an image folder ROOT/<class>/<image>.jpg (default /tmp/photos-large), into a 
 
 1. Bytes: the folder written as tar shards twice with `write_shards` (100 samples a shard,
    the same seed, so the same keys in the same shards), the originals and with
-   `fit_crop=224`; bytes on disk of each set (shards, indexes, manifest) and their ratio.
+   `fit_crop=224` (JPEGs re-encoded at the writer's quality, 95; `--jpeg-quality Q` is a
+   what-if that sets `prefetch.tools.fit_crop.JPEG_QUALITY` for this run); bytes on disk of
+   each set (shards, indexes, manifest) and their ratio.
 2. Speed at steady state, rows as in training_shape.py (its functions, imported): each row in
    a fresh process, one long-lived pipeline, `--warmup-epochs` untimed then `--epochs` timed,
    `--rounds` rounds with the rows' order reversed every other round; medians (min-max).
@@ -53,6 +55,7 @@ from training_shape import (  # benchmarks/training_shape.py, beside this
 
 import prefetch
 from prefetch.autoscale import usable_cores
+from prefetch.tools import fit_crop
 from prefetch.tools.bench_steady import Span, steady_rate
 from prefetch.tools.shard_writer import write_shards
 
@@ -120,6 +123,11 @@ def main() -> None:
     parser.add_argument("--warmup-epochs", type=int, default=2, help="untimed epochs per row")
     parser.add_argument("--epochs", type=int, default=8, help="timed epochs per row")
     parser.add_argument("--draws", type=int, default=3, help="crops per image (pixels)")
+    parser.add_argument(
+        "--jpeg-quality",
+        type=int,
+        help="what-if: re-encode at this quality (default: the writer's)",
+    )
     parser.add_argument("--shards", help=argparse.SUPPRESS)  # a row's process: the temp dir
     parser.add_argument("--one-row", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -129,6 +137,9 @@ def main() -> None:
         os._exit(0)  # TensorFlow's threads end with the process (the Loader is closed)
     print(f"$ python {' '.join(sys.argv)}")
     print(f"{usable_cores()} cores; load average (1 min) {os.getloadavg()[0]:.2f}")
+    if args.jpeg_quality:  # a what-if: the writer reads this module constant when it encodes
+        fit_crop.JPEG_QUALITY = args.jpeg_quality
+    print(f"--fit-crop re-encodes JPEGs at quality {fit_crop.JPEG_QUALITY}")
     with tempfile.TemporaryDirectory() as temp:
         shards = Path(temp)
         for name, fit in (("originals", None), ("fit-crop", SIZE)):
