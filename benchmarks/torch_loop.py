@@ -105,6 +105,18 @@ class PillowFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 # ---- the loops ---------------------------------------------------------------------------------
 
 
+def training_options(workers: int) -> dict[str, Any]:
+    """The Loader's keywords for every prefetch row: the training recipe at SIZE, batch BATCH."""
+    return dict(
+        batch_size=BATCH,
+        image_size=SIZE,
+        seed=0,
+        workers=workers,
+        crop=prefetch.RandomResizedCrop(),
+        flip=True,
+    )
+
+
 def small_convnet(classes: int) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 5, stride=4, padding=2),
@@ -170,14 +182,7 @@ def torch_rows(
 
     source = prefetch.ImageFolder(root)
     classes = len(source.class_names)
-    options: dict[str, Any] = dict(
-        batch_size=BATCH,
-        image_size=SIZE,
-        seed=0,
-        workers=workers,
-        crop=prefetch.RandomResizedCrop(),
-        flip=True,
-    )
+    options = training_options(workers)
     rows = []
     loader = prefetch.Loader(source, **options)
     with loader:
@@ -207,15 +212,7 @@ def keras_fit(root: Path, epochs: int, workers: int) -> dict[str, float]:
 
     import prefetch.keras
 
-    loader = prefetch.Loader(
-        root,
-        batch_size=BATCH,
-        image_size=SIZE,
-        seed=0,
-        workers=workers,
-        crop=prefetch.RandomResizedCrop(),
-        flip=True,
-    )
+    loader = prefetch.Loader(root, **training_options(workers))
 
     class InMemory(keras.utils.PyDataset):  # type: ignore[misc]
         def __init__(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
