@@ -14,7 +14,7 @@ ARGS ?=
 # editable_mode=compat: a .pth with the checkout's path, so that a folder named `prefetch` in the
 # current directory (the checkout itself, seen from its parent) cannot shadow the install the way
 # it shadows setuptools' default import hook (issue 28.10). A src/ layout (issue 26) ends the need.
-$(VENV)/.installed: pyproject.toml setup.py prefetch/_jpegwindow.c
+$(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
 	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
 	@echo "matplotlib."

@@ -58,8 +58,8 @@ from decoders import (  # benchmarks/decoders.py, beside this
 )
 from PIL import Image
 
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.fast_decode import decode_turbo
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.decode._turbo import decode_turbo
 
 try:
     import cv2

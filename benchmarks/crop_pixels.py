@@ -3,7 +3,7 @@
 For each JPEG of a folder, the window `RandomResizedCrop()` (or `CenterCrop()`) draws for
 sample i is decoded and resized four ways, and compared with prefetch's output for it:
 
-  prefetch          `prefetch.window_decode.decode_window` (what `Loader(crop=...)` delivers)
+  prefetch          `prefetch.decode._window.decode_window` (what `Loader(crop=...)` delivers)
   tf.data           `tf.io.decode_and_crop_jpeg` of the same window at full size, then
                     `tf.image.resize` (bilinear, no antialiasing), rounded to uint8: TF Model
                     Garden's recipe
@@ -28,9 +28,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from prefetch import window_decode
-from prefetch.augment import Augment, Box, CenterCrop, RandomResizedCrop
-from prefetch.decode import DecodeOptions
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions
+from prefetch.plan._crops import Augment, Box, CenterCrop, RandomResizedCrop
 
 SIZE = (224, 224)
 

@@ -50,12 +50,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from prefetch import FileList, Loader, window_decode
-from prefetch.augment import Augment, Box, CenterCrop, Crop, RandomResizedCrop
-from prefetch.backends.base import BatchTask, Slot
-from prefetch.backends.reader import SampleReader
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.storage import read_whole
+from prefetch import FileList, Loader
+from prefetch.backends._base import BatchTask, Slot
+from prefetch.backends._reader import SampleReader
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.io._storage import read_whole
+from prefetch.plan._crops import Augment, Box, CenterCrop, Crop, RandomResizedCrop
 
 SIZE = (224, 224)
 

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from prefetch.decode import DecodeOptions, Decoder, decode_image, to_target_size
-from prefetch.fast_decode import _dct_factor, decode_turbo, fast_available
+from prefetch.decode._decoders import DecodeOptions, Decoder, decode_image, to_target_size
+from prefetch.decode._turbo import _dct_factor, decode_turbo, fast_available
 from prefetch.testing import draw_shape
 
 TARGET = (224, 224)

@@ -1,4 +1,5 @@
-"""Benchmark: building shard indexes from a cold page cache (`prefetch.shard_index.build_index`).
+"""Benchmark: building shard indexes from a cold page cache
+(`prefetch.sources.shards._index.build_index`).
 
 Indexes every shard matching `--shards` (default: TFRecord shards in /tmp/shl, written by
 `prefetch shards write /tmp/photos_large /tmp/shl --format tfrecord --shard-size 150`) after
@@ -15,7 +16,7 @@ import os
 import subprocess
 import time
 
-from prefetch import shard_index
+from prefetch.sources.shards import _index as shard_index
 
 
 def main() -> None:

@@ -101,7 +101,7 @@ def rss(field="VmRSS"):  # VmHWM: the peak of this process image (ru_maxrss coun
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
 import numpy as np
 import prefetch
-from prefetch.sources import index_directory
+from prefetch.sources._folders import index_directory
 before, start = rss(), time.perf_counter()
 result = {}
 if mode == "walk":

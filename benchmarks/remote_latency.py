@@ -13,7 +13,7 @@ A new server starts for each latency, and every row below reads it for `--second
   "auto" is). `--backend process` measures the process backend instead.
 - tf.data, as a user writes it for HTTP URLs (TensorFlow's `tf.io.gfile` has no http
   filesystem): `Dataset.from_tensor_slices((urls, labels))` (the same listing, from
-  `prefetch.sources.index_directory(url)`), `.shuffle(len(urls), seed=0)`, `.map(load,
+  `prefetch.sources._folders.index_directory(url)`), `.shuffle(len(urls), seed=0)`, `.map(load,
   num_parallel_calls=P)`, `.batch(32).prefetch(AUTOTUNE)`. `load` fetches the bytes in a
   `tf.py_function` (`urllib.request.urlopen(url).read()`: the one step TensorFlow has no op
   for) and decodes with TensorFlow's own ops after it (`tf.io.decode_jpeg` then
@@ -74,7 +74,7 @@ import numpy as np
 from latency_mount import mounted, unavailable
 
 import prefetch
-from prefetch.sources import index_directory
+from prefetch.sources._folders import index_directory
 from prefetch.testing import serve_folder, write_image_folder
 
 BATCH = 32

@@ -110,7 +110,7 @@ from remote_latency import served_in_child
 from training_shape import random_window
 
 import prefetch
-from prefetch.shard_index import INDEX_SUFFIX
+from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.tools.shard_writer import write_shards
 
 BATCH = 32

@@ -53,8 +53,8 @@ import numpy as np
 from PIL import Image
 
 import prefetch
-from prefetch.autoscale import usable_cores
-from prefetch.decode import DecodeOptions
+from prefetch.decode._decoders import DecodeOptions
+from prefetch.runtime._autoscale import usable_cores
 from prefetch.tools.bench_floor import entropy_decoder, floor_rate, floor_sample
 from prefetch.tools.bench_steady import Span, steady_rate
 

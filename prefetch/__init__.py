@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from prefetch.augment import CenterCrop, RandomResizedCrop
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
-from prefetch.decode import DecodeOptions, decode_image
+from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.errors import (
     ClosedError,
     PrefetchError,
@@ -23,13 +22,14 @@ from prefetch.errors import (
     TooManySkippedError,
     WorkerCrashedError,
 )
-from prefetch.loader import Batch, Loader, Stream
-from prefetch.options import ProcessOptions
-from prefetch.shard_formats import CorruptShardError
-from prefetch.shard_sources import TarSource, TFRecordSource
-from prefetch.sources import FileList, ImageFolder, Source
-from prefetch.stats import LoaderStats
-from prefetch.storage import RemoteOptions
+from prefetch.io._storage import RemoteOptions
+from prefetch.plan._crops import CenterCrop, RandomResizedCrop
+from prefetch.runtime._loader import Batch, Loader, Stream
+from prefetch.runtime._options import ProcessOptions
+from prefetch.runtime._stats import LoaderStats
+from prefetch.sources._folders import FileList, ImageFolder, Source
+from prefetch.sources.shards._sources import TarSource, TFRecordSource
+from prefetch.sources.shards._tfrecord import CorruptShardError
 
 if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools stay out
     from prefetch.tools.tune import tune

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import prefetch
-from prefetch.backends.shm import sweep_stale
+from prefetch.backends._shm import sweep_stale
 from prefetch.tools.bench_command import add_bench_parser
 from prefetch.tools.shards_command import add_shards_parser
 from prefetch.tools.tune_command import add_tune_parser
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `prefetch` command with `argv` (default: sys.argv[1:]); returns the exit status."""
-    sweep_stale()  # segments of process-backend loaders that died (safe: prefetch.backends.shm)
+    sweep_stale()  # segments of process-backend loaders that died (safe: prefetch.backends._shm)
     args = build_parser().parse_args(argv)
     try:
         status: int = args.handler(args)

@@ -30,7 +30,7 @@ def _private_shm_dir() -> str | None:
 
     Another prefetch process on the machine (a second test run, a user's loader) rightly sweeps
     dead segments in /dev/shm, which is what some tests plant; and its segments are not ours
-    to count as leaks. PREFETCH_SHM_DIR (prefetch.backends.shm) is inherited by every process a
+    to count as leaks. PREFETCH_SHM_DIR (prefetch.backends._shm) is inherited by every process a
     test starts. Sticky and world-writable like /dev/shm, for the tests that run as `nobody`.
     None when the caller set PREFETCH_SHM_DIR or there is no /dev/shm.
     """

@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch import window_decode
-from prefetch.augment import Augment, Box, CenterCrop, RandomResizedCrop
-from prefetch.decode import DecodeOptions
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions
+from prefetch.plan._crops import Augment, Box, CenterCrop, RandomResizedCrop
 from prefetch.testing import draw_shape, write_bad_files, write_image_folder
 
 pytestmark = pytest.mark.timeout(60)
@@ -435,7 +435,7 @@ def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
 def test_crop_none_keeps_the_whole_image_path(photos: Path) -> None:
     """crop=None (the default) decodes each file exactly as the decoder does on its own."""
     loader = prefetch.Loader(photos, batch_size=6, image_size=TARGET, seed=2, crop=None)
-    decoder = prefetch.decode.get_decoder("auto")
+    decoder = prefetch.decode._decoders.get_decoder("auto")
     paths = loader.source.paths  # type: ignore[attr-defined]
     got = batches(loader)
     for (images, _), indices in zip(got, loader.batch_indices(0), strict=True):

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.backends.shm import PREFIX, sweep_stale
+from prefetch.backends._shm import PREFIX, sweep_stale
 from prefetch.testing import (
     CrashingDecoder,
     GilHoldingTransform,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.autoscale import (
+from prefetch.runtime._autoscale import (
     IO_PROCESSES_PER_CORE,
     MAX_IO_WORKERS,
     WINDOW_BATCHES,

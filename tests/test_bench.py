@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch import window_decode
-from prefetch.augment import CenterCrop, RandomResizedCrop
 from prefetch.cli import main
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.fast_decode import fast_available
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.decode._turbo import fast_available
+from prefetch.plan._crops import CenterCrop, RandomResizedCrop
 from prefetch.testing import FailingDecoder, SlowDecoder, serve_folder
 from prefetch.tools import bench, bench_floor, bench_loaders
 from prefetch.tools import timeline as tools_timeline
@@ -296,7 +296,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
 ) -> None:
     rates = [bench.DecoderRate("pillow", 100.0, (100.0,))]
     sample = [str(path) for path in folder.rglob("*.jpg")]  # 40x30: below the smallest size
-    monkeypatch.setattr("prefetch.fast_decode.fast_available", lambda: False)
+    monkeypatch.setattr("prefetch.decode._turbo.fast_available", lambda: False)
 
     hint = bench.fast_hint(rates, sample, antialias=False)
 
@@ -307,7 +307,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
     assert hint.speedup_other_antialias == pytest.approx(pillow_ms / turbo_ms)
     assert f"{100 * hint.speedup:.0f} instead of 100 images/s per core" in hint.text()
     assert bench.fast_hint([bench.DecoderRate("slow", 1.0, (1.0,))], sample, True) is None
-    monkeypatch.setattr("prefetch.fast_decode.fast_available", lambda: True)
+    monkeypatch.setattr("prefetch.decode._turbo.fast_available", lambda: True)
     assert bench.fast_hint(rates, sample, antialias=False) is None
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from prefetch import ImageFolder, Loader, LoaderStats
-from prefetch.cache import ObjectCache
+from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread")

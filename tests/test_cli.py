@@ -14,7 +14,7 @@ import pytest
 
 import prefetch
 from prefetch.cli import build_parser, main
-from prefetch.stats import LoaderStats
+from prefetch.runtime._stats import LoaderStats
 from prefetch.tools import bench, bench_floor, tune
 
 pytestmark = pytest.mark.timeout(60)

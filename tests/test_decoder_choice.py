@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.decode import DECODER_NAMES, DecodeOptions, decode_image, get_decoder
-from prefetch.fast_decode import decode_turbo, fast_available
+from prefetch.decode._decoders import DECODER_NAMES, DecodeOptions, decode_image, get_decoder
+from prefetch.decode._turbo import decode_turbo, fast_available
 from prefetch.testing import write_image_folder
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch import window_decode
-from prefetch.window_decode import entropy_decode_rows
+from prefetch.decode import _window as window_decode
+from prefetch.decode._window import entropy_decode_rows
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -10,7 +10,6 @@ the leak check in conftest.py verifies that each test ends everything it starts.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import time
@@ -95,15 +94,6 @@ def test_each_public_error_is_importable_from_prefetch_and_prefetch_errors(name:
     assert getattr(prefetch, name) is getattr(prefetch.errors, name)
     assert issubclass(getattr(prefetch, name), prefetch.PrefetchError)
     assert getattr(prefetch, name).__doc__
-
-
-def test_the_process_errors_still_import_from_prefetch_processes_with_a_warning() -> None:
-    sys.modules.pop("prefetch.processes", None)  # so that importing runs the shim
-    with pytest.warns(DeprecationWarning, match="prefetch.processes is deprecated"):
-        shim = importlib.import_module("prefetch.processes")
-
-    assert shim.WorkerCrashedError is prefetch.errors.WorkerCrashedError
-    assert shim.RemoteTraceback is prefetch.errors.RemoteTraceback
 
 
 def test_the_docstring_tree_names_every_prefetch_error_the_package_defines() -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from prefetch.backends.shm import SHM_DIR
+from prefetch.backends._shm import SHM_DIR
 from prefetch.testing import write_bad_files, write_image_folder
 
 if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:

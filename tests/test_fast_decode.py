@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch import DecodeOptions, FileList, Loader, decode_image, fast_decode, resize
-from prefetch.backends.choose import releases_gil
-from prefetch.decode import INTERPOLATIONS
-from prefetch.fast_decode import available_decoders, best_decoder, decode_turbo
+from prefetch import DecodeOptions, FileList, Loader, decode_image
+from prefetch.backends._choose import releases_gil
+from prefetch.decode import _resize as resize
+from prefetch.decode import _turbo as fast_decode
+from prefetch.decode._decoders import INTERPOLATIONS
+from prefetch.decode._turbo import available_decoders, best_decoder, decode_turbo
 from prefetch.testing import draw_shape, write_bad_files, write_image_folder, write_odd_images
 
 pytestmark = pytest.mark.timeout(60)

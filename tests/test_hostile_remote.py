@@ -29,11 +29,12 @@ import pytest
 from PIL import Image
 
 import prefetch
-import prefetch.cache
-from prefetch import ImageFolder, Loader, RemoteOptions, storage
-from prefetch.cache import ObjectCache
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.fast_decode import decode_turbo
+import prefetch.io._cache
+from prefetch import ImageFolder, Loader, RemoteOptions
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.decode._turbo import decode_turbo
+from prefetch.io import _storage as storage
+from prefetch.io._cache import ObjectCache
 from prefetch.testing import Reply, index_page, redirect, serve_folder, serve_hostile
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread")
@@ -265,7 +266,7 @@ def test_empty_segments_and_file_links_do_not_loop(tmp_path: Path) -> None:
 
 
 def test_the_resolver_refuses_what_would_leave_the_folder_or_loop() -> None:
-    from prefetch.remote_links import resolve
+    from prefetch.io._links import resolve
 
     base = "http://127.0.0.1:8000/train/"
     assert resolve(base, "cat/") == base + "cat/"
@@ -314,7 +315,7 @@ def test_a_missing_sub_folder_page_is_an_error_naming_it_or_skipped_and_logged(
         message = str(raised.value)
         assert f"{url}dog/" in message and f"linked from '{url}'" in message
         assert "does not exist" not in message and "on_error='skip'" in message
-        with caplog.at_level(logging.WARNING, logger="prefetch.loader"):
+        with caplog.at_level(logging.WARNING, logger="prefetch.runtime._loader"):
             folder = ImageFolder(url, on_error="skip")
             loader = Loader(url, image_size=SIZE, on_error="skip", backend="thread")
         assert folder.class_names == loader.class_names == ["cat"]
@@ -323,7 +324,8 @@ def test_a_missing_sub_folder_page_is_an_error_naming_it_or_skipped_and_logged(
             ImageFolder(server.url + "nothing/")  # a missing root is still that
 
 
-# --- 5. caps on listings: pages, depth, page bytes; progress on the prefetch.loader logger ---
+# --- 5. caps on listings: pages, depth, page bytes; progress on the prefetch.runtime._loader
+# logger ---
 
 
 def endless_tree(path: str) -> Reply | None:
@@ -364,7 +366,7 @@ def test_a_huge_or_endless_index_page_stops_at_the_page_bytes_cap() -> None:
 def test_a_long_listing_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from prefetch import remote_http
+    from prefetch.io import _http as remote_http
 
     monkeypatch.setattr(remote_http, "PROGRESS_EVERY_S", 0.0)
 
@@ -375,7 +377,10 @@ def test_a_long_listing_logs_its_progress(
             return index_page(["a.jpg"])
         return None
 
-    with serve_hostile(tree) as server, caplog.at_level(logging.INFO, logger="prefetch.loader"):
+    with (
+        serve_hostile(tree) as server,
+        caplog.at_level(logging.INFO, logger="prefetch.runtime._loader"),
+    ):
         ImageFolder(server.url + "train/")
     assert "folder pages read" in caplog.text and server.url in caplog.text
 
@@ -581,11 +586,11 @@ def test_a_bad_first_answer_is_not_kept_and_the_next_epoch_reads_and_keeps_the_o
 def test_a_whole_body_without_content_length_is_decoded_but_not_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prefetch.cache, "_warned", set())  # each warning is once per process
+    monkeypatch.setattr(prefetch.io._cache, "_warned", set())  # each warning is once per process
     data = jpeg(20)
     routes = {"/a.jpg": Reply(body=data, content_length=False)}
     cache = ObjectCache.open(tmp_path / "cache")
-    with serve_hostile(routes) as server, caplog.at_level(logging.WARNING, "prefetch.cache"):
+    with serve_hostile(routes) as server, caplog.at_level(logging.WARNING, "prefetch.io._cache"):
         url = server.url + "a.jpg"
         for _ in range(2):
             image, kept = cache.decoded(url, decode_path)

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch import resize
+from prefetch.decode import _resize as resize
 from prefetch.testing import draw_shape, small_cnn, write_bad_files, write_image_folder
 
 tf = pytest.importorskip("tensorflow")

@@ -2,7 +2,7 @@
 
 The oracle is Keras itself: `keras.utils.image_dataset_from_directory(...).file_paths` for the
 same folder, split and seed, and the drop-in `prefetch.tf.image_dataset_from_directory`, which
-shares the loader's split (`prefetch.sources.keras_split`).
+shares the loader's split (`prefetch.sources._folders.keras_split`).
 """
 
 from __future__ import annotations

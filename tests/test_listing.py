@@ -1,4 +1,5 @@
-"""The one folder lister (`prefetch.sources.index_directory`) and `PathArray`, the paths it holds.
+"""The one folder lister (`prefetch.sources._folders.index_directory`) and `PathArray`, the paths
+it holds.
 
 The lister is compared with Keras's own `index_directory` (keras.src.utils.dataset_utils) on a
 tree of real files that exercises each rule: sorted class folders (code-point order, hidden
@@ -21,7 +22,7 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch.sources import PathArray, index_directory
+from prefetch.sources._folders import PathArray, index_directory
 
 pytestmark = pytest.mark.timeout(60)
 

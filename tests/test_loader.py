@@ -939,7 +939,7 @@ def test_a_source_of_its_own_with_a_paths_attribute_is_read_through_getitem(
     backend: str,
 ) -> None:
     source = NamedArraySource(6)
-    assert not prefetch.sources.is_file_source(source)
+    assert not prefetch.sources._folders.is_file_source(source)
     loader = Loader(
         source, batch_size=3, image_size=SMALL, workers=1, shuffle=False, backend=backend
     )
@@ -953,7 +953,7 @@ def test_a_file_list_and_its_subclasses_are_file_sources_decoded_by_the_loader(
 ) -> None:
     folder = ImageFolder(numbered_root)
     files = CheckedFileList(folder.paths, folder.labels, folder.class_names)
-    assert all(prefetch.sources.is_file_source(s) for s in (folder, files))
+    assert all(prefetch.sources._folders.is_file_source(s) for s in (folder, files))
     loader = Loader(files, batch_size=8, image_size=SMALL, workers=2, shuffle=False)
     in_folder_order = [int(Path(path).stem.split("_")[1]) for path in folder.paths]
     assert epoch_numbers(copied(batch) for batch in loader) == in_folder_order

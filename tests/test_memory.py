@@ -21,9 +21,9 @@ import psutil
 import pytest
 
 from prefetch import FileList, ImageFolder, Loader
-from prefetch.backends.ring import ring_capacity
-from prefetch.backends.shm import PREFIX, SHM_DIR, SlotLayout
-from prefetch.sources import PathArray
+from prefetch.backends._ring import ring_capacity
+from prefetch.backends._shm import PREFIX, SHM_DIR, SlotLayout
+from prefetch.sources._folders import PathArray
 from prefetch.testing import worker_processes, write_image_folder
 
 pytestmark = [

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import prefetch
-from prefetch.messages import counted, short
+from prefetch._messages import counted, short
 from prefetch.testing import write_image_folder
 from prefetch.tools.shard_writer import write_shards
 

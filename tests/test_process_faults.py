@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.decode import DecodeOptions, get_decoder
+from prefetch.decode._decoders import DecodeOptions, get_decoder
 from prefetch.errors import PrefetchError, RemoteTraceback
 from prefetch.testing import SlowDecoder, worker_processes, write_image_folder
 
@@ -121,7 +121,7 @@ def test_an_error_of_a_local_class_is_still_caught_as_its_builtin_base(folder: P
 
 
 def test_an_error_that_cannot_be_rebuilt_from_its_args_keeps_its_base_and_message() -> None:
-    from prefetch.backends.remote_error import ErrorSpec, rebuild, with_traceback_text
+    from prefetch.backends._remote_error import ErrorSpec, rebuild, with_traceback_text
 
     sent, text = with_traceback_text(TwoArgumentError("bad", "reason"))
     assert isinstance(sent, ErrorSpec)
@@ -132,7 +132,7 @@ def test_an_error_that_cannot_be_rebuilt_from_its_args_keeps_its_base_and_messag
 
 
 def test_a_picklable_error_crosses_unchanged() -> None:
-    from prefetch.backends.remote_error import with_traceback_text
+    from prefetch.backends._remote_error import with_traceback_text
 
     sent, _ = with_traceback_text(KeyError("k"))
     assert type(sent) is KeyError and sent.args == ("k",)

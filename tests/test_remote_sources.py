@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch import FileList, ImageFolder, Loader, storage
-from prefetch.autoscale import usable_cores
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.options import REMOTE_PROCESSES_PER_CORE, REMOTE_READER_THREADS
-from prefetch.sources import index_directory
+from prefetch import FileList, ImageFolder, Loader
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.io import _storage as storage
+from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime._options import REMOTE_PROCESSES_PER_CORE, REMOTE_READER_THREADS
+from prefetch.sources._folders import index_directory
 from prefetch.testing import serve_folder, write_image_folder
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread")
@@ -86,7 +87,7 @@ def test_only_scheme_urls_other_than_file_are_urls() -> None:
 
 
 def test_importing_prefetch_does_not_import_fsspec() -> None:
-    code = "import sys, prefetch, prefetch.sources; print('fsspec' in sys.modules)"
+    code = "import sys, prefetch, prefetch.sources._folders; print('fsspec' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""prefetch.resize: the fast route from a Pillow image (`resize_image`, which `decode_image`
+"""prefetch.decode._resize: the fast route from a Pillow image (`resize_image`, which `decode_image`
 takes with antialias=False) against the numpy reference `resize` (TensorFlow's arithmetic), and
 both against `tf.image.resize` where TensorFlow is installed.
 
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch import DecodeOptions, decode_image, resize
-from prefetch.decode import resize_like_keras
+from prefetch import DecodeOptions, decode_image
+from prefetch.decode import _resize as resize
+from prefetch.decode._decoders import resize_like_keras
 from prefetch.testing import draw_shape
 
 pytestmark = pytest.mark.timeout(60)

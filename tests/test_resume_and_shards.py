@@ -151,7 +151,7 @@ def test_shards_are_disjoint_and_together_cover_each_epoch(folder: Path) -> None
         parts = [np.concatenate(shard.batch_indices(epoch)) for shard in shards]
         combined = np.concatenate(parts)
         assert sorted(combined.tolist()) == list(range(30))  # disjoint, and all covered
-        order = prefetch.plan.epoch_order(30, shuffle=True, seed=3, epoch=epoch)
+        order = prefetch.plan._epochs.epoch_order(30, shuffle=True, seed=3, epoch=epoch)
         for index, part in enumerate(parts):
             np.testing.assert_array_equal(part, order[index::3])
     counted = [sum(len(y) for _, y in shard) for shard in shards]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import prefetch
-from prefetch.shard_files import MAX_BRACE_NAMES, expand_braces
+from prefetch.sources.shards._files import MAX_BRACE_NAMES, expand_braces
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shard_writer import write_shards
 

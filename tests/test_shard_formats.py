@@ -19,7 +19,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch.shard_formats import (
+from prefetch.sources.shards._tar import (
+    TAR_END,
+    TarMember,
+    iter_tar_members,
+    sample_key,
+    tar_header,
+    tar_padding,
+)
+from prefetch.sources.shards._tfrecord import (
     RECORD_OVERHEAD,
     CorruptShardError,
     encode_example,
@@ -31,14 +39,6 @@ from prefetch.shard_formats import (
     masked_crc32c,
     record_data,
     record_length,
-)
-from prefetch.tar_format import (
-    TAR_END,
-    TarMember,
-    iter_tar_members,
-    sample_key,
-    tar_header,
-    tar_padding,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -485,7 +485,7 @@ def test_corrupt_shard_error_is_a_value_error_and_pickles_with_its_location() ->
 
 
 def test_the_module_imports_no_tensorflow() -> None:
-    code = "import sys, prefetch.shard_formats; assert 'tensorflow' not in sys.modules"
+    code = "import sys, prefetch.sources.shards._tfrecord; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=50)
 
 

@@ -24,13 +24,13 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch import storage
-from prefetch.paths import PathArray
-from prefetch.shard_formats import encode_example, frame_record
-from prefetch.shard_index import INDEX_SUFFIX
-from prefetch.shard_index_file import IndexRefused, decode_index
-from prefetch.shard_stream import StreamingPlan
-from prefetch.tar_format import TAR_END, tar_header, tar_padding
+from prefetch.io import _storage as storage
+from prefetch.io._paths import PathArray
+from prefetch.sources.shards._index import INDEX_SUFFIX
+from prefetch.sources.shards._index_file import IndexRefused, decode_index
+from prefetch.sources.shards._spool import StreamingPlan
+from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
+from prefetch.sources.shards._tfrecord import encode_example, frame_record
 from prefetch.testing import FailingDecoder, serve_folder
 from prefetch.testing.shards import (
     bomb_index,
@@ -192,8 +192,8 @@ BOMB_CHECK = """
 import resource, sys
 from pathlib import Path
 import prefetch
-from prefetch.shard_index import INDEX_SUFFIX
-from prefetch.shard_index_file import IndexRefused, decode_index
+from prefetch.sources.shards._index import INDEX_SUFFIX
+from prefetch.sources.shards._index_file import IndexRefused, decode_index
 path = sys.argv[1] if len(sys.argv) > 1 else {path!r}
 Path(path + INDEX_SUFFIX).write_bytes(Path({bomb!r}).read_bytes())
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -228,7 +228,7 @@ def test_a_bomb_index_beside_a_url_shard_is_logged_and_the_shard_indexed(
     shutil.copy(local, served / "shard.tar")
     index = Path(str(local) + INDEX_SUFFIX).read_bytes()
     (served / f"shard.tar{INDEX_SUFFIX}").write_bytes(bomb_index(index, gib=1))
-    with caplog.at_level(logging.WARNING, "prefetch.loader"), serve_folder(served) as url:
+    with caplog.at_level(logging.WARNING, "prefetch.runtime._loader"), serve_folder(served) as url:
         source = prefetch.TarSource(f"{url}shard.tar")
     assert source.labels.tolist() == [0, 1, 2]
     assert f"shard.tar{INDEX_SUFFIX}" in caplog.text and "declares" in caplog.text

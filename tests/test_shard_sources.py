@@ -23,12 +23,13 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch import shard_index, storage
 from prefetch.cli import main
-from prefetch.shard_formats import encode_example, frame_record
-from prefetch.shard_index import INDEX_SUFFIX, index_folder
-from prefetch.sources import ImageFolder
-from prefetch.tar_format import tar_header, tar_padding
+from prefetch.io import _storage as storage
+from prefetch.sources._folders import ImageFolder
+from prefetch.sources.shards import _index as shard_index
+from prefetch.sources.shards._index import INDEX_SUFFIX, index_folder
+from prefetch.sources.shards._tar import tar_header, tar_padding
+from prefetch.sources.shards._tfrecord import encode_example, frame_record
 from prefetch.testing import serve_folder
 from prefetch.tools.shard_writer import write_shards
 

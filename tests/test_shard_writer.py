@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch import storage
 from prefetch.cli import main
-from prefetch.shard_index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
-from prefetch.sources import ImageFolder
+from prefetch.io import _storage as storage
+from prefetch.sources._folders import ImageFolder
+from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
 from prefetch.tools import shard_writer
 from prefetch.tools.shard_writer import write_shards
 from prefetch.tools.shards_command import add_shards_parser
@@ -78,7 +78,8 @@ def read_tar_shards(out: Path) -> list[tuple[str, bytes, int]]:
 
 
 def written_files(out: Path) -> list[str]:
-    """The names in `out`, less the offset indexes that `prefetch.shard_index` may write next
+    """The names in `out`, less the offset indexes that `prefetch.sources.shards._index` may write
+    next
     to each shard (when it is installed); asserts nothing hidden (a temporary file) is left."""
     names = sorted(os.listdir(out))
     assert [name for name in names if name.startswith(".")] == []

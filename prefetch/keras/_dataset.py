@@ -34,9 +34,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from prefetch.labels import label_spec
-from prefetch.loader import Loader
-from prefetch.sources import is_file_source
+from prefetch.runtime._loader import Loader
+from prefetch.sources._folders import is_file_source
+from prefetch.sources._labels import label_spec
 
 
 class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
-from prefetch.shard_members import Location
+from prefetch.decode._decoders import DecodeOptions, decode_bytes, get_decoder
+from prefetch.io._members import Location
 from prefetch.testing.bombs import PILLOW_DEFAULT_MAX_PIXELS as PILLOW_DEFAULT_MAX_PIXELS
 from prefetch.testing.bombs import write_decompression_bomb as write_decompression_bomb
 from prefetch.testing.bombs import write_scan_bomb as write_scan_bomb

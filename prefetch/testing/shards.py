@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prefetch.shard_formats import _field, encode_example, frame_record
-from prefetch.tar_format import TAR_END, tar_header, tar_padding
+from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
+from prefetch.sources.shards._tfrecord import _field, encode_example, frame_record
 
 
 def write_tar(

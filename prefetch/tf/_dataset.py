@@ -37,11 +37,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from prefetch._messages import suggest_keywords
 from prefetch.errors import add_note
-from prefetch.labels import label_spec
-from prefetch.loader import Loader
-from prefetch.messages import suggest_keywords
-from prefetch.sources import is_file_source
+from prefetch.runtime._loader import Loader
+from prefetch.sources._folders import is_file_source
+from prefetch.sources._labels import label_spec
 from prefetch.tf._device import check_device
 
 log = logging.getLogger(__name__)

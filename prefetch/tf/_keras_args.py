@@ -16,11 +16,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from prefetch.decode import image_size_pair
+from prefetch.decode._decoders import image_size_pair
+from prefetch.decode._resize import METHODS
 from prefetch.errors import add_note
-from prefetch.resize import METHODS
 
-# Keras's interpolation names (all of tf.image.resize's methods, reproduced by prefetch.resize),
+# Keras's interpolation names (all of tf.image.resize's methods, reproduced by
+# prefetch.decode._resize),
 # in Keras's order, as its error message prints them.
 INTERPOLATIONS = METHODS
 # Keras's text for labels that are neither "inferred", None nor a list/tuple.
@@ -85,7 +86,7 @@ def check_labels(labels: Any, class_names: Any) -> None:
 
 def image_size(image_size: Any) -> tuple[int, int]:
     """Keras's image_size: an int (a square) or two ints, checked by the Loader's own rule
-    (`prefetch.decode.image_size_pair`) and refused with Keras's message first."""
+    (`prefetch.decode._decoders.image_size_pair`) and refused with Keras's message first."""
     try:
         return image_size_pair(image_size)
     except ValueError:

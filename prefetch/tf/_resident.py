@@ -10,7 +10,7 @@ Contract:
   epoch counter is taken under a lock, so two iterators get two epochs. Keras `fit` trains
   `dataset.keras_model(model)` (gathers inside the step) on `dataset.index_dataset()`.
 - Epoch planning (`batch_indices`: order, batches) repeats the Loader's; it is to move to the
-  shared epoch plan (prefetch/plan.py, DESIGN.md section 3) in a later step.
+  shared epoch plan (prefetch/plan/_epochs.py, DESIGN.md section 3) in a later step.
 Macro-batch streaming is in _resident_stream.py. Rationale and examples: docs/tensorflow.md,
 section "Device-resident data".
 """
@@ -25,10 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prefetch.loader import Loader
-from prefetch.messages import counted, suggest_keywords
-from prefetch.options import positive
-from prefetch.plan import EpochPlan, fixed_grouping
+from prefetch._messages import counted, suggest_keywords
+from prefetch.plan._epochs import EpochPlan, fixed_grouping
+from prefetch.runtime._loader import Loader
+from prefetch.runtime._options import positive
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
 from prefetch.tf._device import resolve_device, upload
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import keras
 
-from prefetch.loader import Loader
-from prefetch.stats import LoaderStats
+from prefetch.runtime._loader import Loader
+from prefetch.runtime._stats import LoaderStats
 
 
 class InputStatsCallback(keras.callbacks.Callback):  # type: ignore[misc]

@@ -2,9 +2,11 @@
 
 Same arguments, defaults, class names, file list and train/validation split as
 `keras.utils.image_dataset_from_directory` (Keras 3): files are listed by
-`prefetch.sources.index_directory` (Keras's rules, order and path strings), then shuffled once
+`prefetch.sources._folders.index_directory` (Keras's rules, order and path strings), then shuffled
+once
 with `np.random.RandomState(seed)` and split by taking the last `int(validation_split * n)` files
-for validation, exactly as Keras does, by `prefetch.sources.keras_split` (the split a `Loader`'s
+for validation, exactly as Keras does, by `prefetch.sources._folders.keras_split` (the split a
+`Loader`'s
 `validation_split` makes too). A bad argument raises what Keras raises, in Keras's order: the
 same exception type, with Keras's message as the start of ours (the fix follows it, or is a note
 on errors that come from the OS, numpy or TensorFlow, which are Keras's own). Pixels come from a
@@ -33,12 +35,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from prefetch.decode import decode_image
-from prefetch.fast_decode import decode_turbo, fast_available
-from prefetch.loader import Loader
-from prefetch.messages import suggest_keywords
-from prefetch.remote_options import RemoteOptions
-from prefetch.sources import (
+from prefetch._messages import suggest_keywords
+from prefetch.decode._decoders import decode_image
+from prefetch.decode._turbo import decode_turbo, fast_available
+from prefetch.io._remote_options import RemoteOptions
+from prefetch.runtime._loader import Loader
+from prefetch.sources._folders import (
     IMAGE_EXTENSIONS,
     SUBSETS,  # the two datasets of subset="both", in Keras's order
     FileList,

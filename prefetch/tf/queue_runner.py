@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from prefetch._messages import suggest_keywords
 from prefetch.coordinator import POLL_S
-from prefetch.loader import Loader
-from prefetch.messages import suggest_keywords
+from prefetch.runtime._loader import Loader
 from prefetch.tf._dataset import output_signature
 
 log = logging.getLogger(__name__)

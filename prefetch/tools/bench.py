@@ -28,12 +28,12 @@ import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
 
-from prefetch.augment import Crop
-from prefetch.autoscale import usable_cores
-from prefetch.decode import DecodeOptions, Decoder
-from prefetch.loader import Loader
-from prefetch.options import positive
-from prefetch.sources import ImageFolder
+from prefetch.decode._decoders import DecodeOptions, Decoder
+from prefetch.plan._crops import Crop
+from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime._loader import Loader
+from prefetch.runtime._options import positive
+from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_floor import (
     NO_ENTROPY_DECODER,
     entropy_decoder,
@@ -277,8 +277,8 @@ def _checked_decoders(decoders: Mapping[str, Decoder] | None) -> dict[str, Decod
 
 def _crop_engines() -> list[tuple[str, str]]:
     """(name, window_decode engine) of the window decoders this machine has."""
-    from prefetch.fast_decode import fast_available
-    from prefetch.window_decode import compiled_available
+    from prefetch.decode._turbo import fast_available
+    from prefetch.decode._window import compiled_available
 
     fast = compiled_available() or fast_available()
     return [("pillow", "pillow"), *([("turbo", "turbo")] if fast else [])]

@@ -20,20 +20,21 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from prefetch import storage, window_decode
-from prefetch.augment import Augment, Crop
-from prefetch.decode import DecodeOptions
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions
+from prefetch.io import _storage as storage
+from prefetch.plan._crops import Augment, Crop
 
 EntropyDecoder = Callable[[bytes, int], int]
 JPEG_MAGIC = b"\xff\xd8\xff"
 NO_ENTROPY_DECODER = (
-    "this build has no entropy-only decoder (prefetch.window_decode.entropy_decode_rows, "
+    "this build has no entropy-only decoder (prefetch.decode._window.entropy_decode_rows, "
     "from the C extension)"
 )
 
 
 def entropy_decoder() -> EntropyDecoder | None:
-    """`prefetch.window_decode.entropy_decode_rows(data, last_row)` when this build has it
+    """`prefetch.decode._window.entropy_decode_rows(data, last_row)` when this build has it
     (the compiled extension's entropy decoding of the MCU rows down to pixel row `last_row`),
     else None."""
     decode = getattr(window_decode, "entropy_decode_rows", None)

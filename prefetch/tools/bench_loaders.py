@@ -25,21 +25,21 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from prefetch import storage
-from prefetch.augment import Augment, CenterCrop, Crop
-from prefetch.autoscale import available_memory_bytes
-from prefetch.decode import DecodeOptions, Decoder
-from prefetch.loader import Loader
-from prefetch.plan import epoch_order
-from prefetch.shard_members import Location
-from prefetch.sources import ImageFolder
+from prefetch.decode._decoders import DecodeOptions, Decoder
+from prefetch.decode._window import decode_window, flip_left_right
+from prefetch.io import _storage as storage
+from prefetch.io._members import Location
+from prefetch.plan._crops import Augment, CenterCrop, Crop
+from prefetch.plan._epochs import epoch_order
+from prefetch.runtime._autoscale import available_memory_bytes
+from prefetch.runtime._loader import Loader
+from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_frameworks import (
     KerasContender,
     TfDataContender,
     TorchContender,
     tensorflow_cannot_read,
 )
-from prefetch.window_decode import decode_window, flip_left_right
 
 # Loader keys in the order they run in each round, with their display names.
 LOADER_NAMES: dict[str, str] = {
@@ -90,7 +90,7 @@ class CroppingDecoder:
     """A `Decoder` that decodes the window `crop` draws (and flips it like `flip=True`), for the
     rows a user writes by hand and for the decode limit of the training shape of the work.
     Each path draws from its own generator (seeded by the path), so every row and every round
-    decodes the same windows. Picklable; `engine` as in `prefetch.window_decode`."""
+    decodes the same windows. Picklable; `engine` as in `prefetch.decode._window`."""
 
     def __init__(self, crop: Crop, engine: str = "turbo") -> None:
         self.crop, self.engine = crop, engine

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prefetch import storage
-from prefetch.autoscale import usable_cores
-from prefetch.cache import ObjectCache
-from prefetch.decode import Decoder, decode_image, get_decoder
-from prefetch.decode import decoder_name as short_decoder_name
+from prefetch.decode._decoders import Decoder, decode_image, get_decoder
+from prefetch.decode._decoders import decoder_name as short_decoder_name
+from prefetch.io import _storage as storage
+from prefetch.io._cache import ObjectCache
+from prefetch.runtime._autoscale import usable_cores
 from prefetch.testing import SHAPES, write_image_folder
 
 # Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.
@@ -28,14 +28,14 @@ SAMPLE_SIZE = (500, 375)
 DECODERS: dict[str, Decoder] = {"pillow": decode_image}
 # Modules whose `available_decoders() -> dict[str, Decoder]`, when the module and the function
 # exist, adds to DECODERS (a decoder module added later needs no change here).
-DECODER_PROVIDERS = ("prefetch.decode", "prefetch.fast_decode")
+DECODER_PROVIDERS = ("prefetch.decode._decoders", "prefetch.decode._turbo")
 
 
 def available_decoders() -> dict[str, Decoder]:
     """The decoders to measure: `DECODERS`, plus each provider's `available_decoders()`.
 
-    A provider is a module named in `DECODER_PROVIDERS` ("prefetch.decode",
-    "prefetch.fast_decode"); one that does not exist, or has no `available_decoders` function,
+    A provider is a module named in `DECODER_PROVIDERS` ("prefetch.decode._decoders",
+    "prefetch.decode._turbo"); one that does not exist, or has no `available_decoders` function,
     adds nothing. So a faster decoder added there appears in the bench without a change here.
     """
     decoders = dict(DECODERS)

@@ -13,11 +13,11 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from prefetch.autoscale import usable_cores
-from prefetch.decode import DecodeOptions, Decoder, decode_image
-from prefetch.loader import Loader
-from prefetch.options import positive
-from prefetch.sources import ImageFolder
+from prefetch.decode._decoders import DecodeOptions, Decoder, decode_image
+from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime._loader import Loader
+from prefetch.runtime._options import positive
+from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_loaders import Setup, batch_sizes
 from prefetch.tools.timeline import TimedDecoder, Timeline
 

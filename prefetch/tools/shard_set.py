@@ -25,8 +25,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prefetch.shard_index import INDEX_SUFFIX
-from prefetch.shard_manifest import MAX_MANIFEST_BYTES, Manifest, manifest_name, shard_prefix
+from prefetch.sources.shards._index import INDEX_SUFFIX
+from prefetch.sources.shards._manifest import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    manifest_name,
+    shard_prefix,
+)
 from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
 
 # The class names, one per line, written beside the shards when no name holds a line break.

@@ -10,7 +10,8 @@ files it writes in `out`.
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
 as a folder descriptor and every file is created under a fresh unpredictable name, never
 through a link (`prefetch.tools.out_folder`); all shards of the new set are written first,
-then committed together with a journal, and the manifest (`prefetch.shard_manifest`: names,
+then committed together with a journal, and the manifest (`prefetch.sources.shards._manifest`:
+names,
 sizes, sample counts, SHA-256, class names) is written last (`prefetch.tools.shard_set`), so
 an interrupted or failed write leaves the old complete set or the new one, never a mix that
 reads as complete. The shards depend only on the folder's files, the order (`seed`,
@@ -26,7 +27,7 @@ Layouts (the names the readers expect):
   `image/encoded` (the bytes), `image/class/label` (int64, 0-based, the folder's label),
   `image/format` (`b"jpeg"`, `b"png"`, ...) and `image/filename` (the path relative to
   `folder`, `/`-separated).
-- `<prefix>-<format>.manifest.json`: the set (`prefetch.shard_manifest`).
+- `<prefix>-<format>.manifest.json`: the set (`prefetch.sources.shards._manifest`).
 - `classes.txt`: one class name per line, line i naming label i, for other tools; written only
   when no name holds a line break (the manifest always names the classes exactly).
 """
@@ -42,13 +43,13 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 from PIL import Image
 
-from prefetch import storage
-from prefetch.shard_files import parse_class_names
-from prefetch.shard_formats import encode_example, frame_record
-from prefetch.shard_index import index_shard
-from prefetch.shard_manifest import Manifest, ShardEntry, manifest_name
-from prefetch.sources import ImageFolder
-from prefetch.tar_format import TAR_END, tar_header, tar_padding
+from prefetch.io import _storage as storage
+from prefetch.sources._folders import ImageFolder
+from prefetch.sources.shards._files import parse_class_names
+from prefetch.sources.shards._index import index_shard
+from prefetch.sources.shards._manifest import Manifest, ShardEntry, manifest_name
+from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
+from prefetch.sources.shards._tfrecord import encode_example, frame_record
 from prefetch.tools import fit_crop, shard_set
 from prefetch.tools.out_folder import OutFolder
 
@@ -119,7 +120,7 @@ def write_shards(
     An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
     none, and no temporary file; a crash while the set is put in place is finished by the
     next write (the module docstring). After the set is in place each shard's offset index
-    is written beside it (`prefetch.shard_index.index_shard`). Raises `FileNotFoundError`
+    is written beside it (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError`
     for a missing `folder`, `ValueError` for a folder without images or a bad option, and
     `FileExistsError` as said; a read error names the file, a write error the shard, the
     byte offset and the temporary file.

@@ -1,0 +1,260 @@
+"""The loop a process-backend worker runs, and the messages it understands.
+
+Over its own duplex pipe a worker receives, in order:
+
+- `Segment(name, path)` followed by the segment's file descriptor (SCM_RIGHTS): map it. A worker
+  never opens a segment by name, so nobody who can create files in /dev/shm can hand it theirs.
+- `Task(batch_id, task, slot_name, size)`: fill the slot, answer (batch id, outcome, None) or
+  (batch id, None, (error, traceback text)).
+- `Cancel(batch_id)`: if that task is still queued here, drop it and answer (batch id,
+  `Cancelled()`, None) at once; the parent may then reuse its slot.
+- `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
+
+Messages are read as they arrive (between samples' batches), so a cancel overtakes the queued
+tasks. With `threads_per_worker` > 1 a batch is split in contiguous chunks across that many
+reader threads of the worker, so one process overlaps reads that wait on storage, and up to
+`BATCHES_AT_ONCE` batches run at once: the next batch's reads wait on storage while the
+current one's rows are decoded. A `Forget` or `Stop` waits until the batches before it are
+answered. The worker
+ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its pid gone); it
+then unlinks the segments it maps, as the parent cannot any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import signal
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from typing import NamedTuple
+
+from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.backends._reader import SampleReader
+from prefetch.backends._remote_error import portable, with_traceback_text
+from prefetch.backends._shm import FileId, SlotLayout, unlink_if_same
+from prefetch.coordinator import POLL_S
+from prefetch.runtime._options import BATCHES_AT_ONCE
+
+
+class Stop:
+    """Exit after the tasks sent before this."""
+
+
+class Cancelled:
+    """The answer to a task cancelled before the worker began it: its slot was not touched."""
+
+
+class Forget(NamedTuple):
+    """Unmap segment `name` (the loader no longer uses it)."""
+
+    name: str
+
+
+class Cancel(NamedTuple):
+    """Drop batch `batch_id` if it is still queued."""
+
+    batch_id: int
+
+
+class Segment(NamedTuple):
+    """Map segment `name`; its file descriptor follows this message on the pipe."""
+
+    name: str
+    path: str
+
+
+class Task(NamedTuple):
+    batch_id: int
+    task: BatchTask
+    slot_name: str
+    size: int
+
+
+class _ParentGone(Exception):
+    pass
+
+
+def parent_alive(parent: int) -> bool:
+    """Whether the loader's process still runs (under forkserver it is not our parent)."""
+    if os.getppid() == parent:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_main(
+    reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int, threads: int = 1
+) -> None:
+    """A worker process: run tasks from `conn` until told to stop or the parent dies.
+
+    With `threads` > 1, each batch is split between that many reader threads, and up to
+    `BATCHES_AT_ONCE` batches run at once.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
+    name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
+    segments: dict[str, tuple[Slot, str, FileId]] = {}
+    queued: deque[Task | Forget | Stop] = deque()
+    pool = _Readers(threads) if threads > 1 else None
+    running: list[_Running] = []
+    try:
+        with contextlib.suppress(Exception):  # a failure shows again, named, at its sample
+            reader.prepare()  # imports now, not inside the first task's samples
+        while True:
+            if not queued and not running and not conn.poll(POLL_S):
+                if not parent_alive(parent):
+                    raise _ParentGone
+                continue
+            _read_arrived(conn, layout, segments, queued)
+            if pool is not None:
+                if _pipeline(reader, queued, running, segments, conn, name, pool):
+                    return
+                continue
+            if not queued:
+                continue
+            message = queued.popleft()
+            if isinstance(message, Stop):
+                return
+            if isinstance(message, Forget):
+                segments.pop(message.name, None)
+                continue
+            _run(reader, message, segments.get(message.slot_name), conn, name)
+    except (_ParentGone, EOFError, BrokenPipeError, ConnectionResetError):
+        # The parent is gone and cannot unlink its segments: do it for it.
+        for _, path, identity in segments.values():
+            unlink_if_same(path, identity)
+    finally:
+        if pool is not None:
+            pool.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Running(NamedTuple):
+    """A batch whose chunks the reader threads are reading."""
+
+    message: Task
+    futures: list[Future[ChunkOutcome]]
+
+
+def _pipeline(
+    reader: SampleReader,
+    queued: deque[Task | Forget | Stop],
+    running: list[_Running],
+    segments: dict[str, tuple[Slot, str, FileId]],
+    conn: Connection,
+    name: str,
+    pool: _Readers,
+) -> bool:
+    """One turn with reader threads: answer finished batches, start queued ones (up to
+    `BATCHES_AT_ONCE`), apply a `Forget` once nothing before it runs; True at a `Stop`."""
+    for batch in [b for b in running if all(f.done() for f in b.futures)]:
+        running.remove(batch)
+        _answer(batch.message, functools.partial(_merged, batch.futures), conn)
+    while queued:
+        message = queued[0]
+        if isinstance(message, Task):
+            if len(running) >= BATCHES_AT_ONCE:
+                break
+            queued.popleft()
+            segment = segments.get(message.slot_name)
+            if segment is None:  # forgotten: nobody waits for it
+                conn.send((message.batch_id, Cancelled(), None))
+                continue
+            running.append(_Running(message, _start_batch(reader, message, segment[0], name, pool)))
+            continue
+        if running:  # a Forget or Stop waits for the batches before it
+            break
+        queued.popleft()
+        if isinstance(message, Stop):
+            return True
+        segments.pop(message.name, None)
+    reading = [f for batch in running for f in batch.futures if not f.done()]
+    if reading:  # until a chunk finishes (or a message may have come): never a busy loop
+        wait(reading, timeout=POLL_S, return_when=FIRST_COMPLETED)
+    return False
+
+
+def _read_arrived(
+    conn: Connection,
+    layout: SlotLayout,
+    segments: dict[str, tuple[Slot, str, FileId]],
+    queued: deque[Task | Forget | Stop],
+) -> None:
+    """Take every message that has arrived: map segments, apply cancels, queue the rest."""
+    while conn.poll(0):
+        message = conn.recv()
+        if isinstance(message, Segment):
+            fd = recv_handle(conn)
+            try:
+                slot = layout.map(fd, message.name)
+                segments[message.name] = (slot, message.path, FileId.of(os.fstat(fd)))
+            finally:
+                os.close(fd)
+        elif isinstance(message, Cancel):
+            for task in queued:
+                if isinstance(task, Task) and task.batch_id == message.batch_id:
+                    queued.remove(task)
+                    conn.send((task.batch_id, Cancelled(), None))
+                    break
+        else:
+            queued.append(message)
+
+
+def _run(
+    reader: SampleReader,
+    message: Task,
+    segment: tuple[Slot, str, FileId] | None,
+    conn: Connection,
+    name: str,
+) -> None:
+    if segment is None:  # forgotten: nobody waits for it
+        conn.send((message.batch_id, Cancelled(), None))
+        return
+    slot = segment[0]
+    _answer(message, lambda: reader.read_into(message.task, slot, 0, message.size, name), conn)
+
+
+def _merged(futures: list[Future[ChunkOutcome]]) -> ChunkOutcome:
+    """A batch's chunks as one outcome; the first failing chunk's error, in row order."""
+    return ChunkOutcome.merged([future.result() for future in futures])
+
+
+def _answer(message: Task, outcome_of: Callable[[], ChunkOutcome], conn: Connection) -> None:
+    """Send `outcome_of()` for `message`, or the error it raised."""
+    try:
+        outcome = outcome_of()
+        outcome.skipped = [
+            Skipped(s.position, s.path, portable(s.error))  # type: ignore[arg-type]
+            for s in outcome.skipped
+        ]
+        conn.send((message.batch_id, outcome, None))
+    except Exception as error:
+        conn.send((message.batch_id, None, with_traceback_text(error)))
+
+
+class _Readers:
+    """A worker process's reader threads (`threads_per_worker` > 1)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.executor = ThreadPoolExecutor(threads, "prefetch-reader")
+
+
+def _start_batch(
+    reader: SampleReader, message: Task, slot: Slot, name: str, pool: _Readers
+) -> list[Future[ChunkOutcome]]:
+    """Split the batch in contiguous chunks across `pool`'s threads; the chunks' futures."""
+    step = -(-message.size // pool.threads)
+    bounds = [(start, min(start + step, message.size)) for start in range(0, message.size, step)]
+    return [
+        pool.executor.submit(reader.read_into, message.task, slot, a, b, name) for a, b in bounds
+    ]

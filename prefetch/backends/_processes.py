@@ -1,0 +1,407 @@
+"""The process backend: worker processes decode straight into shared-memory slots.
+
+Workers start with spawn or forkserver (never fork: the loader's process may run TensorFlow's
+threads). They do not re-run the main script unless the transform, decoder or source is defined
+there, so a script's `import tensorflow` does not load TensorFlow in every worker.
+
+Each worker has its own pipe (prefetch.backends._process_worker lists the messages). The parent
+passes every slot's segment to every worker as a file descriptor when the slot is created (and
+to a new worker when it starts), then sends (batch id, task, slot name); the worker fills the
+slot with `SampleReader.read_into` and answers (batch id, outcome) or (batch id, error). No
+pixels cross a pipe. `ProcessPending.wait` returns once that batch is settled (or the timeout
+passed); `cancel` makes a worker skip the batch if it has not begun it.
+
+The consumer thread drives everything from `pump()`, which waits on the pipes and on the
+processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
+re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
+/dev/shm full says so). Workers ignore SIGINT and exit when their parent dies, unlinking the
+segments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import send_handle
+from typing import Any
+
+from prefetch._messages import counted
+from prefetch.backends import _shm as shm
+from prefetch.backends._base import BatchOutcome, BatchTask, Skipped, Slot, compact
+from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, Stop, Task
+from prefetch.backends._process_worker import worker_main as _worker_main
+from prefetch.backends._reader import SampleReader
+from prefetch.backends._remote_error import rebuild
+from prefetch.backends._ring import ring_capacity
+from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
+from prefetch.backends._spawning import check_picklable, main_script_hidden
+from prefetch.coordinator import Coordinator
+from prefetch.errors import WorkerCrashedError, add_note
+
+log = logging.getLogger(__name__)
+
+# How long close() waits for workers to exit after the stop message, before terminating them.
+STOP_GRACE_S = 2.0
+
+
+_NEVER_ANSWERED = (
+    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
+    "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
+    "its main code)"
+)
+
+
+class ProcessPending:
+    """A batch sent to one worker; its result arrives through the backend's pump."""
+
+    def __init__(self, backend: ProcessBackend, batch_id: int) -> None:
+        self._backend = backend
+        self.batch_id = batch_id
+        self.outcome: BatchOutcome | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False  # the consumer no longer wants it
+        self.abandoned = False  # no worker will write into its slot any more
+
+    def done(self) -> bool:
+        """Settled: its worker answered, or can no longer write into the slot."""
+        return self.outcome is not None or self.error is not None or self.abandoned
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until this batch is settled or `timeout_s` passed; returns whether it is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done():  # pumps at least once, so answers already sent count
+            self._backend.pump(max(deadline - time.monotonic(), 0.0))
+            if time.monotonic() >= deadline:
+                break
+        return self.done()
+
+    def result(self) -> BatchOutcome:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None, "result() before the batch was done"
+        return self.outcome
+
+    def cancel(self) -> None:
+        """Stop wanting the batch; its worker skips it if it has not begun it. It is done only
+        once its worker answered (or is gone), so the slot is not reused while a worker may
+        still write into it."""
+        if not self.cancelled:
+            self.cancelled = True
+            self._backend.cancel(self.batch_id)
+
+
+# What a worker holds for a batch: its task, slot and size.
+_InFlight = tuple[BatchTask, Slot, int]
+
+
+class _Worker:
+    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+        self.index = index
+        self.process = process
+        self.conn = conn
+        self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()
+        self.answered = 0
+        self.retiring = False  # sent a stop by set_workers: it leaves after its batches
+        self.timed_out = False  # killed by time_out: its replacement costs no restart
+
+
+class ProcessBackend:
+    """Spawned worker processes filling shared-memory slots; see the module docstring."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        reader: SampleReader,
+        workers: int,
+        batch_size: int,
+        depth: int,
+        coordinator: Coordinator,
+        max_restarts: int = 3,
+        start_method: str = "spawn",
+        threads_per_worker: int = 1,
+    ) -> None:
+        self.workers = workers
+        self._reader = reader
+        self._layout = SlotLayout(batch_size, reader.options.shape)
+        self._depth = depth
+        self._coordinator = coordinator
+        self.max_restarts = max_restarts
+        self.threads_per_worker = threads_per_worker
+        self.restarts = 0
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        self._context = (
+            multiprocessing.get_context("forkserver")
+            if start_method == "forkserver"
+            else multiprocessing.get_context("spawn")
+        )
+        self._slots = SharedSlots(self._layout)
+        self._workers: list[_Worker] = []
+        self._pending: dict[int, ProcessPending] = {}
+        self._next_id = 0
+        self._crashed: WorkerCrashedError | None = None
+        self._lock = threading.RLock()
+        self._needs_main = check_picklable(reader)
+
+    def start(self) -> None:
+        slots = ring_capacity(self._depth)
+        check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
+        self._workers = [self._spawn(i) for i in range(self.workers)]
+
+    def set_workers(self, count: int) -> None:
+        """Run `count` workers: spawn more, or let the newest finish their batches and leave."""
+        with self._lock:
+            live = sorted((w for w in self._workers if not w.retiring), key=lambda w: w.index)
+            used = {w.index for w in self._workers}
+            while len(live) < count:
+                index = min(i for i in range(len(used) + 1) if i not in used)
+                used.add(index)
+                worker = self._spawn(index)
+                self._workers.append(worker)
+                live.append(worker)
+            for worker in live[count:]:
+                worker.retiring = True
+                with contextlib.suppress(OSError):
+                    worker.conn.send(Stop())
+            self.workers = count
+
+    def _spawn(self, index: int) -> _Worker:
+        parent_end, child_end = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main,
+            args=(self._reader, self._layout, child_end, os.getpid(), self.threads_per_worker),
+            name=f"prefetch-process-{index}",
+            daemon=True,
+        )
+        with contextlib.nullcontext() if self._needs_main else main_script_hidden():
+            process.start()
+        child_end.close()
+        self._coordinator.register_thread(process)
+        worker = _Worker(index, process, parent_end)
+        for name in self._slots.segments():
+            self._give_segment(worker, name)
+        return worker
+
+    def _give_segment(self, worker: _Worker, name: str) -> None:
+        """Pass a segment's file descriptor itself: the worker never opens it by name."""
+        fd, path, _ = self._slots.segments()[name]
+        with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
+            worker.conn.send(Segment(name, path))
+            send_handle(worker.conn, fd, worker.process.pid)
+
+    def starting(self) -> int:
+        """Live workers that have not answered a batch yet (spawning, importing)."""
+        with self._lock:
+            return sum(1 for w in self._workers if not w.retiring and w.answered == 0)
+
+    def new_slot(self) -> Slot:
+        with self._lock:
+            slot = self._slots.create()
+            for worker in self._workers:
+                self._give_segment(worker, slot.name)
+            return slot
+
+    def forget_slot(self, slot: Slot) -> None:
+        """The loader no longer uses `slot`: unlink its segment and have workers unmap it.
+
+        Batches the consumer still holds stay readable: their mapping lives on in this process
+        until the last view is freed.
+        """
+        with self._lock:
+            self._slots.forget(slot)
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(Forget(slot.name))
+
+    def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
+        with self._lock:
+            batch_id = self._next_id
+            self._next_id += 1
+            pending = ProcessPending(self, batch_id)
+            if self._crashed is not None or not self._workers:
+                pending.error = self._crashed or WorkerCrashedError("no worker processes left")
+                return pending
+            self._pending[batch_id] = pending
+            live = [w for w in self._workers if not w.retiring]
+            worker = min(live, key=lambda w: (len(w.in_flight), w.index))
+            self._send(worker, batch_id, task, slot, len(task.indices))
+            return pending
+
+    def _send(self, worker: _Worker, batch_id: int, task: BatchTask, slot: Slot, size: int) -> None:
+        worker.in_flight[batch_id] = (task, slot, size)
+        with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
+            worker.conn.send(Task(batch_id, task, slot.name, size))
+
+    def cancel(self, batch_id: int) -> None:
+        """Ask the worker that holds batch `batch_id` to skip it if it has not begun it."""
+        with self._lock:
+            for worker in self._workers:
+                if batch_id in worker.in_flight:
+                    with contextlib.suppress(OSError):
+                        worker.conn.send(Cancel(batch_id))
+
+    def time_out(self, pending: ProcessPending, row: int, error: BaseException, skip: bool) -> bool:
+        """Kill the worker stuck in row `row` of `pending`; its replacement takes its batches.
+
+        With `skip` the batch is re-sent with that row marked to skip; otherwise it fails with
+        `error`. No restart is spent either way. Always True: the batch settles by itself.
+        """
+        with self._lock:
+            worker = next((w for w in self._workers if pending.batch_id in w.in_flight), None)
+            if worker is None:  # answered meanwhile
+                return True
+            task, slot, size = worker.in_flight[pending.batch_id]
+            add_note(error, f"prefetch: killed {worker.process.name} (pid {worker.process.pid})")
+            if skip:
+                timed_out = (*task.timed_out, row)
+                worker.in_flight[pending.batch_id] = (
+                    replace(task, timed_out=timed_out),
+                    slot,
+                    size,
+                )
+            else:
+                del worker.in_flight[pending.batch_id]
+                self._pending.pop(pending.batch_id, None)
+                pending.error = error
+            worker.timed_out = True
+            worker.process.kill()
+            return True
+
+    def pump(self, timeout_s: float) -> None:
+        """Receive results and handle dead workers, waiting at most `timeout_s`."""
+        with self._lock:
+            by_handle: dict[Any, _Worker] = {}
+            for worker in self._workers:
+                by_handle[worker.conn] = worker
+                by_handle[worker.process.sentinel] = worker
+            ready = wait(list(by_handle), timeout_s)
+            for worker in list(self._workers):
+                if worker.conn in ready:
+                    self._receive(worker)
+            for worker in list(self._workers):
+                if worker.process.exitcode is not None:
+                    self._receive(worker)  # what it sent before it died still counts
+                    self._handle_death(worker)
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll(0):
+                batch_id, outcome, error = worker.conn.recv()
+                _, slot, size = worker.in_flight.pop(batch_id)
+                worker.answered += 1
+                pending = self._pending.pop(batch_id, None)
+                if pending is None:
+                    continue
+                if isinstance(outcome, Cancelled):  # skipped before it began: slot untouched
+                    pending.abandoned = True
+                elif error is not None:
+                    pending.error = rebuild(*error)
+                else:
+                    skipped = [
+                        Skipped(s.position, s.path, rebuild(s.error)) for s in outcome.skipped
+                    ]
+                    pending.outcome = BatchOutcome.of(
+                        outcome, compact(slot, size, skipped), skipped
+                    )
+        except (EOFError, OSError):
+            pass  # the worker died; its sentinel tells
+
+    def _handle_death(self, worker: _Worker) -> None:
+        code = worker.process.exitcode
+        reason = (
+            f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        )
+        if code == -signal.SIGBUS:
+            reason += shm.exhausted_note(self._layout.nbytes)
+        lost = list(worker.in_flight.items())
+        for _, (_, slot, _) in lost:  # rows it was reading stopped with it: no clock runs
+            if slot.started is not None:
+                slot.started[:] = 0.0
+        worker.conn.close()
+        worker.process.join()
+        self._workers.remove(worker)
+        live = [w for w in self._workers if not w.retiring]
+        if worker.timed_out:
+            self._replace(worker, lost)
+            return
+        if worker.retiring and live:
+            for batch_id, (task, slot, size) in lost:  # only if it died before finishing them
+                if batch_id in self._pending:
+                    target = min(live, key=lambda w: (len(w.in_flight), w.index))
+                    self._send(target, batch_id, task, slot, size)
+            return
+        if self.restarts >= self.max_restarts:
+            files = [
+                self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices
+            ]
+            error = WorkerCrashedError(
+                f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
+                f"{reason}, after {counted(self.restarts, 'restart')} (max_restarts="
+                f"{self.max_restarts}); it was decoding {counted(len(files), 'file')}: {files[:8]}"
+                + (" ..." if len(files) > 8 else "")
+                + (_NEVER_ANSWERED if worker.answered == 0 else "")
+            )
+            self._crashed = error
+            for batch_id, _ in lost:
+                pending = self._pending.pop(batch_id, None)
+                if pending is not None:
+                    pending.error = error
+            return
+        for batch_id, _ in lost:
+            pending = self._pending.get(batch_id)
+            if pending is not None and pending.cancelled:  # nobody wants it: do not re-send
+                del self._pending[batch_id]
+                pending.abandoned = True
+        lost = [(batch_id, item) for batch_id, item in lost if batch_id in self._pending]
+        self.restarts += 1
+        log.warning(
+            "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %d "
+            "batches",
+            worker.process.name,
+            worker.process.pid,
+            reason,
+            self.restarts,
+            self.max_restarts,
+            len(lost),
+        )
+        self._replace(worker, lost)
+
+    def _replace(
+        self, worker: _Worker, lost: list[tuple[int, tuple[BatchTask, Slot, int]]]
+    ) -> None:
+        """Start a worker in place of `worker` and send it the batches still wanted."""
+        replacement = self._spawn(worker.index)
+        self._workers.append(replacement)
+        for batch_id, (task, slot, size) in lost:
+            if batch_id in self._pending:
+                self._send(replacement, batch_id, task, slot, size)
+
+    def close(self) -> None:
+        """Stop the workers (terminate after a grace period), then unlink every segment."""
+        with self._lock:
+            for worker in self._workers:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(Stop())
+            for worker in self._workers:
+                worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.terminate()
+                    worker.process.join(STOP_GRACE_S)
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join()
+                worker.conn.close()
+            self._workers = []
+            for pending in self._pending.values():
+                pending.cancelled = pending.abandoned = True
+            self._pending.clear()
+            self._slots.close()

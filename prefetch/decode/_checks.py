@@ -1,0 +1,81 @@
+"""What no decoder is given: the checks every built-in decoder runs on a file's bytes first.
+
+`check_image_bytes(data, name)` refuses an empty file ("empty file", where Pillow would say
+"cannot identify") and a JPEG whose scans could keep any decoder busy for minutes: each scan
+of a progressive (or arithmetic-coded) JPEG is a pass over every block of the image, and an
+end-of-band run lets a scan cover 32,767 blocks in a few bits, so a valid 1 MB file of
+8000x8000 with about 1,200 scans takes 40 s of CPU in Pillow and in libjpeg-turbo alike
+(libjpeg-turbo's report LJT-01-003). Huffman-coded sequential and lossless JPEGs spend at
+least two bits of the file per block and scan: their work is bounded by their size, so the
+common baseline photo pays only a walk over its header's few segments. Pure functions of the
+bytes, thread-safe; `prefetch.decode._decoders.read_image` runs them before any decoder.
+"""
+
+from __future__ import annotations
+
+import re
+
+from PIL import Image, UnidentifiedImageError
+
+MAX_JPEG_SCANS = 500
+"""The most scans (SOS markers) a progressive or arithmetic-coded JPEG may hold.
+
+Encoders write about 10 (libjpeg's progression; 18 for CMYK), an EXIF thumbnail or an appended
+image (MPO, gain maps) a few more. 500 is TurboJPEG's limit (TJFLAG_LIMITSCANS) and DALI's
+default. At the cap a decode costs at most about 17 s of CPU for 8000x8000 (issue 29.13's 41 s
+for 1,200 scans, scaled), in proportion to the pixels. A module constant, read at each check:
+set it in every process that decodes (worker processes import prefetch afresh).
+"""
+
+_JPEG_SOI = b"\xff\xd8"
+# A scan's marker anywhere in the file: in entropy-coded data a 0xFF byte is always followed by
+# 0x00 or a restart marker, so 0xFFDA there is always a scan (or one of an embedded thumbnail).
+_SOS = re.compile(b"\xff\xda")
+# Frame (SOF) markers whose scans cost at least two bits a block: Huffman-coded baseline,
+# extended sequential and lossless. Every other frame's scans are counted.
+_SIZE_BOUNDED_FRAMES = frozenset({0xC0, 0xC1, 0xC3})
+# All frame markers: 0xC0-0xCF but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
+_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# The most markers read looking for the frame: a photo has about 10 before it (APPn, DQT, DHT).
+_MAX_HEADER_MARKERS = 256
+
+
+def check_image_bytes(data: bytes, name: str) -> None:
+    """Refuse what no decoder should be given, naming the file `name`: an empty file
+    (`PIL.UnidentifiedImageError`, "empty file") and a progressive or arithmetic-coded JPEG
+    of more than `MAX_JPEG_SCANS` scans (`PIL.Image.DecompressionBombError`). Costs a few
+    microseconds for a baseline JPEG, a pass over the bytes (about 1 ms a MB) for the others."""
+    if not data:
+        raise UnidentifiedImageError(f"empty file (0 bytes): {name!r}")
+    if not data.startswith(_JPEG_SOI) or _frame_marker(data) in _SIZE_BOUNDED_FRAMES:
+        return
+    scans = len(_SOS.findall(data))
+    if scans > MAX_JPEG_SCANS:
+        raise Image.DecompressionBombError(
+            f"progressive JPEG with {scans} scans, over the cap of {MAX_JPEG_SCANS}: {name!r} "
+            "is not decoded (each scan is a pass over the whole image, so it could take "
+            "minutes). Re-encode it with fewer scans (jpegtran -copy all in.jpg > out.jpg "
+            "writes one) or pass on_error='skip' to drop such files"
+        )
+
+
+def _frame_marker(data: bytes) -> int | None:
+    """The frame (SOF) marker of the JPEG `data`, found as libjpeg finds markers (bytes before
+    one are skipped, each segment by its length), or None when there is none early on."""
+    position, end = 2, len(data)
+    for _ in range(_MAX_HEADER_MARKERS):
+        position = data.find(b"\xff", position)
+        if position < 0 or position + 1 >= end:
+            return None
+        marker = data[position + 1]
+        if marker in _FRAMES:
+            return marker
+        if marker in (0xD9, 0xDA):  # the end, or a scan before any frame
+            return None
+        if marker in (0x00, 0x01, 0xFF) or 0xD0 <= marker <= 0xD8:  # no length follows
+            position += 1 if marker == 0xFF else 2
+            continue
+        if position + 4 > end:
+            return None
+        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return None

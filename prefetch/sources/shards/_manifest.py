@@ -1,0 +1,304 @@
+"""The manifest of a set of shards: what a complete set written by `prefetch shards write` is.
+
+`prefetch shards write` leaves `<prefix>-<format>.manifest.json` beside the shards, written
+last and atomically (`prefetch.tools.shard_writer`). It is JSON: the format version, the
+shards' names, sizes in bytes, sample counts and SHA-256 digests, the class names as a JSON
+list (any name, line breaks included, round-trips exactly), the image extensions written and
+the writer's options. While a write is being committed the same file says `"complete": false`
+and lists the renames still to do, so that an interrupted write is never read as a set.
+
+Readers (`check_shards`, `check_indexes`) use it when it is beside the shards: an incomplete
+manifest is refused; a set whose files disagree with it (a shard missing, an extra shard of its
+names, another size or sample count) is refused naming the difference. Full checksums are
+checked on request only (`verify`, `prefetch shards verify OUT`). Everything here is a pure
+function of the bytes read; nothing is kept between calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from prefetch.io import _storage as storage
+from prefetch.io._local_files import open_regular
+
+# The version of the manifest's layout, its first key; a reader refuses a later one.
+MANIFEST_VERSION = 1
+# The key that holds the version (it also tells a manifest from any other JSON).
+VERSION_KEY = "prefetch_shards_manifest"
+# The most bytes read of a manifest (about 150 bytes a shard: millions of shards).
+MAX_MANIFEST_BYTES = 64 << 20
+# Bytes hashed at a time by `verify`.
+_HASH_CHUNK = 4 << 20
+# The shard names the writer gives, by format: (prefix, the rest).
+_NAMES = {
+    "tar": re.compile(r"(?P<prefix>.+)-\d{6,}\.tar"),
+    "tfrecord": re.compile(r"(?P<prefix>.+)-\d{5,}-of-\d{5,}\.tfrecord"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a manifest: its file `name`, `size` in bytes, `samples`, `sha256` (hex)."""
+
+    name: str
+    size: int
+    samples: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A set of shards (see the module docstring): its `format`, `prefix`, `shards`,
+    `class_names`, the `image_extensions` written, the writer's `options`, the files it
+    `skipped` (relative path, reason). While a write is committed (`complete` False) `moves`
+    (temporary, final) and `remove` list what is still to do."""
+
+    format: str
+    prefix: str
+    shards: tuple[ShardEntry, ...]
+    class_names: tuple[str, ...]
+    image_extensions: tuple[str, ...] = ()
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: tuple[tuple[str, str], ...] = ()
+    complete: bool = True
+    moves: tuple[tuple[str, str], ...] = ()
+    remove: tuple[str, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        """The manifest as UTF-8 JSON (class names as a list: exact, whatever they hold)."""
+        data: dict[str, Any] = {
+            VERSION_KEY: MANIFEST_VERSION,
+            "complete": self.complete,
+            "format": self.format,
+            "prefix": self.prefix,
+            "samples": sum(entry.samples for entry in self.shards),
+            "shards": [dataclasses.asdict(entry) for entry in self.shards],
+            "class_names": list(self.class_names),
+            "image_extensions": list(self.image_extensions),
+            "options": self.options,
+            "skipped": [{"file": file, "reason": reason} for file, reason in self.skipped],
+        }
+        if not self.complete:
+            data["pending"] = {
+                "moves": [list(move) for move in self.moves],
+                "remove": list(self.remove),
+            }
+        return (json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
+        """The manifest in `data`; ValueError naming `where` when it is not one we can read."""
+        try:
+            raw = json.loads(data.decode("utf-8"))
+            version = raw[VERSION_KEY]
+            if version != MANIFEST_VERSION:
+                raise ValueError(
+                    f"{where!r} is a shard manifest of version {version!r}; this prefetch reads "
+                    f"version {MANIFEST_VERSION}: upgrade prefetch, or write the shards again"
+                )
+            pending = raw.get("pending") or {}
+            manifest = cls(
+                format=_text(raw["format"]),
+                prefix=_text(raw["prefix"]),
+                shards=tuple(_entry(entry) for entry in raw["shards"]),
+                class_names=tuple(_text(name) for name in raw["class_names"]),
+                image_extensions=tuple(_text(ext) for ext in raw.get("image_extensions", [])),
+                options=dict(raw.get("options", {})),
+                skipped=tuple(
+                    (_text(item["file"]), _text(item["reason"])) for item in raw.get("skipped", [])
+                ),
+                complete=_bool(raw["complete"]),
+                moves=tuple((_name(a), _name(b)) for a, b in pending.get("moves", [])),
+                remove=tuple(_name(name) for name in pending.get("remove", [])),
+            )
+        except ValueError as error:
+            if where in str(error):
+                raise
+            raise ValueError(f"{where!r} is not a readable shard manifest: {error}") from None
+        except (KeyError, TypeError, AttributeError, RecursionError) as error:
+            raise ValueError(
+                f"{where!r} is not a readable shard manifest ({type(error).__name__}: {error}): "
+                "write the shards again, or delete it to read the shards without one"
+            ) from None
+        if manifest.format not in _NAMES or any(
+            shard_prefix(entry.name, manifest.format) != manifest.prefix
+            for entry in manifest.shards
+        ):
+            raise ValueError(f"{where!r} lists shards that are not of its format and prefix")
+        return manifest
+
+
+def manifest_name(format: str, prefix: str) -> str:
+    """The file name of the manifest of the `format` shards named `prefix-...`."""
+    return f"{prefix}-{format}.manifest.json"
+
+
+def is_manifest_name(name: str) -> bool:
+    """Whether the file name `name` is a manifest's (never a shard)."""
+    return name.endswith(".manifest.json")
+
+
+def shard_prefix(name: str, format: str) -> str | None:
+    """The prefix of a shard file name as the writer gives them (`shard-000003.tar`,
+    `train-00001-of-00004.tfrecord`), or None for another name."""
+    match = _NAMES[format].fullmatch(name) if format in _NAMES else None
+    return match.group("prefix") if match else None
+
+
+def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | None:
+    """The manifest beside `shards` (paths or URLs) and where it is, or None when there is
+    none. Shards of several folders or prefixes, or names the writer does not give, have
+    none. A manifest that cannot be read (not a regular file, too large, not a manifest) is
+    an error naming it."""
+    places = {_beside(shard, format) for shard in shards}
+    if len(places) != 1 or None in places:
+        return None
+    (place,) = places
+    assert place is not None
+    try:
+        data = storage.read_small(place, MAX_MANIFEST_BYTES)
+    except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
+        return None
+    return Manifest.from_bytes(data, place), place
+
+
+def check_shards(
+    manifest: Manifest, where: str, shards: Sequence[str], selects: str | None
+) -> None:
+    """Refuse (ValueError naming the difference and `where`) an incomplete manifest, or found
+    `shards` that are not the manifest's: an extra shard of its names, or (when the shards
+    were found by a folder or pattern, `selects` the pattern of names it selects) a shard of
+    the manifest that the pattern selects but that is missing."""
+    if not manifest.complete:
+        raise ValueError(
+            f"{where!r} says a `prefetch shards write` of these shards did not finish (it was "
+            "interrupted, or is running now): the set is not complete. Run the same `prefetch "
+            "shards write` again to complete it (with --overwrite to start over)"
+        )
+    names = [_basename(shard) for shard in shards]
+    listed = {entry.name for entry in manifest.shards}
+    extra = [name for name in names if name not in listed]
+    if extra:
+        raise ValueError(
+            f"{_shown(extra)} beside {where!r} {'is' if len(extra) == 1 else 'are'} not in the "
+            "manifest of the set: left from another write? Remove "
+            f"{'it' if len(extra) == 1 else 'them'}, or write the shards again"
+        )
+    if selects is not None:
+        found = set(names)
+        missing = [n for n in sorted(listed) if fnmatch.fnmatch(n, selects) and n not in found]
+        if missing:
+            raise ValueError(
+                f"the set of {where!r} is missing {_shown(missing)}: copy "
+                f"{'it' if len(missing) == 1 else 'them'} back, or write the shards again"
+            )
+
+
+def check_indexes(
+    manifest: Manifest,
+    where: str,
+    shards: Sequence[str],
+    sizes: Sequence[int],
+    counts: Sequence[int] | None,
+) -> None:
+    """Refuse (ValueError naming the shard and `where`) a shard whose size in bytes or sample
+    count (`counts`: None when the reader counts samples otherwise than the writer, with
+    other keys or extensions) is not the manifest's."""
+    entries = {entry.name: entry for entry in manifest.shards}
+    for position, (shard, size) in enumerate(zip(shards, sizes, strict=True)):
+        entry = entries[_basename(shard)]
+        if size != entry.size:
+            raise ValueError(
+                f"{shard!r} is {size} bytes but {where!r} says {entry.size}: the shard changed "
+                "after the set was written (copy it again, or write the shards again)"
+            )
+        if counts is not None and counts[position] != entry.samples:
+            raise ValueError(
+                f"{shard!r} holds {counts[position]} samples but {where!r} says "
+                f"{entry.samples}: the shard changed after the set was written"
+            )
+
+
+def verify(folder: str, manifest: Manifest) -> list[str]:
+    """The problems of the local shards in `folder` against `manifest`, one line each (empty:
+    every shard is there, of its size and SHA-256): each shard is read whole."""
+    problems = []
+    for entry in manifest.shards:
+        path = os.path.join(folder, entry.name)
+        try:
+            digest, size = _sha256(path)
+        except OSError as error:
+            problems.append(f"{entry.name}: cannot be read ({error})")
+            continue
+        if size != entry.size:
+            problems.append(f"{entry.name}: {size} bytes, the manifest says {entry.size}")
+        elif digest != entry.sha256:
+            problems.append(f"{entry.name}: SHA-256 {digest}, the manifest says {entry.sha256}")
+    return problems
+
+
+def _sha256(path: str) -> tuple[str, int]:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as file:
+        digest = hashlib.sha256()
+        size = 0
+        while chunk := file.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _beside(shard: str, format: str) -> str | None:
+    prefix = shard_prefix(_basename(shard), format)
+    return None if prefix is None else storage.beside(shard, manifest_name(format, prefix))
+
+
+def _basename(shard: str) -> str:
+    return shard.rpartition("/")[2] if storage.is_url(shard) else os.path.basename(shard)
+
+
+def _shown(names: Sequence[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(repr(name) for name in names[:3]) + more
+
+
+def _entry(raw: Any) -> ShardEntry:
+    entry = ShardEntry(
+        name=_name(raw["name"]),
+        size=_count(raw["size"]),
+        samples=_count(raw["samples"]),
+        sha256=_text(raw["sha256"]),
+    )
+    return entry
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r:.60}")
+    return value
+
+
+def _name(value: Any) -> str:
+    """A plain file name of the shard folder: never a path, never '.' or '..'."""
+    name = _text(value)
+    if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
+        raise ValueError(f"{name!r:.80} is not a plain file name")
+    return name
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"expected a count >= 0, got {value!r:.60}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r:.60}")
+    return value
