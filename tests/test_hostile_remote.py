@@ -315,7 +315,7 @@ def test_a_missing_sub_folder_page_is_an_error_naming_it_or_skipped_and_logged(
         message = str(raised.value)
         assert f"{url}dog/" in message and f"linked from '{url}'" in message
         assert "does not exist" not in message and "on_error='skip'" in message
-        with caplog.at_level(logging.WARNING, logger="prefetch.runtime._loader"):
+        with caplog.at_level(logging.WARNING, logger="prefetch.loader"):
             folder = ImageFolder(url, on_error="skip")
             loader = Loader(url, image_size=SIZE, on_error="skip", backend="thread")
         assert folder.class_names == loader.class_names == ["cat"]
@@ -379,7 +379,7 @@ def test_a_long_listing_logs_its_progress(
 
     with (
         serve_hostile(tree) as server,
-        caplog.at_level(logging.INFO, logger="prefetch.runtime._loader"),
+        caplog.at_level(logging.INFO, logger="prefetch.loader"),
     ):
         ImageFolder(server.url + "train/")
     assert "folder pages read" in caplog.text and server.url in caplog.text
@@ -590,7 +590,7 @@ def test_a_whole_body_without_content_length_is_decoded_but_not_kept(
     data = jpeg(20)
     routes = {"/a.jpg": Reply(body=data, content_length=False)}
     cache = ObjectCache.open(tmp_path / "cache")
-    with serve_hostile(routes) as server, caplog.at_level(logging.WARNING, "prefetch.io._cache"):
+    with serve_hostile(routes) as server, caplog.at_level(logging.WARNING, "prefetch.cache"):
         url = server.url + "a.jpg"
         for _ in range(2):
             image, kept = cache.decoded(url, decode_path)

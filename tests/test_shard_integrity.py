@@ -228,7 +228,7 @@ def test_a_bomb_index_beside_a_url_shard_is_logged_and_the_shard_indexed(
     shutil.copy(local, served / "shard.tar")
     index = Path(str(local) + INDEX_SUFFIX).read_bytes()
     (served / f"shard.tar{INDEX_SUFFIX}").write_bytes(bomb_index(index, gib=1))
-    with caplog.at_level(logging.WARNING, "prefetch.runtime._loader"), serve_folder(served) as url:
+    with caplog.at_level(logging.WARNING, "prefetch.loader"), serve_folder(served) as url:
         source = prefetch.TarSource(f"{url}shard.tar")
     assert source.labels.tolist() == [0, 1, 2]
     assert f"shard.tar{INDEX_SUFFIX}" in caplog.text and "declares" in caplog.text

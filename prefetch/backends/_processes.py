@@ -46,7 +46,7 @@ from prefetch.backends._spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("prefetch.backends")
 
 # How long close() waits for workers to exit after the stop message, before terminating them.
 STOP_GRACE_S = 2.0

@@ -38,7 +38,7 @@ import numpy as np
 from prefetch._messages import counted
 from prefetch.backends._base import Slot
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("prefetch.backends")
 
 # Segment names begin with this; the pid after it only says who made one (liveness is the lock).
 # Unlike the older "prefetch_" names, which were never locked: this sweep leaves those alone.

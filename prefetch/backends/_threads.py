@@ -19,7 +19,7 @@ from prefetch.backends._base import BatchOutcome, BatchTask, ChunkOutcome, Slot,
 from prefetch.backends._reader import SampleReader
 from prefetch.coordinator import POLL_S, Coordinator
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("prefetch.backends")
 
 # How long close() waits for worker threads to finish the chunk of samples they are decoding.
 JOIN_GRACE_S = 10.0

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from prefetch.io._storage import fetch_object, source_scheme
 
-log = logging.getLogger("prefetch.io._cache")
+log = logging.getLogger("prefetch.cache")
 
 T = TypeVar("T")
 

@@ -33,7 +33,7 @@ from prefetch.io._storage import (
     naming,
 )
 
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 T = TypeVar("T")
 

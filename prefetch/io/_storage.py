@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from prefetch.io import _http as remote_http
     from prefetch.io._members import Location
 
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 # Attempts after the first for a transient failure (a 5xx or 429 status, a dropped connection,
 # a timeout); a missing object or a refused permission is never retried.

@@ -31,7 +31,7 @@ from prefetch.runtime._options import (
     LoaderOptions,
 )
 
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 
 class Session:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from prefetch.runtime._loader import Loader
 
 # skipped files are reported on the logger users already filter on
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 # How long an ended epoch waits, in all, for the batches its workers are still decoding.
 DRAIN_S = 5.0

@@ -56,7 +56,7 @@ from prefetch.sources.shards._index_file import ShardIndex as ShardIndex
 from prefetch.sources.shards._tar import iter_tar_members, sample_key
 from prefetch.sources.shards._tfrecord import CorruptShardError, corrupt_shard
 
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)

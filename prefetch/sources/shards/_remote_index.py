@@ -22,7 +22,7 @@ from prefetch.sources.shards._index import (
 )
 from prefetch.sources.shards._index_file import IndexRefused, decode_index, edge_digest
 
-log = logging.getLogger("prefetch.runtime._loader")
+log = logging.getLogger("prefetch.loader")
 
 # The most bytes read of an index file beside a URL shard (its inflated size is bounded by
 # `prefetch.sources.shards._index_file.decode_index`).
