@@ -27,7 +27,7 @@ DIRECTIVE = re.compile(r"^::: *(?P<identifier>\S+) *$", re.MULTILINE)
 # Modules private behind the curated `__init__`: their layout changes (the architecture issue),
 # so the reference never names them or anything in them.
 INTERNAL_MODULES = (
-    "prefetch.loader",
+    "prefetch.runtime._loader",
     "prefetch.backends",
     "prefetch.runtime._stream",
     "prefetch.plan._epochs",
