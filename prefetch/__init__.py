@@ -1,7 +1,8 @@
 """prefetch: keep GPUs fed.
 
 Worker threads decode images into preallocated batches while the consumer trains on the
-previous one; a bounded window gives order and backpressure; a Coordinator stops it all.
+previous one; a bound on the batches in flight gives order and backpressure; a Coordinator
+stops it all.
 `import prefetch` imports no framework; `prefetch.tf`, `prefetch.keras` and `prefetch.torch`
 import theirs, on first use.
 """

@@ -1,11 +1,17 @@
 """Backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
 
-- `base`: the protocol a stream talks to (`Backend`, `PendingBatch`) and the data crossing it;
-- `reader`: `SampleReader`, the per-batch work every backend runs;
-- `ring`: the slot ring and its capacity; `shm`: the process backend's shared-memory segments;
-- `threads`, `processes`: the two backends; `choose`: backend="auto", a short measurement.
+- `Backend`, `PendingBatch`, `Slot`, `BatchTask`: the protocol a stream talks to and the data
+  crossing it (`_base`);
+- `SampleReader`: the per-batch work every backend runs: read, decode, transform, write each
+  sample into the slot (`_reader`);
+- `SlotRing` and `ring_capacity(depth)`: the slots, reused once unreferenced (`_ring`); the
+  process backend's shared-memory segments (`_shm`);
+- `ThreadBackend`, `ProcessBackend`: the two backends (`_threads`, `_processes` and the worker
+  process's loop); backend="auto": a short measurement of how much work holds the GIL
+  (`_choose`).
 
-`make_backend` builds the backend a loader asked for (after "auto" has been decided).
+`make_backend` builds the backend a loader asked for (after "auto" has been decided). Imports
+`prefetch.decode` and below.
 """
 
 from __future__ import annotations
