@@ -183,7 +183,9 @@ def test_no_function_level_import_of_a_prefetch_module() -> None:
             if not nested:
                 continue
             if isinstance(node, ast.ImportFrom):
-                targets = [absolute(module, node)]
+                source = absolute(module, node)
+                submodules = [f"{source}.{a.name}" for a in node.names]
+                targets = [m for m in submodules if is_module(m)] or [source]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
