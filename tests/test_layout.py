@@ -19,7 +19,9 @@ Each check walks prefetch/ with `ast` and names every offending file and line wi
     class of the same module also defines is that module's own business and passes, and so does
     a private name that no prefetch class defines (`sys._getframe`) or a named tuple's
     documented `_replace`, `_asdict`, `_make`, `_fields`.
-- the layers: `lint-imports` (import-linter, the contracts in pyproject.toml) passes.
+- the layers: `lint-imports` (import-linter) keeps the contracts in pyproject.toml: the layers
+  along the data path, the package root imported only by tools and cli, private modules used
+  only inside their package.
 """
 
 from __future__ import annotations
