@@ -13,7 +13,8 @@ ARGS ?=
 
 # editable_mode=compat: a .pth with the checkout's path, so that a folder named `prefetch` in the
 # current directory (the checkout itself, seen from its parent) cannot shadow the install the way
-# it shadows setuptools' default import hook (issue 28.10). A src/ layout (issue 26) ends the need.
+# it shadows setuptools' default import hook (issue 28.10). So the flat layout stays (no src/
+# folder: decided in issue 26).
 $(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
 	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
@@ -33,6 +34,7 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check prefetch tests demos benchmarks
 	$(PY) -m ruff format --check prefetch tests demos benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest $(ARGS)
 

@@ -7,10 +7,9 @@
   shared all      the whole dataset is uploaded once; the step slices its micro-batch by index
   shared batched  macro-batches are uploaded one after the other; micro-batches sliced by index
 
-The step is a softmax regression with SGD in a tf.function (prefetch.tf.feeding_benchmark, in
-prefetch/tf/_feeding.py).
-It runs on GPU:0 when TensorFlow sees one, else on the CPU, where host and device memory are
-the same RAM and the strategies differ only in their per-step overhead.
+The step is a softmax regression with SGD in a tf.function (prefetch.tools.feeding). It runs
+on GPU:0 when TensorFlow sees one, else on the CPU, where host and device memory are the same RAM
+and the strategies differ only in their per-step overhead.
 """
 
 from __future__ import annotations
@@ -39,13 +38,13 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import prefetch.tf
+    from prefetch.tools.feeding import feeding_benchmark
 
     rng = np.random.default_rng(0)
     shape = (args.images, args.image_size, args.image_size, 3)
     images = rng.integers(0, 256, size=shape, dtype=np.uint8)
     labels = rng.integers(0, 10, size=args.images).astype(np.int32)
-    rows = prefetch.tf.feeding_benchmark(
+    rows = feeding_benchmark(
         images,
         labels,
         micro_batch_sizes=args.micro,

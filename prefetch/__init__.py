@@ -10,7 +10,7 @@ import theirs, on first use.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
@@ -31,9 +31,6 @@ from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource
 from prefetch.sources.shards._tfrecord import CorruptShardError
-
-if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools stay out
-    from prefetch.tools.tune import tune
 
 __version__ = "0.1.0"
 
@@ -63,17 +60,12 @@ __all__ = [
     "WorkerCrashedError",
     "background",
     "decode_image",
-    "tune",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """Import `prefetch.tf`, `prefetch.keras`, `prefetch.torch` (and so their framework) and
-    `tune` (`prefetch.tools`) on first use."""
+    """Import `prefetch.tf`, `prefetch.keras`, `prefetch.torch` (and so their framework) on
+    first use."""
     if name in ("tf", "keras", "torch"):
         return importlib.import_module(f"prefetch.{name}")
-    if name == "tune":
-        tune = importlib.import_module("prefetch.tools.tune").tune
-        globals()["tune"] = tune  # later lookups find it without this function
-        return tune
     raise AttributeError(f"module 'prefetch' has no attribute {name!r}")

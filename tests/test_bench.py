@@ -296,7 +296,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
 ) -> None:
     rates = [bench.DecoderRate("pillow", 100.0, (100.0,))]
     sample = [str(path) for path in folder.rglob("*.jpg")]  # 40x30: below the smallest size
-    monkeypatch.setattr("prefetch.decode._turbo.fast_available", lambda: False)
+    monkeypatch.setattr("prefetch.tools.bench_hint.fast_available", lambda: False)
 
     hint = bench.fast_hint(rates, sample, antialias=False)
 
@@ -307,7 +307,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
     assert hint.speedup_other_antialias == pytest.approx(pillow_ms / turbo_ms)
     assert f"{100 * hint.speedup:.0f} instead of 100 images/s per core" in hint.text()
     assert bench.fast_hint([bench.DecoderRate("slow", 1.0, (1.0,))], sample, True) is None
-    monkeypatch.setattr("prefetch.decode._turbo.fast_available", lambda: True)
+    monkeypatch.setattr("prefetch.tools.bench_hint.fast_available", lambda: True)
     assert bench.fast_hint(rates, sample, antialias=False) is None
 
 

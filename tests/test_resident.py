@@ -17,6 +17,8 @@ from prefetch.testing import FailingDecoder, small_cnn, write_image_folder
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from prefetch.tools.feeding import feeding_benchmark  # noqa: E402  (after the TensorFlow check)
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -281,7 +283,7 @@ def test_a_loader_error_reaches_the_stream_consumer_as_itself(shapes: Path) -> N
 
 def test_the_feeding_benchmark_times_every_strategy_on_the_same_batches() -> None:
     images, labels = numbered(70)
-    rows = prefetch.tf.feeding_benchmark(
+    rows = feeding_benchmark(
         images, labels, micro_batch_sizes=(16,), macro_batch_sizes=(40,), epochs=1
     )
     assert [(r.strategy, r.micro_batch_size, r.macro_batch_size) for r in rows] == [

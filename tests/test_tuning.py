@@ -1,4 +1,5 @@
-"""prefetch.tune and `prefetch tune`: real trials on a small folder; no timing asserted."""
+"""prefetch.tools.tune.tune and `prefetch tune`: real trials on a small folder; no timing
+asserted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 import prefetch
 from prefetch.testing import write_image_folder
-from prefetch.tools.tune import Trial, TuneReport
+from prefetch.tools.tune import Trial, TuneReport, tune
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def test_tune_measures_configurations_and_recommends_one_it_measured(
     # The noise rules (load above the cores, rounds spread apart) are tested on their own;
     # here a quiet machine is given, so that the recommendation does not depend on the load.
     monkeypatch.setattr(prefetch.tools.tune, "load_average", lambda: 0.0)
-    report = prefetch.tune(
+    report = tune(
         folder,
         max_spread=math.inf,
         step_ms=5,
@@ -68,9 +69,9 @@ def test_the_recommendation_is_the_smallest_within_tolerance_of_the_best() -> No
 
 def test_bad_arguments_name_the_argument(folder: Path) -> None:
     with pytest.raises(ValueError, match="step_ms"):
-        prefetch.tune(folder, step_ms=-1)
+        tune(folder, step_ms=-1)
     with pytest.raises(ValueError, match="fewer than 2 batches"):
-        prefetch.tune(folder, step_ms=1, batch_size=64)
+        tune(folder, step_ms=1, batch_size=64)
 
 
 def test_the_tune_command_prints_the_table_and_writes_json(folder: Path, tmp_path: Path) -> None:

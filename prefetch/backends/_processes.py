@@ -9,7 +9,8 @@ passes every slot's segment to every worker as a file descriptor when the slot i
 to a new worker when it starts), then sends (batch id, task, slot name); the worker fills the
 slot with `SampleReader.read_into` and answers (batch id, outcome) or (batch id, error). No
 pixels cross a pipe. `ProcessPending.wait` returns once that batch is settled (or the timeout
-passed); `cancel` makes a worker skip the batch if it has not begun it.
+passed); `cancel` makes a worker skip the batch if it has not begun it (both handles, the
+pending batch and the worker, are in _process_pending.py).
 
 The consumer thread drives everything from `pump()`, which waits on the pipes and on the
 processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
@@ -26,16 +27,15 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
-from collections import OrderedDict
 from dataclasses import replace
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.reduction import send_handle
 from typing import Any
 
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
 from prefetch.backends._base import BatchOutcome, BatchTask, Skipped, Slot, compact
+from prefetch.backends._process_pending import ProcessPending, WorkerHandle
 from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, Stop, Task
 from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._reader import SampleReader
@@ -57,60 +57,6 @@ _NEVER_ANSWERED = (
     "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
     "its main code)"
 )
-
-
-class ProcessPending:
-    """A batch sent to one worker; its result arrives through the backend's pump."""
-
-    def __init__(self, backend: ProcessBackend, batch_id: int) -> None:
-        self._backend = backend
-        self.batch_id = batch_id
-        self.outcome: BatchOutcome | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False  # the consumer no longer wants it
-        self.abandoned = False  # no worker will write into its slot any more
-
-    def done(self) -> bool:
-        """Settled: its worker answered, or can no longer write into the slot."""
-        return self.outcome is not None or self.error is not None or self.abandoned
-
-    def wait(self, timeout_s: float) -> bool:
-        """Wait until this batch is settled or `timeout_s` passed; returns whether it is."""
-        deadline = time.monotonic() + timeout_s
-        while not self.done():  # pumps at least once, so answers already sent count
-            self._backend.pump(max(deadline - time.monotonic(), 0.0))
-            if time.monotonic() >= deadline:
-                break
-        return self.done()
-
-    def result(self) -> BatchOutcome:
-        if self.error is not None:
-            raise self.error
-        assert self.outcome is not None, "result() before the batch was done"
-        return self.outcome
-
-    def cancel(self) -> None:
-        """Stop wanting the batch; its worker skips it if it has not begun it. It is done only
-        once its worker answered (or is gone), so the slot is not reused while a worker may
-        still write into it."""
-        if not self.cancelled:
-            self.cancelled = True
-            self._backend.cancel(self.batch_id)
-
-
-# What a worker holds for a batch: its task, slot and size.
-_InFlight = tuple[BatchTask, Slot, int]
-
-
-class _Worker:
-    def __init__(self, index: int, process: Any, conn: Connection) -> None:
-        self.index = index
-        self.process = process
-        self.conn = conn
-        self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()
-        self.answered = 0
-        self.retiring = False  # sent a stop by set_workers: it leaves after its batches
-        self.timed_out = False  # killed by time_out: its replacement costs no restart
 
 
 class ProcessBackend:
@@ -145,7 +91,7 @@ class ProcessBackend:
             else multiprocessing.get_context("spawn")
         )
         self._slots = SharedSlots(self._layout)
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerHandle] = []
         self._pending: dict[int, ProcessPending] = {}
         self._next_id = 0
         self._crashed: WorkerCrashedError | None = None
@@ -174,7 +120,7 @@ class ProcessBackend:
                     worker.conn.send(Stop())
             self.workers = count
 
-    def _spawn(self, index: int) -> _Worker:
+    def _spawn(self, index: int) -> WorkerHandle:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
@@ -186,12 +132,12 @@ class ProcessBackend:
             process.start()
         child_end.close()
         self._coordinator.register_thread(process)
-        worker = _Worker(index, process, parent_end)
+        worker = WorkerHandle(index, process, parent_end)
         for name in self._slots.segments():
             self._give_segment(worker, name)
         return worker
 
-    def _give_segment(self, worker: _Worker, name: str) -> None:
+    def _give_segment(self, worker: WorkerHandle, name: str) -> None:
         """Pass a segment's file descriptor itself: the worker never opens it by name."""
         fd, path, _ = self._slots.segments()[name]
         with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
@@ -236,7 +182,9 @@ class ProcessBackend:
             self._send(worker, batch_id, task, slot, len(task.indices))
             return pending
 
-    def _send(self, worker: _Worker, batch_id: int, task: BatchTask, slot: Slot, size: int) -> None:
+    def _send(
+        self, worker: WorkerHandle, batch_id: int, task: BatchTask, slot: Slot, size: int
+    ) -> None:
         worker.in_flight[batch_id] = (task, slot, size)
         with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
             worker.conn.send(Task(batch_id, task, slot.name, size))
@@ -279,7 +227,7 @@ class ProcessBackend:
     def pump(self, timeout_s: float) -> None:
         """Receive results and handle dead workers, waiting at most `timeout_s`."""
         with self._lock:
-            by_handle: dict[Any, _Worker] = {}
+            by_handle: dict[Any, WorkerHandle] = {}
             for worker in self._workers:
                 by_handle[worker.conn] = worker
                 by_handle[worker.process.sentinel] = worker
@@ -292,7 +240,7 @@ class ProcessBackend:
                     self._receive(worker)  # what it sent before it died still counts
                     self._handle_death(worker)
 
-    def _receive(self, worker: _Worker) -> None:
+    def _receive(self, worker: WorkerHandle) -> None:
         try:
             while worker.conn.poll(0):
                 batch_id, outcome, error = worker.conn.recv()
@@ -315,7 +263,7 @@ class ProcessBackend:
         except (EOFError, OSError):
             pass  # the worker died; its sentinel tells
 
-    def _handle_death(self, worker: _Worker) -> None:
+    def _handle_death(self, worker: WorkerHandle) -> None:
         code = worker.process.exitcode
         reason = (
             f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
@@ -376,7 +324,7 @@ class ProcessBackend:
         self._replace(worker, lost)
 
     def _replace(
-        self, worker: _Worker, lost: list[tuple[int, tuple[BatchTask, Slot, int]]]
+        self, worker: WorkerHandle, lost: list[tuple[int, tuple[BatchTask, Slot, int]]]
     ) -> None:
         """Start a worker in place of `worker` and send it the batches still wanted."""
         replacement = self._spawn(worker.index)

@@ -10,7 +10,6 @@ underscore), so no public function shadows the module it lives in:
 - `_resident`: `resident`, `ResidentDataset`; `_resident_stream`: `resident_stream`,
   `ResidentStream`; `_device`: `device_memory_budget` and the
   one device-name check
-- `_feeding`: `feeding_benchmark`, `FeedingRow`, a measurement tool outside the data path
 """
 
 # ruff: noqa: E402  (the framework check comes before the imports that need it)
@@ -27,7 +26,6 @@ require(
 from prefetch.errors import DoesNotFitError
 from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
 from prefetch.tf._device import device_memory_budget
-from prefetch.tf._feeding import FeedingRow, feeding_benchmark
 from prefetch.tf._resident import ResidentDataset, resident
 from prefetch.tf._resident_stream import ResidentStream, resident_stream
 from prefetch.tf.callbacks import InputStatsCallback
@@ -36,14 +34,12 @@ from prefetch.tf.queue_runner import QueueRunner
 
 __all__ = [
     "DoesNotFitError",
-    "FeedingRow",
     "InputStatsCallback",
     "QueueRunner",
     "ResidentDataset",
     "ResidentStream",
     "dataset",
     "device_memory_budget",
-    "feeding_benchmark",
     "image_dataset_from_directory",
     "output_signature",
     "resident",

@@ -11,8 +11,8 @@ Contract:
   `dataset.keras_model(model)` (gathers inside the step) on `dataset.index_dataset()`.
 - Epoch planning (`batch_indices`: order, batches) repeats the Loader's; it is to move to the
   shared epoch plan (prefetch/plan/_epochs.py, DESIGN.md section 3) in a later step.
-Macro-batch streaming is in _resident_stream.py. Rationale and examples: docs/tensorflow.md,
-section "Device-resident data".
+The device variables are in _resident_storage.py, macro-batch streaming in _resident_stream.py.
+Rationale and examples: docs/tensorflow.md, section "Device-resident data".
 """
 
 from __future__ import annotations
@@ -30,22 +30,10 @@ from prefetch.plan._epochs import EpochPlan, fixed_grouping
 from prefetch.runtime._loader import Loader
 from prefetch.runtime._options import positive
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
-from prefetch.tf._device import resolve_device, upload
+from prefetch.tf._device import resolve_device
+from prefetch.tf._resident_storage import DeviceStorage, GatherRows, take_rows
 
 SHUFFLE_MODES = ("batches", "samples", False)
-
-
-class _Storage:
-    """The device variables that a dataset and all its views share, and the upload count."""
-
-    def __init__(self, images: Any, labels: Any | None, device: str) -> None:
-        self.device = device
-        self.uploads = 0
-        self.images = upload(images, device)
-        self.uploads += 1
-        self.host_labels = None if labels is None else np.asarray(labels)
-        self.labels = None if labels is None else upload(self.host_labels, device, strict=False)
-        self.rows = int(self.images.shape[0])
 
 
 def _check_shuffle(shuffle: Any) -> str | bool:
@@ -77,7 +65,7 @@ class ResidentDataset:
 
     def __init__(
         self,
-        storage: _Storage,
+        storage: DeviceStorage,
         rows: np.ndarray,
         *,
         batch_size: int,
@@ -173,7 +161,7 @@ class ResidentDataset:
         for samples in self.batch_indices(epoch):
             rows = self._rows[samples]
             with tf.device(storage.device):
-                images, labels = _take_rows(storage, rows)
+                images, labels = take_rows(storage, rows)
             yield images if labels is None else (images, labels)
 
     # ---- Keras ---------------------------------------------------------------------------
@@ -222,7 +210,7 @@ class ResidentDataset:
         `model`, not this wrapper (its gather layer holds the data and is not serializable).
         """
         rows = keras.Input(shape=(), dtype="int64", name="rows")
-        trainer = keras.Model(rows, model(_GatherRows(self._storage)(rows)), name=model.name)
+        trainer = keras.Model(rows, model(GatherRows(self._storage)(rows)), name=model.name)
         if getattr(model, "compiled", False):
             trainer.compile_from_config(model.get_compile_config())
         return trainer
@@ -283,33 +271,6 @@ class ResidentDataset:
             f"ResidentDataset({counted(self.num_samples, 'sample')} on {self.device}, batch_size="
             f"{self.batch_size}, shuffle={self.shuffle!r}, uploads={self.uploads})"
         )
-
-
-def _take_rows(storage: _Storage, rows: np.ndarray) -> tuple[Any, Any]:
-    """The batch at `rows`: a slice when they are consecutive, else a gather (on the device)."""
-    first = int(rows[0])
-    if int(rows[-1]) - first == len(rows) - 1 and np.all(np.diff(rows) == 1):
-        images = storage.images[first : first + len(rows)]
-        labels = None if storage.labels is None else storage.labels[first : first + len(rows)]
-    else:
-        indices = tf.constant(rows)
-        images = tf.gather(storage.images, indices)
-        labels = None if storage.labels is None else tf.gather(storage.labels, indices)
-    return images, labels
-
-
-class _GatherRows(keras.layers.Layer):  # type: ignore[misc]
-    """Keras layer: int64 rows -> the images at those rows, gathered on the device."""
-
-    def __init__(self, storage: _Storage) -> None:
-        super().__init__(trainable=False, name="resident_rows")
-        self._storage = storage  # a plain object: Keras does not track the data as a weight
-
-    def call(self, rows: Any) -> Any:
-        return tf.gather(self._storage.images, rows)
-
-    def compute_output_spec(self, rows: Any) -> Any:
-        return keras.KerasTensor((rows.shape[0], *self._storage.images.shape[1:]), "uint8")
 
 
 def _read_all(loader: Loader) -> tuple[np.ndarray, np.ndarray | None]:
@@ -409,7 +370,7 @@ def resident(
         rows[grouping] = np.arange(count)
     else:
         rows = np.arange(count, dtype=np.int64)
-    storage = _Storage(images, labels, name)
+    storage = DeviceStorage(images, labels, name)
     return ResidentDataset(
         storage,
         rows,

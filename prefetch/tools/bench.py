@@ -29,6 +29,8 @@ import tempfile
 from collections.abc import Collection, Mapping, Sequence
 
 from prefetch.decode._decoders import DecodeOptions, Decoder
+from prefetch.decode._turbo import fast_available
+from prefetch.decode._window import compiled_available
 from prefetch.plan._crops import Crop
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._loader import Loader
@@ -277,9 +279,6 @@ def _checked_decoders(decoders: Mapping[str, Decoder] | None) -> dict[str, Decod
 
 def _crop_engines() -> list[tuple[str, str]]:
     """(name, window_decode engine) of the window decoders this machine has."""
-    from prefetch.decode._turbo import fast_available
-    from prefetch.decode._window import compiled_available
-
     fast = compiled_available() or fast_available()
     return [("pillow", "pillow"), *([("turbo", "turbo")] if fast else [])]
 

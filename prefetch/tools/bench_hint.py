@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from prefetch.decode._turbo import fast_available
 from prefetch.runtime._autoscale import usable_cores
 
 if TYPE_CHECKING:
@@ -69,8 +70,6 @@ def fast_hint(
 ) -> FastHint | None:
     """What installing the `fast` extra would gain (see `FastHint`), or None when it is
     installed or Pillow ("pillow" in `rates`) was not measured."""
-    from prefetch.decode._turbo import fast_available
-
     pillow = [rate.images_per_s for rate in rates if rate.name == "pillow"]
     if fast_available() or not pillow or not sample:
         return None

@@ -2,9 +2,8 @@
 
 `feeding_benchmark` times one epoch of a small compiled train step (softmax regression, SGD)
 fed from the host, from the whole dataset uploaded once, and from macro-batches uploaded one
-after the other; `benchmarks/feeding_strategies.py` prints its rows. No module of prefetch
-imports this one except `prefetch.tf`, which exports `feeding_benchmark` and `FeedingRow`.
-It runs in the caller's thread and leaves nothing behind but the rows.
+after the other; `benchmarks/feeding_strategies.py` prints its rows. Importing it imports
+TensorFlow. It runs in the caller's thread and leaves nothing behind but the rows.
 """
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""Fault-injecting decoders and transforms: they wrap the default decoder to sleep, fail,
+kill their worker or wait for each other at chosen files (a `marker` in the path). Plain
+picklable classes, so they work in thread and process workers alike."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from prefetch.decode._decoders import DecodeOptions, decode_bytes, get_decoder
+from prefetch.io._members import Location
+
+
+class SlowDecoder:
+    """The default decoder, after sleeping `delay_s` per image (a slow disk or heavy decode).
+
+    With `marker`, it sleeps only for paths containing it. With `once_flag` (a file path), it
+    sleeps only the first time, in whichever process: it creates the file before sleeping.
+    Sleeping and decoding both release the GIL, so `backend="auto"` keeps threads for it.
+    """
+
+    releases_gil = True
+
+    def __init__(
+        self, delay_s: float, marker: str | None = None, once_flag: str | None = None
+    ) -> None:
+        self.delay_s = delay_s
+        self.marker = marker
+        self.once_flag = once_flag
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if (self.marker is None or self.marker in str(path)) and _first_time(self.once_flag):
+            time.sleep(self.delay_s)
+        return get_decoder("auto")(path, options)
+
+
+class PlainReadDecoder:
+    """A decoder of your own that reads the file with a plain `open(path).read()`, then decodes
+    the bytes with `decode_bytes`. prefetch's decoders refuse a FIFO or a device at once; this
+    one blocks on a FIFO without a writer, as a read from a dead network mount blocks: the
+    stuck sample that `sample_timeout_s` bounds. Picklable; safe in many threads."""
+
+    releases_gil = True
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        with open(path, "rb") as file:  # blocks on a FIFO until a writer comes
+            data = file.read()
+        return decode_bytes(data, options)
+
+
+class FailingDecoder:
+    """The default decoder, raising `error(message)` for any path containing `marker`."""
+
+    releases_gil = True  # the default decoder's: `backend="auto"` keeps threads for it
+
+    def __init__(self, marker: str, error: type[Exception] = ValueError) -> None:
+        self.marker = marker
+        self.error = error
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path):
+            raise self.error(f"injected failure for {path}")
+        return get_decoder("auto")(path, options)
+
+
+class CrashingDecoder:
+    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`.
+
+    With `once_flag` (a file path), it crashes only the first time: it creates the file before
+    dying, so the restarted worker decodes the file normally. Use with backend="process".
+    """
+
+    def __init__(self, marker: str, once_flag: str | None = None, exit_code: int = 13) -> None:
+        self.marker = marker
+        self.once_flag = once_flag
+        self.exit_code = exit_code
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.marker in str(path) and _first_time(self.once_flag):
+            os._exit(self.exit_code)
+        return get_decoder("auto")(path, options)
+
+
+class RendezvousDecoder:
+    """The default decoder, whose first call in each process or thread first waits, up to
+    `timeout_s`, until `parties` of them have arrived (arrivals are files in `folder`).
+
+    It proves that `parties` workers read at the same time: when fewer ever get a sample, the
+    wait ends with a `TimeoutError` that the loader raises. Works across worker processes.
+    """
+
+    releases_gil = True
+
+    def __init__(self, folder: str | os.PathLike[str], parties: int, timeout_s: float = 30.0):
+        self.folder = os.fspath(folder)
+        self.parties = parties
+        self.timeout_s = timeout_s
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        me = os.path.join(self.folder, f"{os.getpid()}-{threading.get_ident()}")
+        if not os.path.exists(me):
+            open(me, "x").close()
+            deadline = time.monotonic() + self.timeout_s
+            while len(os.listdir(self.folder)) < self.parties:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"only {len(os.listdir(self.folder))} of {self.parties} workers "
+                        f"were reading at once after {self.timeout_s:g} s"
+                    )
+                time.sleep(0.01)
+        return get_decoder("auto")(path, options)
+
+
+def _first_time(once_flag: str | None) -> bool:
+    """True without a flag file; with one, True only for the call that creates it."""
+    if once_flag is None:
+        return True
+    try:
+        with open(once_flag, "x"):
+            return True
+    except FileExistsError:
+        return False
+
+
+class GilHoldingTransform:
+    """A transform that holds the GIL (a pure-Python busy loop) for `delay_s` per image.
+
+    It stands in for Python-heavy augmentation, the case `backend="auto"` sends to processes.
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        deadline = time.perf_counter() + self.delay_s
+        while time.perf_counter() < deadline:
+            pass
+        return image
+
+
+def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A sample augmentation that uses its random generator: flip half the images, add noise."""
+    if rng.random() < 0.5:
+        image = image[:, ::-1]
+    noisy = image.astype(np.int16) + rng.integers(-8, 9, size=image.shape, dtype=np.int16)
+    result: np.ndarray = np.clip(noisy, 0, 255).astype(np.uint8)
+    return result
