@@ -16,6 +16,7 @@ from prefetch.coordinator import Coordinator
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.errors import (
     ClosedError,
+    CorruptShardError,
     PrefetchError,
     SampleTimeoutError,
     StopTimeoutError,
@@ -29,7 +30,6 @@ from prefetch.runtime._options import ProcessOptions
 from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource
-from prefetch.sources.shards._tfrecord import CorruptShardError
 
 if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools stay out
     from prefetch.tools.tune import tune

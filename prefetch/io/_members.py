@@ -30,8 +30,8 @@ import numpy as np
 from prefetch.io import _storage as storage
 from prefetch.io._local_files import open_regular
 from prefetch.io._paths import PATHS_PER_STEP, PathArray, pack_chunks
+from prefetch.io._records import RECORD_OVERHEAD, record_data
 from prefetch.io._remote_options import active_options
-from prefetch.sources.shards._tfrecord import RECORD_OVERHEAD, record_data
 
 FORMATS = ("tar", "tfrecord")
 # The ending of a whole shard's local copy in a spool folder (`prefetch.sources.shards._spool`).

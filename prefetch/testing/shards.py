@@ -23,8 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prefetch.io._records import frame_record
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import _field, encode_example, frame_record
+from prefetch.sources.shards._tfrecord import _field, encode_example
 
 
 def write_tar(

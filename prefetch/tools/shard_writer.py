@@ -44,12 +44,13 @@ import numpy as np
 from PIL import Image
 
 from prefetch.io import _storage as storage
+from prefetch.io._records import frame_record
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards._files import parse_class_names
 from prefetch.sources.shards._index import index_shard
 from prefetch.sources.shards._manifest import Manifest, ShardEntry, manifest_name
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example, frame_record
+from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.tools import fit_crop, shard_set
 from prefetch.tools.out_folder import OutFolder
 

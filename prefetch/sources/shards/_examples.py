@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.io._records import corrupt_shard
 from prefetch.sources.shards._index_file import IndexSpec
 from prefetch.sources.shards._tfrecord import (
     _entries,
     _lists,
     _next,
     _read_varint,
-    corrupt_shard,
     iter_records,
 )
 

@@ -1,15 +1,16 @@
-"""TFRecord, tf.train.Example and tar shards, read and written without TensorFlow.
+"""TFRecord files, tf.train.Example and tar shards, read and written without TensorFlow.
 
 Worker processes index and read shards with these functions, so the module imports only the
-standard library, numpy and `google_crc32c`. Every function is pure (no state of its own) and
-thread-safe; the readers take an open binary file and seek in it, so one file object belongs to
-one reader at a time. Readers touch only framing: TFRecord headers, tar headers and protobuf tags
-and lengths; the payload (an encoded image) is never scanned nor copied, only located, so an
-index can point at the image bytes inside a shard. Damaged framing raises `CorruptShardError`
-naming the file and the byte offset. Formats, as TensorFlow and WebDataset write them:
+standard library, numpy and the record framing (`prefetch.io._records`: one record's header,
+CRCs and data, which reading a sample needs too). Every function is pure (no state of its own)
+and thread-safe; the readers take an open binary file and seek in it, so one file object
+belongs to one reader at a time. Readers touch only framing: TFRecord headers, tar headers and
+protobuf tags and lengths; the payload (an encoded image) is never scanned nor copied, only
+located, so an index can point at the image bytes inside a shard. Damaged framing raises
+`CorruptShardError` naming the file and the byte offset. Formats, as TensorFlow and WebDataset
+write them:
 
-- TFRecord: uint64 LE length, uint32 LE masked CRC32C of those 8 bytes, the data, uint32 LE
-  masked CRC32C of the data.
+- TFRecord: records one after the other (`prefetch.io._records`); `iter_records` walks them.
 - tf.train.Example: protobuf `Example{features: Features{feature: map<string, Feature>}}`.
 
 Tar shards (POSIX ustar, GNU and pax; WebDataset's samples) are read by
@@ -23,93 +24,11 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
-import google_crc32c
 import numpy as np
 
-from prefetch.errors import PrefetchError
-
-
-class CorruptShardError(PrefetchError, ValueError):
-    """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
-
-    The message names the file and the byte offset (of the record or tar header) and the fix:
-    re-write or re-download the shard, or pass `on_error="skip"`.
-
-    Parameters:
-
-    - `message`: the error's text.
-    - `path`: the shard (kept as `.path`).
-    - `offset`: the byte offset of the damaged record or header (kept as `.offset`; -1 when
-      unknown). The error pickles with both.
-    """
-
-    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-
-def corrupt_shard(path: str, offset: int, what: str) -> CorruptShardError:
-    """The error for damage `what` in the record or header at `offset` of `path`."""
-    fix = "Re-write or re-download the shard, or pass on_error='skip' to drop its bad samples"
-    where = f"{path or '<bytes>'} at offset {offset}"
-    return CorruptShardError(f"corrupt shard {where}: {what}. {fix}", path, offset)
-
+from prefetch.io._records import RECORD_OVERHEAD, corrupt_shard, record_length
 
 # ---------------------------------------------------------------- TFRecord
-
-_MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask constant (from LevelDB's log format)
-_HEADER = struct.Struct("<QI")  # data length, masked CRC32C of the length's 8 bytes
-_FOOTER = struct.Struct("<I")  # masked CRC32C of the data
-RECORD_OVERHEAD = 16  # bytes of framing per record: 12 header + 4 footer
-
-
-def masked_crc32c(data: bytes | memoryview) -> int:
-    """TFRecord's masked CRC32C of `data`: CRC rotated right by 15 bits plus a constant, mod 2**32.
-
-    A memoryview is copied once into bytes (the CRC extension accepts only bytes).
-    """
-    crc: int = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame_record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord record (header, data, footer), as tf.io.TFRecordWriter does."""
-    length = struct.pack("<Q", len(data))
-    return b"".join(
-        (length, _FOOTER.pack(masked_crc32c(length)), data, _FOOTER.pack(masked_crc32c(data)))
-    )
-
-
-def record_length(header: bytes, path: str, offset: int) -> int:
-    """The data length in the 12 header bytes of the record at `offset` of `path`, CRC checked.
-
-    Raises `CorruptShardError` when the header is short ("truncated") or its length CRC differs.
-    """
-    if len(header) < 12:
-        raise corrupt_shard(path, offset, f"truncated record header ({len(header)} of 12 bytes)")
-    length, crc = _HEADER.unpack_from(header)
-    if masked_crc32c(header[:8]) != crc:
-        raise corrupt_shard(path, offset, "record length CRC mismatch")
-    return int(length)
-
-
-def record_data(record: bytes | memoryview, path: str, offset: int) -> memoryview:
-    """A memoryview of the data of the framed record `record` (read from `offset` of `path`).
-
-    Both CRCs are checked; bytes after the footer are ignored. Raises `CorruptShardError` when
-    the record is shorter than its header says ("truncated") or a CRC differs.
-    """
-    view = memoryview(record)
-    length = record_length(bytes(view[:12]), path, offset)
-    if len(view) < length + RECORD_OVERHEAD:
-        what = f"{len(view)} bytes, the header says {length + RECORD_OVERHEAD}"
-        raise corrupt_shard(path, offset, f"truncated record ({what})")
-    data = view[12 : 12 + length]
-    (crc,) = _FOOTER.unpack_from(view, 12 + length)
-    if masked_crc32c(data) != crc:
-        raise corrupt_shard(path, offset, "record data CRC mismatch")
-    return data
 
 
 def file_size(file: BinaryIO) -> int:
@@ -124,8 +43,9 @@ def iter_records(file: BinaryIO, path: str) -> Iterator[tuple[int, int]]:
     """(record offset, data length) of each record of a TFRecord file, from its start.
 
     Reads the 12 header bytes of each record and seeks past its data (data CRCs are checked
-    later, by `record_data`). Raises `CorruptShardError` at the first bad length CRC, or a record
-    that would run past the end of the file ("truncated"), naming the record's offset.
+    later, by `prefetch.io._records.record_data`). Raises `CorruptShardError` at the first bad
+    length CRC, or a record that would run past the end of the file ("truncated"), naming the
+    record's offset.
     """
     size = file_size(file)
     offset = 0
