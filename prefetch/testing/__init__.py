@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from prefetch.decode._decoders import DecodeOptions, decode_bytes, get_decoder
+from prefetch.decode._choice import get_decoder
+from prefetch.decode._decoders import DecodeOptions, decode_bytes
 from prefetch.io._members import Location
 from prefetch.testing.bombs import PILLOW_DEFAULT_MAX_PIXELS as PILLOW_DEFAULT_MAX_PIXELS
 from prefetch.testing.bombs import write_decompression_bomb as write_decompression_bomb
