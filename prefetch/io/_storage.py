@@ -29,8 +29,8 @@ from typing import Any, BinaryIO
 
 from prefetch.io import _http as http
 
-# The options live in prefetch.io._remote_options; `using` and `RemoteOptions` are re-exported
-# because readers and sources reach them through this module.
+# Re-exported (`name as name`): readers and sources reach the options (prefetch.io._remote_options)
+# and `read_local` through this module.
 from prefetch.io._local_files import read_local as read_local
 from prefetch.io._remote_options import RemoteOptions as RemoteOptions
 from prefetch.io._remote_options import active_options as active_options
