@@ -4,7 +4,7 @@ For each JPEG of a folder (sample i of epoch 0, seed 0), the work `Loader(crop=.
 one sample is timed stage by stage, each stage over all images in turn (CPU time of this
 thread, so other processes on the machine count less; median of --rounds):
 
-  read          the file's bytes (`storage.read_whole`; page cache warm)
+  read          the file's bytes (`storage.read_location`; page cache warm)
   plan          the sample's generator, the JPEG header, the crop's box, the DCT scale, the flip
   entropy       libjpeg-turbo's Huffman decoding of the rows down to the window's last
                 (`window_decode.entropy_decode_rows`): the floor no DCT scale or window avoids
@@ -55,7 +55,7 @@ from prefetch.backends._base import BatchTask, Slot
 from prefetch.backends._reader import SampleReader
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions, decode_image
-from prefetch.io._storage import read_whole
+from prefetch.io._members import read_location
 from prefetch.plan._crops import Augment, Box, CenterCrop, Crop, RandomResizedCrop
 
 SIZE = (224, 224)
@@ -68,7 +68,7 @@ class Sample:
         jpeg = window_decode._jpegwindow
         assert jpeg is not None
         self.path = path
-        self.data = read_whole(path)
+        self.data = read_location(path)
         rng = augment.rng(0, 0, index)
         width, height, _, _ = jpeg.header(self.data)
         assert augment.crop is not None
@@ -127,7 +127,7 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
 
     flips = [slot.images[row] for row, s in enumerate(samples) if s.flipped]
     ms = {
-        "read": cpu_ms(lambda: [read_whole(s.path) for s in samples], count, rounds),
+        "read": cpu_ms(lambda: [read_location(s.path) for s in samples], count, rounds),
         "plan": cpu_ms(plan, count, rounds),
         "entropy": cpu_ms(
             lambda: [window_decode.entropy_decode_rows(s.data, s.last_row) for s in samples],
@@ -174,7 +174,7 @@ def loader_row(paths: list[str], crop: Crop, flip: bool, epochs: int) -> None:
         backend = loader.stats().backend
     jpeg = window_decode._jpegwindow
     assert jpeg is not None
-    datas = [read_whole(path) for path in paths]
+    datas = [read_location(path) for path in paths]
     sizes = [jpeg.header(data)[1::-1] for data in datas]  # (height, width)
     last_rows = [
         (data, box.top + box.height - 1)

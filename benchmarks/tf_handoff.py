@@ -64,7 +64,7 @@ def main() -> None:
         write_photos(Path(tmp), args.images)
         folder = prefetch.ImageFolder(tmp)
         options = prefetch.DecodeOptions(IMAGE_SIZE)
-        decode = prefetch.decode._decoders.get_decoder("auto")  # the Loader's default decoder
+        decode = prefetch.decode._choice.get_decoder("auto")  # the Loader's default decoder
         loader = prefetch.Loader(
             folder, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE, workers=args.workers, seed=0
         )

@@ -17,6 +17,7 @@ from prefetch.coordinator import Coordinator
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.errors import (
     ClosedError,
+    CorruptShardError,
     PrefetchError,
     SampleTimeoutError,
     StopTimeoutError,
@@ -30,7 +31,6 @@ from prefetch.runtime._options import ProcessOptions
 from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource
-from prefetch.sources.shards._tfrecord import CorruptShardError
 
 __version__ = "0.1.0"
 

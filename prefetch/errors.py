@@ -126,3 +126,23 @@ class DoesNotFitError(PrefetchError, MemoryError):
         self.needed_bytes = needed_bytes
         self.budget_bytes = budget_bytes
         self.max_macro_batches = max_macro_batches
+
+
+class CorruptShardError(PrefetchError, ValueError):
+    """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
+
+    The message names the file and the byte offset (of the record or tar header) and the fix:
+    re-write or re-download the shard, or pass `on_error="skip"`.
+
+    Parameters:
+
+    - `message`: the error's text.
+    - `path`: the shard (kept as `.path`).
+    - `offset`: the byte offset of the damaged record or header (kept as `.offset`; -1 when
+      unknown). The error pickles with both.
+    """
+
+    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset

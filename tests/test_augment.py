@@ -435,7 +435,7 @@ def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
 def test_crop_none_keeps_the_whole_image_path(photos: Path) -> None:
     """crop=None (the default) decodes each file exactly as the decoder does on its own."""
     loader = prefetch.Loader(photos, batch_size=6, image_size=TARGET, seed=2, crop=None)
-    decoder = prefetch.decode._decoders.get_decoder("auto")
+    decoder = prefetch.decode._choice.get_decoder("auto")
     paths = loader.source.paths  # type: ignore[attr-defined]
     got = batches(loader)
     for (images, _), indices in zip(got, loader.batch_indices(0), strict=True):

@@ -24,7 +24,7 @@ import pytest
 import prefetch
 from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
 from prefetch.backends._shm import PREFIX, SHM_DIR
-from prefetch.decode._decoders import get_decoder
+from prefetch.decode._choice import get_decoder
 from prefetch.testing import (
     FailingDecoder,
     SlowDecoder,

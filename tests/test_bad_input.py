@@ -30,7 +30,7 @@ from PIL import Image, UnidentifiedImageError
 
 import prefetch
 from prefetch import DecodeOptions, FileList, Loader
-from prefetch.decode._decoders import get_decoder
+from prefetch.decode._choice import get_decoder
 from prefetch.testing import OddImage, write_bad_files, write_image_folder, write_odd_images
 
 pytestmark = pytest.mark.timeout(60)

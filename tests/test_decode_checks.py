@@ -18,10 +18,10 @@ from PIL import Image, UnidentifiedImageError
 
 import prefetch
 from prefetch import CenterCrop, DecodeOptions, FileList, Loader, RandomResizedCrop
-from prefetch.decode._checks import MAX_JPEG_SCANS
 from prefetch.decode._decoders import decode_bytes, decode_image
 from prefetch.decode._turbo import decode_turbo, fast_available
 from prefetch.decode._window import decode_window
+from prefetch.io._images import MAX_JPEG_SCANS
 from prefetch.testing import write_bad_files, write_image_folder, write_scan_bomb
 
 pytestmark = pytest.mark.timeout(60)

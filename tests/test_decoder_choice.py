@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.decode._decoders import DECODER_NAMES, DecodeOptions, decode_image, get_decoder
+from prefetch.decode._choice import DECODER_NAMES, get_decoder
+from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.decode._turbo import decode_turbo, fast_available
 from prefetch.testing import write_image_folder
 

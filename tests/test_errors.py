@@ -33,6 +33,7 @@ PUBLIC_ERRORS = (
     "SampleTimeoutError",
     "ClosedError",
     "StopTimeoutError",
+    "CorruptShardError",
 )
 # A bound on waiting for a thread to reach a given function; generous, for a loaded machine.
 REACH_TIMEOUT_S = 30.0

@@ -323,7 +323,7 @@ def opencv_threads_after_first_use() -> int:
     """In a fresh process: OpenCV's thread count once fast_decode has imported it."""
     import cv2
 
-    fast_decode._modules()
+    fast_decode.turbo_modules()
     threads: int = cv2.getNumThreads()
     return threads
 
@@ -337,7 +337,7 @@ def test_opencv_runs_single_threaded_in_worker_processes_only(
     cv2.setNumThreads(3)
     fast_decode._import_modules.cache_clear()
     try:
-        fast_decode._modules()  # imports and configures again
+        fast_decode.turbo_modules()  # imports and configures again
         assert cv2.getNumThreads() == 3, "the main process keeps its own setting"
     finally:
         cv2.setNumThreads(original)
@@ -358,7 +358,7 @@ def test_the_registry_lists_both_decoders_and_the_best_is_one_of_them(
 def test_without_the_extra_the_registry_and_the_best_decoder_are_pillow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fast_decode, "_modules", lambda: None)
+    monkeypatch.setattr(fast_decode, "turbo_modules", lambda: None)
     best_decoder.cache_clear()
     try:
         assert not fast_decode.fast_available()

@@ -34,6 +34,7 @@ from prefetch import ImageFolder, Loader, RemoteOptions
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.decode._turbo import decode_turbo
 from prefetch.io import _storage as storage
+from prefetch.io import _tree as remote_tree
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import Reply, index_page, redirect, serve_folder, serve_hostile
 
@@ -366,9 +367,7 @@ def test_a_huge_or_endless_index_page_stops_at_the_page_bytes_cap() -> None:
 def test_a_long_listing_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from prefetch.io import _http as remote_http
-
-    monkeypatch.setattr(remote_http, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(remote_tree, "PROGRESS_EVERY_S", 0.0)
 
     def tree(path: str) -> Reply | None:
         if path == "/train/":

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.decode._decoders import DecodeOptions, get_decoder
+from prefetch.decode._choice import get_decoder
+from prefetch.decode._decoders import DecodeOptions
 from prefetch.errors import PrefetchError, RemoteTraceback
 from prefetch.testing import SlowDecoder, worker_processes, write_image_folder
 

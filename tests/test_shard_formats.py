@@ -19,6 +19,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from prefetch.errors import CorruptShardError
+from prefetch.io._records import (
+    RECORD_OVERHEAD,
+    frame_record,
+    masked_crc32c,
+    record_data,
+    record_length,
+)
 from prefetch.sources.shards._tar import (
     TAR_END,
     TarMember,
@@ -28,17 +36,11 @@ from prefetch.sources.shards._tar import (
     tar_padding,
 )
 from prefetch.sources.shards._tfrecord import (
-    RECORD_OVERHEAD,
-    CorruptShardError,
     encode_example,
     example_bytes_span,
     example_feature,
     example_keys,
-    frame_record,
     iter_records,
-    masked_crc32c,
-    record_data,
-    record_length,
 )
 
 pytestmark = pytest.mark.timeout(60)

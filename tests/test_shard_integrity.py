@@ -25,12 +25,14 @@ from PIL import Image
 
 import prefetch
 from prefetch.io import _storage as storage
+from prefetch.io._members import read_location
 from prefetch.io._paths import PathArray
+from prefetch.io._records import frame_record
 from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.sources.shards._index_file import IndexRefused, decode_index
 from prefetch.sources.shards._spool import StreamingPlan
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example, frame_record
+from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.testing import FailingDecoder, serve_folder
 from prefetch.testing.shards import (
     bomb_index,
@@ -123,7 +125,7 @@ def test_a_url_shard_read_where_it_lies_is_checked_against_its_kept_index(tmp_pa
     fsspec.filesystem("memory").pipe(url, path.read_bytes())  # the same size, other labels
     again = prefetch.TarSource(url, streaming=False)
     assert again.labels.tolist() == [4, 5, 6]
-    assert storage.read_whole(again.location(2)) == jpeg(20)
+    assert read_location(again.location(2)) == jpeg(20)
 
 
 def test_a_streamed_copy_that_is_not_the_bytes_indexed_is_refused(tmp_path: Path) -> None:
@@ -275,7 +277,7 @@ def test_a_sample_larger_than_max_object_bytes_is_refused_whatever_the_index_say
     for shard in (str(path), in_memory(path)):
         member = prefetch.TarSource(shard, streaming=False).location(0)
         with storage.using(capped), pytest.raises(OSError) as raised:
-            storage.read_whole(member)
+            read_location(member)
         told = str(raised.value)
         assert "max_object_bytes=1048576" in told and "'000000.jpg'" in told
         assert f"{shard} (member '000000.jpg' at byte 512)" in told

@@ -25,11 +25,12 @@ from PIL import Image
 import prefetch
 from prefetch.cli import main
 from prefetch.io import _storage as storage
+from prefetch.io._records import frame_record
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards import _index as shard_index
 from prefetch.sources.shards._index import INDEX_SUFFIX, index_folder
 from prefetch.sources.shards._tar import tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example, frame_record
+from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.testing import serve_folder
 from prefetch.tools.shard_writer import write_shards
 

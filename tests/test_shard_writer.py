@@ -15,7 +15,6 @@ import pytest
 from PIL import Image
 
 from prefetch.cli import main
-from prefetch.io import _storage as storage
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
 from prefetch.tools import shard_writer
@@ -237,16 +236,16 @@ def test_the_output_holds_only_the_shards_and_classes_txt(folder: Path, tmp_path
 def test_an_interrupted_first_run_leaves_no_shard_and_no_temporary_file(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_whole = storage.read_whole
+    read_location = shard_writer.read_location
     reads = []
 
     def failing_read(path: str) -> bytes:
         reads.append(path)
         if len(reads) == 15:  # the 5th sample of the second shard
             raise KeyboardInterrupt
-        return read_whole(path)
+        return read_location(path)
 
-    monkeypatch.setattr(storage, "read_whole", failing_read)
+    monkeypatch.setattr(shard_writer, "read_location", failing_read)
     with pytest.raises(KeyboardInterrupt):
         write_shards(folder, tmp_path, format="tar", shard_size=10)
     # shard 0 was whole, but a set is put in place only when all of it is written

@@ -35,7 +35,8 @@ import prefetch
 from prefetch.backends import _shm as shm
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._shm import PREFIX, SharedSlots, SlotLayout, sweep_stale
-from prefetch.decode._decoders import DecodeOptions, get_decoder
+from prefetch.decode._choice import get_decoder
+from prefetch.decode._decoders import DecodeOptions
 from prefetch.errors import WorkerCrashedError
 from prefetch.testing import worker_processes, write_image_folder
 

@@ -29,7 +29,7 @@ from prefetch.decode._decoders import (
 from prefetch.decode._window import crop_image, decode_window, flip_left_right
 from prefetch.errors import add_note
 from prefetch.io._cache import ObjectCache
-from prefetch.io._members import Location, Member, spooled
+from prefetch.io._members import Location, Member, place_of, spooled
 from prefetch.io._storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.plan._crops import Augment
 from prefetch.runtime._autoscale import thread_clocks
@@ -92,8 +92,7 @@ class SampleReader:
         if callable(prepare):
             prepare()
         if is_file_source(self.source) and len(self.source):
-            first = self.source.location(0)
-            where = first if isinstance(first, str) else first.shard
+            where = place_of(self.source.location(0))
             if is_url(where):
                 filesystem_for(where)
 

@@ -2,17 +2,17 @@
 
 A decoder is any picklable callable `decoder(path, options) -> ndarray` returning an array of
 shape `(height, width, channels)` and dtype uint8. Decoders hold no state and are safe to call
-from many threads. `get_decoder(name_or_callable)` turns the names a Loader accepts ("auto",
-"pillow", "turbo") into decoders: "auto", the default, is the `fast` extra's libjpeg-turbo
-decoder when it is installed (faster on every option, docs/decoders.md), else `decode_image`.
+from many threads. `prefetch.decode._choice.get_decoder` turns the names a Loader accepts ("auto",
+"pillow", "turbo") into decoders.
 
 `decode_image` uses Pillow; with `antialias=True` it decodes JPEGs at a reduced scale (DCT
 scaling, Pillow's `draft`) when the file is much larger than the target, before resizing.
 
-Every built-in decoder gets a file's bytes through `read_image` (or checks bytes it was given
-with `check_image_bytes`): an empty file and a JPEG of more than `MAX_JPEG_SCANS` scans are
-refused there, before any decoder runs, with errors that name the file; `open_bytes` is
-Pillow's `Image.open` of bytes whose "cannot identify" error names the file too.
+Every built-in decoder gets a file's bytes through `prefetch.io._images.read_image` (or checks
+bytes it was given with `check_image_bytes`): an empty file and a JPEG of more than
+`MAX_JPEG_SCANS` scans are refused there, before any decoder runs, with errors that name the
+file; `open_bytes` is Pillow's `Image.open` of bytes whose "cannot identify" error names the
+file too.
 
 `DecodeOptions(antialias=False)`, the default, is the Keras-parity path: full-size decode (no
 draft) and `prefetch.decode._resize`, which reproduces `tf.image.resize` (no antialiasing,
@@ -23,19 +23,17 @@ centres), Keras's crop box and `tf.image.resize_with_pad`, so pixels match what
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from prefetch._messages import suggest_keywords
 from prefetch.decode import _resize as resize
-from prefetch.decode._checks import check_image_bytes
-from prefetch.io import _storage as storage
+from prefetch.io._images import check_image_bytes, open_bytes, open_image
 from prefetch.io._members import Location
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
@@ -161,40 +159,9 @@ class DecodeOptions:
 class Decoder(Protocol):
     """A picklable callable from a file's location to an array of `options.shape`, dtype
     uint8. The location is a path or URL (`str`), or for a sample of a shard a
-    `prefetch.io._members.Member` (`prefetch.io._storage.read_whole` reads either)."""
+    `prefetch.io._members.Member` (`prefetch.io._members.read_location` reads either)."""
 
     def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray: ...
-
-
-# The decoder names `get_decoder` (and so `Loader(decoder=...)`) accepts.
-DECODER_NAMES = ("auto", "pillow", "turbo")
-
-
-def get_decoder(decoder: Decoder | str | None) -> Decoder:
-    """The decoder for a name in `DECODER_NAMES`, or `decoder` itself if it is a callable.
-
-    "auto" (and None) is `prefetch.decode._turbo.decode_turbo` when the `fast` extra is installed,
-    else `decode_image`; "pillow" is `decode_image`; "turbo" is `decode_turbo`, and raises
-    ImportError naming the extra when it is missing. Any other name is a ValueError.
-    """
-    if callable(decoder):
-        return decoder
-    if decoder is None:
-        decoder = "auto"
-    if decoder not in DECODER_NAMES:
-        raise ValueError(
-            f"decoder must be one of {DECODER_NAMES} or a callable (path, options) -> array, "
-            f"got {decoder!r}"
-        )
-    if decoder == "pillow":
-        return decode_image
-    from prefetch.decode import _turbo as fast_decode  # imports this module: resolved at call time
-
-    if decoder == "turbo":
-        if not fast_decode.fast_available():
-            raise ImportError(f'decoder="turbo" needs the fast extra: {fast_decode.INSTALL_HINT}')
-        return fast_decode.decode_turbo
-    return fast_decode.decode_turbo if fast_decode.fast_available() else decode_image
 
 
 def decoder_name(decoder: Decoder) -> str:
@@ -235,31 +202,6 @@ def _decode_opened(image: Image.Image, options: DecodeOptions) -> np.ndarray:
         _draft(image, options)
     image.load()
     return to_target_size(image, options)
-
-
-def read_image(path: Location) -> bytes:
-    """The bytes of the image at `path`, checked by `check_image_bytes` before any decoder
-    sees them: a local or `file://` path (a regular file), an fsspec URL (retried), or a
-    sample of a shard (a `Member` value), all through `storage.read_whole` (at most
-    `max_object_bytes`). A string is always a path or URL, whatever its characters."""
-    data = storage.read_whole(path)
-    check_image_bytes(data, str(path))
-    return data
-
-
-def open_bytes(data: bytes, name: str) -> Image.Image:
-    """`Image.open` of the encoded image `data`, read from the file `name`: a file Pillow cannot
-    identify raises `PIL.UnidentifiedImageError` naming `name` (not a BytesIO object)."""
-    try:
-        return Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
-
-
-def open_image(path: Location) -> Image.Image:
-    """`Image.open` of the image at `path` (`read_image`: a local path, a `file://` path, an
-    fsspec URL or a `Member` of a shard), its errors naming `path`."""
-    return open_bytes(read_image(path), str(path))
 
 
 def _in_memory(data: bytes) -> str:

@@ -51,10 +51,10 @@ from prefetch.decode._decoders import (
     crop_size,
     decode_bytes,
     decode_image,
-    read_image,
     resize_like_keras,
     to_target_size,
 )
+from prefetch.io._images import read_image
 from prefetch.io._members import Location
 
 # What `pip install` needs for this module's decoder.
@@ -85,7 +85,7 @@ class _Unsupported(Exception):
 _IMPORTING = threading.Lock()
 
 
-def _modules() -> tuple[ModuleType, ModuleType] | None:
+def turbo_modules() -> tuple[ModuleType, ModuleType] | None:
     """(simplejpeg, cv2), imported and configured once per process, or None if missing.
 
     One thread imports them while the others wait: OpenCV's import replaces its own module
@@ -118,7 +118,7 @@ def _import_modules() -> tuple[ModuleType, ModuleType] | None:
 
 def fast_available() -> bool:
     """True when simplejpeg and OpenCV import (the `fast` extra is installed)."""
-    return _modules() is not None
+    return turbo_modules() is not None
 
 
 class TurboDecoder:
@@ -136,26 +136,24 @@ class TurboDecoder:
 
     def prepare(self) -> None:
         """Import libjpeg-turbo and OpenCV now (a worker process does, before its first task)."""
-        _modules()
+        turbo_modules()
 
     def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
-        modules = _modules()
+        modules = turbo_modules()
         if modules is None:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        # An fsspec URL, file:// or a shard's member: the fallbacks decode these bytes.
-        remote = not isinstance(path, str) or "://" in path
         data = read_image(path)  # once, capped, checked; a local path must be a regular file
         if not data.startswith(_JPEG_MAGIC):
-            return decode_bytes(data, options, str(path)) if remote else decode_image(path, options)
+            return decode_bytes(data, options, str(path))  # what decode_image(path) does
         try:
             return _decode_jpeg(data, options, *modules)
         except _Unsupported:
             # Includes JPEGs that libjpeg-turbo refuses (damaged, truncated): the default
             # decoder decides, so a bad file fails with the same error as with decode_image,
             # and libjpeg-turbo's message stays attached as its __context__.
-            return decode_bytes(data, options, str(path)) if remote else decode_image(path, options)
+            return decode_bytes(data, options, str(path))
 
     def __repr__(self) -> str:
         return "decode_turbo"

@@ -35,14 +35,9 @@ import numpy as np
 from PIL import Image
 
 from prefetch.decode._cv_resize import resize_antialiased, resize_no_antialias, write_into
-from prefetch.decode._decoders import (
-    DecodeOptions,
-    convert_mode,
-    open_bytes,
-    read_image,
-    to_target_size,
-)
-from prefetch.decode._turbo import _modules
+from prefetch.decode._decoders import DecodeOptions, convert_mode, to_target_size
+from prefetch.decode._turbo import turbo_modules
+from prefetch.io._images import open_bytes, read_image
 from prefetch.io._members import Location
 from prefetch.plan._crops import Box, Crop
 
@@ -282,11 +277,11 @@ def _whole(options: DecodeOptions) -> DecodeOptions:
 # without the `fast` extra); looked up per sample, so kept here once found.
 @functools.lru_cache(maxsize=1)
 def _simplejpeg() -> ModuleType | None:
-    modules = _modules()
+    modules = turbo_modules()
     return modules[0] if modules is not None else None
 
 
 @functools.lru_cache(maxsize=1)
 def _cv2() -> ModuleType | None:
-    modules = _modules()
+    modules = turbo_modules()
     return modules[1] if modules is not None else None

@@ -1,11 +1,103 @@
-"""Where bytes come from: a sample's location -> its bytes, within the RemoteOptions bounds.
+"""Where a sample's bytes come from: local files, URLs and shard members, read within bounds.
 
-A location is a path or URL (a `str`, never parsed for anything else) or a member of a shard
-(a `Member` value); `Location` is their union. The one read function, `read_whole(location)`,
-reads any of them: a local regular file (never past a cap, never blocking on a FIFO), an fsspec
-URL (retried on transient failures, within the deadlines and caps of the `RemoteOptions` in
-effect, `using`), or a shard member (one `pread`, or one ranged read). Also here: bounded
-folder listings of URLs (`RemoteTree`), the object cache of `cache_dir` (`ObjectCache`) and
-`PathArray`, many paths in one buffer. The lowest layer: it imports only prefetch's top-level
-helpers (errors, _messages).
+The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors` and
+`prefetch._messages` of prefetch's own). It owns
+
+- the location of a sample as data: a path or URL (`str`), or a `Member` of a shard (its
+  file, format, byte offset and length), kept per source in a `MemberTable` of numpy columns;
+- the one read of a location, `read_location`, and of an image `read_image` (the same bytes,
+  checked for an empty file and a JPEG of too many scans before any decoder sees them);
+- the bounds of every read and listing (`RemoteOptions`: deadlines, size caps, listing caps,
+  redirects), set per thread with `using` and read back with `active_options`;
+- retries of transient failures and errors that name the path or URL;
+- listing a remote folder once (`RemoteTree`), and the local copies of remote objects
+  (`ObjectCache`).
+
+Contract: a `str` location is always a path or URL (`is_url` tells them apart; `file://` is a
+path), never parsed for more; nothing here blocks past a `RemoteOptions` deadline or reads
+past its caps, whatever a store or a local file (a FIFO, /dev/zero) sends; a damaged
+TFRecord record is a `CorruptShardError` naming the shard and the offset. Everything is
+stateless (the cache's state is its folder) and thread-safe; fsspec, aiohttp and asyncio are
+imported only when a URL is read, so `import prefetch` imports none of them.
+
+Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded local reads),
+`_links` (URL resolution), `_retries` (retries, request errors), `_http` (one http(s)
+request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
+`_records` (a TFRecord record's framing), `_members` (locations and `read_location`),
+`_images` (checked image bytes), `_paths` (`PathArray`), `_cache` (`ObjectCache`).
+See docs/remote.md and docs/shards.md.
 """
+
+from __future__ import annotations
+
+from prefetch.io._cache import ObjectCache
+from prefetch.io._images import (
+    MAX_JPEG_SCANS,
+    check_image_bytes,
+    open_bytes,
+    open_image,
+    read_image,
+)
+from prefetch.io._local_files import open_regular, read_capped, read_local
+from prefetch.io._members import (
+    Location,
+    Member,
+    MemberTable,
+    place_of,
+    read_location,
+    spooled,
+    spooled_name,
+)
+from prefetch.io._paths import PathArray, pack_chunks
+from prefetch.io._records import RECORD_OVERHEAD, corrupt_shard, frame_record, record_length
+from prefetch.io._remote_options import RemoteOptions, active_options, using
+from prefetch.io._storage import (
+    beside,
+    download,
+    filesystem_for,
+    is_url,
+    local_path,
+    read_bytes,
+    read_range,
+    read_small,
+    url_scheme,
+)
+from prefetch.io._tree import RemoteTree
+
+__all__ = [
+    "MAX_JPEG_SCANS",
+    "RECORD_OVERHEAD",
+    "Location",
+    "Member",
+    "MemberTable",
+    "ObjectCache",
+    "PathArray",
+    "RemoteOptions",
+    "RemoteTree",
+    "active_options",
+    "beside",
+    "check_image_bytes",
+    "corrupt_shard",
+    "download",
+    "filesystem_for",
+    "frame_record",
+    "is_url",
+    "local_path",
+    "open_bytes",
+    "open_image",
+    "open_regular",
+    "pack_chunks",
+    "place_of",
+    "read_bytes",
+    "read_capped",
+    "read_image",
+    "read_local",
+    "read_location",
+    "read_range",
+    "read_small",
+    "record_length",
+    "spooled",
+    "spooled_name",
+    "url_scheme",
+    "using",
+]

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from prefetch.io._storage import fetch_object, source_scheme
+from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")
 
@@ -344,22 +344,6 @@ def _check_parents(path: str, handle: int) -> None:
             current, below = parent, info
     finally:
         os.close(current)
-
-
-def cache_for(source: object, cache_dir: str | os.PathLike[str] | None) -> ObjectCache | None:
-    """The `ObjectCache` a loader of `source` keeps in `cache_dir` (None without one).
-
-    Raises ValueError when `source` holds no URLs: its files are local already, or it is not
-    a file source (it reads its samples itself).
-    """
-    if cache_dir is None:
-        return None
-    if not source_scheme(source):
-        raise ValueError(
-            f"cache_dir keeps local copies of remote objects, but {type(source).__name__} "
-            "reads no URLs (local files, or samples it makes itself): leave cache_dir out"
-        )
-    return ObjectCache.open(cache_dir)
 
 
 def _warn_once(kind: str, message: str, *args: object) -> None:

@@ -1,79 +1,45 @@
-"""HTTP(S) reads and folder listings with deadlines, caps and a closed root: `storage`'s http part.
+"""One HTTP(S) request with deadlines, a size cap and a redirect policy: `storage`'s http part.
 
 `fetch` reads one URL on fsspec's event loop with aiohttp (fsspec's session: its connections,
 headers and credentials), within three deadlines (connect, each read, the whole request,
 `RemoteOptions`), at most `max_bytes` of body, following redirects only as
 `RemoteOptions.follow_redirects` allows, and says whether the body was checked to be whole
-(a Content-Length, or a chunked body's last chunk). `list_pages` lists a folder tree one
-index page per folder, `LISTING_CONCURRENCY` pages at once, following only links that resolve
-(`prefetch.io._links.resolve`: dots, percent-encoding, empty segments, other schemes and
-hosts) to a place inside the root, within `max_listing_pages`, `max_page_bytes` and
-`max_depth`. `run` runs a coroutine from a plain thread and cancels it when that thread is
-interrupted (Ctrl-C), so nothing here waits past its deadline or outlives its caller.
-Imported only when an http(s) URL is used. See docs/remote.md, "Bounds".
+(a Content-Length, or a chunked body's last chunk). `fetch_retrying` retries it
+(`prefetch.io._retries`); `get` runs that from a plain thread. `run` runs a coroutine from a
+plain thread and cancels it when that thread is interrupted (Ctrl-C), so nothing here waits
+past its deadline or outlives its caller. Listing a folder page by page is
+`prefetch.io._tree`'s. asyncio, aiohttp and yarl are imported on first use, so
+`import prefetch` imports none of them. See docs/remote.md, "Bounds".
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import logging
-import re
-import time
 import urllib.parse
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
-from prefetch.io._links import as_folder, normalise, redirect_allowed, resolve
-from prefetch.io._storage import (
+from prefetch.io._links import normalise, redirect_allowed
+from prefetch.io._remote_options import RemoteOptions
+from prefetch.io._retries import (
     RETRY_BACKOFF_S,
-    RemoteOptions,
+    CapError,
+    DeadlineError,
+    StatusError,
     is_transient,
     naming,
 )
 
-log = logging.getLogger("prefetch.loader")
-
 T = TypeVar("T")
 
-# Folder pages requested at once while listing (each waits on the server, not the CPU).
-LISTING_CONCURRENCY = 16
 # Redirects followed at most for one request (aiohttp's own default).
 MAX_REDIRECTS = 10
-# A long listing logs its progress on the `prefetch.runtime._loader` logger this often.
-PROGRESS_EVERY_S = 10.0
 # Body chunks read at a time (the size caps are checked after each).
 CHUNK_BYTES = 256 * 1024
-# The seconds `run` waits past a request's own deadline before it gives up on the loop.
+# The seconds `get` waits past each attempt's own deadline before it gives up on the loop.
 DEADLINE_SLACK_S = 2.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-# An anchor's href, as fsspec's HTTP filesystem finds them in an index page.
-_HREF = re.compile(r"""<(?:a|A)\s+(?:[^>]*?\s+)?(?:href|HREF)=["'](?P<url>[^"']+)""")
-
-
-class DeadlineError(TimeoutError):
-    """A deadline of `RemoteOptions` passed: `option` names it, `seconds` is its value."""
-
-    def __init__(self, what: str, option: str, seconds: float) -> None:
-        super().__init__(
-            f"{what} within {seconds:g} s ({option}={seconds:g}; raise it with "
-            f"RemoteOptions({option}=...))"
-        )
-        self.option = option
-        self.seconds = seconds
-
-
-class StatusError(OSError):
-    """An HTTP answer that is not the object: `status` is its code (read by `is_transient`)."""
-
-    def __init__(self, status: int, url: str, reason: str) -> None:
-        super().__init__(f"HTTP {status} {reason} for {url!r}")
-        self.status = status
-
-
-class CapError(OSError):
-    """More bytes (or pages, or depth) than a cap of `RemoteOptions` allows; never retried."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +87,8 @@ async def fetch(
     answers with the whole object instead raises OSError). With `sink`, the body is written
     to it from its start (emptied first, so a retry starts over) instead of kept in memory,
     and the `Fetched` holds no data."""
+    import asyncio
+
     try:
         return await asyncio.wait_for(
             _fetch(fs, url, options, max_bytes, cap_name, byte_range, sink),
@@ -235,8 +203,10 @@ async def fetch_retrying(
     byte_range: tuple[int, int] | None = None,
     sink: BinaryIO | None = None,
 ) -> Fetched:
-    """`fetch`, retried `retries` times on a transient failure (as `storage.read_bytes`);
+    """`fetch`, retried `retries` times on a transient failure (`prefetch.io._retries`);
     the error names `url`."""
+    import asyncio
+
     attempt = 0
     while True:
         try:
@@ -262,6 +232,8 @@ def run(fs: Any, coroutine: Coroutine[Any, Any, T], limit_s: float | None) -> T:
     cancelled before the exception goes on. `limit_s` (None: none) is a backstop for a loop
     that does not answer: the coroutine's own deadlines come first. The coroutine's error is
     raised as it is (its `__cause__` kept)."""
+    import asyncio
+
     future = asyncio.run_coroutine_threadsafe(_carried(coroutine), fs.loop)
     try:
         outcome = future.result(limit_s)
@@ -290,130 +262,31 @@ async def _carried(coroutine: Coroutine[Any, Any, T]) -> T | _Raised:
         return _Raised(error)
 
 
-# --- listing ----------------------------------------------------------------------------------
-
-
-async def _all_or_cancel(awaitables: list[Awaitable[T]]) -> list[T]:
-    """The results of `awaitables`, run at once; the first error cancels the others (and so
-    does a cancellation of the caller)."""
-    tasks = [asyncio.ensure_future(item) for item in awaitables]
-    try:
-        if tasks:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        # The failure, if any: the others may still be running (their result is not set).
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-        return [task.result() for task in tasks]
-    finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-
-
-def links_of(page: Fetched) -> list[str]:
-    """The hrefs of an HTML index page (none for another media type), as fsspec reads them."""
-    if page.content_type not in ("text/html", ""):
-        return []
-    return [match.group("url") for match in _HREF.finditer(page.data.decode("utf-8", "replace"))]
-
-
-async def list_pages(
-    fs: Any, root: str, options: RemoteOptions, retries: int, skip_errors: bool
-) -> dict[str, dict[str, Any]]:
-    """Every entry under the folder URL `root`, as `{url: {"name", "type", "size"}}` (folder
-    names without their trailing "/"), listed one index page per folder, level by level, at
-    most `LISTING_CONCURRENCY` pages at once. Only links that `resolve` inside the page's
-    folder (and so inside `root`) are followed. The root's page failing raises its error; a
-    sub-folder's raises OSError naming that page and the page that linked it (with
-    `skip_errors`, it is logged and the folder left out). Caps raise CapError naming the cap."""
-    top = as_folder(root)
-    entries: dict[str, dict[str, Any]] = {}
-    semaphore = asyncio.Semaphore(LISTING_CONCURRENCY)
-    pages = 0  # pages asked for
-    listed = [0]  # pages read
-    began = time.monotonic()
-    reported = began
-
-    async def page(folder: str, parent: str | None) -> list[str] | None:
-        nonlocal reported
-        async with semaphore:
-            try:
-                fetched = await fetch_retrying(
-                    fs,
-                    folder,
-                    options,
-                    retries,
-                    max_bytes=options.max_page_bytes,
-                    cap_name="max_page_bytes",
-                )
-            except CapError:
-                raise
-            except Exception as error:
-                if parent is None:
-                    raise
-                message = (
-                    f"listing {root!r}: the folder page {folder!r} (linked from {parent!r}) "
-                    f"failed: {error}"
-                )
-                if skip_errors:
-                    log.warning("prefetch: %s; left out (on_error='skip')", message)
-                    return None
-                raise OSError(message + "; pass on_error='skip' to leave it out") from error
-        listed[0] += 1
-        now = time.monotonic()
-        if now - reported >= PROGRESS_EVERY_S:
-            reported = now
-            log.info(
-                "prefetch: listing %s: %d folder pages read, %d entries, %.0f s so far",
-                root,
-                listed[0],
-                len(entries),
-                now - began,
-            )
-        base = as_folder(fetched.url)
-        found = []
-        for link in links_of(fetched):
-            target = resolve(base, link)
-            if target is not None and target.startswith(top):
-                found.append(target)
-        return found
-
-    level: list[tuple[str, str | None]] = [(top, None)]
-    depth = 0
-    while level:
-        if depth > options.max_depth:
-            raise CapError(
-                f"listing {root!r}: {level[0][0]!r} is {depth} folders deep, more than "
-                f"max_depth={options.max_depth}; raise RemoteOptions(max_depth=...) if the "
-                "tree is that deep"
-            )
-        if pages + len(level) > options.max_listing_pages:
-            raise CapError(
-                f"listing {root!r}: more than max_listing_pages={options.max_listing_pages} "
-                "folder pages; raise RemoteOptions(max_listing_pages=...) if the tree has "
-                "that many folders"
-            )
-        pages += len(level)
-        results = await _all_or_cancel([page(folder, parent) for folder, parent in level])
-        below: list[tuple[str, str | None]] = []
-        for (folder, _), found in zip(level, results, strict=True):
-            if found is None:  # its page failed, and on_error="skip": no such folder
-                entries.pop(folder.rstrip("/"), None)
-                continue
-            for target in found:
-                name = target.rstrip("/")
-                if name in entries:
-                    continue
-                is_folder = target.endswith("/")
-                entries[name] = {
-                    "name": name,
-                    "type": "directory" if is_folder else "file",
-                    "size": None,
-                }
-                if is_folder:
-                    below.append((target, folder))
-        level = below
-        depth += 1
-    return entries
+def get(
+    fs: Any,
+    url: str,
+    options: RemoteOptions,
+    retries: int,
+    max_bytes: int,
+    cap_name: str = "max_object_bytes",
+    byte_range: tuple[int, int] | None = None,
+    sink: BinaryIO | None = None,
+) -> Fetched:
+    """`fetch_retrying` from a plain thread (retried, within `options`, at most `max_bytes`,
+    optionally a byte range or into `sink`), run to its end or to `run`'s backstop: the
+    longest the attempts and their backoff can take, with `DEADLINE_SLACK_S` each."""
+    attempt_s = options.request_timeout_s + DEADLINE_SLACK_S
+    backstop_s = (retries + 1) * attempt_s + sum(
+        RETRY_BACKOFF_S * 2.0**attempt for attempt in range(retries)
+    )
+    coroutine = fetch_retrying(
+        fs,
+        url,
+        options,
+        retries,
+        max_bytes=max_bytes,
+        cap_name=cap_name,
+        byte_range=byte_range,
+        sink=sink,
+    )
+    return run(fs, coroutine, backstop_s)

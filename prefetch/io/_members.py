@@ -1,21 +1,26 @@
-"""One sample inside a shard, as data: a `Member` value, never a string to parse.
+"""Where a sample is, as data, and the one read of it: `Location` and `read_location`.
 
-A shard source (`prefetch.sources.shards._sources`) holds its samples' locations in a `MemberTable`
-(numpy columns: shard number, offset, length, start, size, and the tar members' names in one
-buffer, with the table of shard paths), built once from the shards' indexes and pickled to the
-workers as a few arrays. `MemberTable[i]` is the `Member` of sample `i`; the loader hands it to
-the decoders in place of a path (`prefetch.io._storage.read_whole` and the decoders take either), so
-no path string a user gives is ever read as a member, whatever its characters.
+A sample's `Location` is a path or URL (a `str`, never parsed for anything but `is_url`), or
+for a sample inside a shard a `Member` value. A shard source (`prefetch.sources.shards`) holds
+its samples' members in a `MemberTable` (numpy columns: shard number, offset, length, start,
+size, and the tar members' names in one buffer, with the table of shard paths), built once from
+the shards' indexes and pickled to the workers as a few arrays. `MemberTable[i]` is the
+`Member` of sample `i`; the loader hands it to the decoders in place of a path, so no path
+string a user gives is ever read as a member, whatever its characters.
+
+`read_location` is the one read of a location, within the active `RemoteOptions`: a path with
+`read_local`, a URL with `read_bytes` (`prefetch.io._storage`), a member with `read_member`:
 
 - tar: the image is the `length` bytes at `offset` (a tar member's data).
 - tfrecord: the TFRecord record at `offset` holds `length` bytes of data (a
   `tf.train.Example`); the image is the `size` bytes at `start` within that data. The whole
-  record is read and both of its CRCs are checked before the image is handed on.
+  record is read and both of its CRCs are checked (`prefetch.io._records`) before the image
+  is handed on.
 
-`read_member` reads one: a local shard with one `pread` (the file opened for that read only),
-a URL with one ranged read; never more than `RemoteOptions.max_object_bytes`, whatever the
-index says. Its errors name the shard by its real path or URL (`origin`, never a spooled
-copy), the member's key (a tar member's name) and the byte offset. Pure functions; thread-safe.
+A member of a local shard is read with one `pread` (the file opened for that read only), of a
+URL with one ranged read; never more than `RemoteOptions.max_object_bytes`, whatever the index
+says. Its errors name the shard by its real path or URL (`origin`, never a spooled copy), the
+member's key (a tar member's name) and the byte offset. Pure functions; thread-safe.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from prefetch.io import _storage as storage
-from prefetch.io._local_files import open_regular
+from prefetch.io._local_files import open_regular, read_local
 from prefetch.io._paths import PATHS_PER_STEP, PathArray, pack_chunks
+from prefetch.io._records import RECORD_OVERHEAD, record_data
 from prefetch.io._remote_options import active_options
-from prefetch.sources.shards._tfrecord import RECORD_OVERHEAD, record_data
 
 FORMATS = ("tar", "tfrecord")
 # The ending of a whole shard's local copy in a spool folder (`prefetch.sources.shards._spool`).
@@ -70,6 +75,26 @@ class Member(NamedTuple):
 
 # Where a file source's sample is read from: a path or URL, or a sample of a shard.
 Location = str | Member
+
+
+def read_location(location: Location) -> bytes:
+    """The bytes of `location`, within the active `RemoteOptions`: a local or `file://` path
+    through `read_local` (a regular file, at most `max_object_bytes`), an fsspec URL through
+    `read_bytes` (retried, capped), a sample of a shard (a `Member`) through `read_member`. A
+    string is always a path or URL, whatever its characters."""
+    if not isinstance(location, str):
+        return read_member(location)
+    if "://" not in location:  # the local fast path: one substring test
+        return read_local(location)
+    if storage.is_url(location):
+        return storage.read_bytes(location)
+    return read_local(storage.local_path(location))
+
+
+def place_of(location: Location) -> str:
+    """The path or URL whose bytes `location` is read from: the string itself, or the shard
+    of a `Member`."""
+    return location if isinstance(location, str) else location.shard
 
 
 class MemberTable:

@@ -29,9 +29,9 @@ from prefetch.backends._base import Backend
 from prefetch.backends._reader import SampleReader, Transform
 from prefetch.backends._ring import SlotRing
 from prefetch.coordinator import Coordinator
-from prefetch.decode._decoders import Decoder, decoder_name, get_decoder
+from prefetch.decode._choice import get_decoder
+from prefetch.decode._decoders import Decoder, decoder_name
 from prefetch.decode._window import window_engine_name
-from prefetch.io._cache import cache_for
 from prefetch.io._storage import RemoteOptions
 from prefetch.plan._crops import Augment, Crop
 from prefetch.plan._epochs import Cursor, EpochPlan
@@ -50,6 +50,7 @@ from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._stream import Batch, SkipCounter, Stream
 from prefetch.sources._folders import ImageFolder, Source, as_source, is_file_source, split_files
 from prefetch.sources._labels import check_label_mode
+from prefetch.sources._remote import cache_for
 from prefetch.sources.shards._spool import streaming_parts
 
 __all__ = ["Batch", "Loader", "Stream"]

@@ -19,6 +19,7 @@ from prefetch._messages import suggest_keywords
 from prefetch.decode._decoders import COLOR_MODES, DecodeOptions
 from prefetch.sources._folders import SUBSETS, is_file_source
 from prefetch.sources._labels import LABEL_MODES
+from prefetch.sources.shards._sources import ShardSource
 
 ON_ERROR = ("raise", "skip")
 # Thread workers per core that a loader of remote URLs starts with (then tuned): enough requests
@@ -189,10 +190,6 @@ def check_validation_split(
             f"{type(source).__name__}: pass an ImageFolder, a FileList or a folder path, or "
             "split your own source's indices yourself"
         )
-    from prefetch.sources.shards._sources import (
-        ShardSource,  # it imports prefetch.sources._folders, as this
-    )
-
     if isinstance(source, ShardSource) and source.streaming:
         raise ValueError(
             "validation_split picks single samples, but this shard source is streamed (whole "

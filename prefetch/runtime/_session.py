@@ -22,7 +22,6 @@ from prefetch.backends._reader import SampleReader
 from prefetch.backends._ring import SlotRing, ring_capacity
 from prefetch.backends._shm import sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.io._storage import reads_over_network
 from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
 from prefetch.runtime._options import (
     BATCHES_AT_ONCE,
@@ -30,6 +29,7 @@ from prefetch.runtime._options import (
     REMOTE_READER_THREADS,
     LoaderOptions,
 )
+from prefetch.sources._remote import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
 

@@ -22,9 +22,9 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 import numpy as np
 
 from prefetch._messages import counted, suggest_keywords
-from prefetch.decode._decoders import open_image
 from prefetch.io import _storage as storage
 from prefetch.io import _tree as remote_tree
+from prefetch.io._images import open_image
 from prefetch.io._members import Location
 from prefetch.io._paths import PathArray as PathArray
 from prefetch.io._paths import pack_chunks

@@ -2,7 +2,7 @@
 
 `write_decompression_bomb` writes a PNG over Pillow's pixel limit (Pillow refuses it);
 `write_scan_bomb` a progressive JPEG of more scans than
-`prefetch.decode._checks.MAX_JPEG_SCANS`
+`prefetch.io._images.MAX_JPEG_SCANS`
 (prefetch refuses it before any decoder runs). Both are valid enough for a decoder to start.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from prefetch.decode._checks import MAX_JPEG_SCANS
+from prefetch.io._images import MAX_JPEG_SCANS
 
 # Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
 # twice this. Spawned worker processes start with the default whatever the parent set.
@@ -66,7 +66,7 @@ def write_scan_bomb(
     refinement of the luma's AC coefficients) repeated until the file has `scans`. libjpeg
     decodes every repeat (with a warning), each a pass over all the image's blocks: about
     1 ms a scan at 2000x2000. The default, 600 scans of 64x64, is about 26 KB and over the cap
-    of `prefetch.decode._checks.MAX_JPEG_SCANS` (500), which refuses it at once.
+    of `prefetch.io._images.MAX_JPEG_SCANS` (500), which refuses it at once.
     """
     path = Path(path)
     width, height = size

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prefetch.io._records import frame_record
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import _field, encode_example, frame_record
+from prefetch.sources.shards._tfrecord import encode_example, length_field
 
 
 def write_tar(
@@ -141,10 +142,12 @@ def empty_values_record(path: str | os.PathLike[str], values: int = 10_000_000) 
     bytes, then `values` empty bytes values (2 bytes each: a 20 MB record for 10 million),
     and whose "image/class/label" is 1."""
     image = b"\xff\xd8 not decoded"
-    listed = _field(1, image) + b"\x0a\x00" * values  # BytesList.value, repeated
-    entry = _field(1, b"image/encoded") + _field(2, _field(1, listed))  # key, Feature.bytes_list
+    listed = length_field(1, image) + b"\x0a\x00" * values  # BytesList.value, repeated
+    # the key, then a Feature whose bytes_list is `listed`
+    entry = length_field(1, b"image/encoded") + length_field(2, length_field(1, listed))
     example = encode_example({"image/class/label": 1})
-    example += _field(1, _field(1, entry))  # a second Features message merges into the first
+    # a second Features message merges into the first
+    example += length_field(1, length_field(1, entry))
     with open(path, "wb") as file:
         file.write(frame_record(example))
 

@@ -22,7 +22,7 @@ from PIL import Image
 
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions
-from prefetch.io import _storage as storage
+from prefetch.io._members import read_location
 from prefetch.plan._crops import Augment, Crop
 
 EntropyDecoder = Callable[[bytes, int], int]
@@ -61,7 +61,7 @@ def floor_sample(paths: Sequence[str], crop: Crop | None, options: DecodeOptions
     data, last_rows, fractions = [], [], []
     left_out = 0
     for path in paths:
-        contents = storage.read_whole(path)
+        contents = read_location(path)
         if not contents.startswith(JPEG_MAGIC):
             left_out += 1
             continue

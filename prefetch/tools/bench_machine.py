@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prefetch.decode._decoders import Decoder, decode_image, get_decoder
+from prefetch.decode._choice import get_decoder
+from prefetch.decode._decoders import Decoder, decode_image
 from prefetch.decode._decoders import decoder_name as short_decoder_name
 from prefetch.io import _storage as storage
 from prefetch.io._cache import ObjectCache

@@ -43,13 +43,14 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 from PIL import Image
 
-from prefetch.io import _storage as storage
+from prefetch.io._members import read_location
+from prefetch.io._records import frame_record
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards._files import parse_class_names
 from prefetch.sources.shards._index import index_shard
 from prefetch.sources.shards._manifest import Manifest, ShardEntry, manifest_name
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example, frame_record
+from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.tools import fit_crop, shard_set
 from prefetch.tools.out_folder import OutFolder
 
@@ -328,7 +329,7 @@ class _Kept:
 
     def __iter__(self) -> Iterator[tuple[_Sample, bytes]]:
         for sample in self.samples:
-            data = storage.read_whole(sample.path)
+            data = read_location(sample.path)
             reason = image_problem(data)
             if reason is not None:
                 self.skip(sample.path, reason)

@@ -4,13 +4,12 @@
 entry lies (protobuf: the last entry of a key wins); `first_value` reads one entry's feature:
 its kind, whether it holds no, one or several values, and the first (a bytes value's span, an
 int64). Values are located by their lengths, never copied, and no Python object is kept per
-value or per map entry (the entries come from `prefetch.sources.shards._tfrecord`' one walk): a
-record of
-millions of empty values costs what its bytes cost to walk. Protobuf semantics as
-`prefetch.sources.shards._tfrecord.example_feature` reads them (a Feature's lists of one kind merge;
-another kind replaces them). Malformed bytes raise `CorruptShardError` naming the shard and
-the record's offset. `tfrecord_columns` indexes a whole TFRecord shard with them. Pure
-functions, thread-safe.
+value or per map entry (the entries come from `prefetch.sources.shards._tfrecord.map_entries`'
+one walk): a record of millions of empty values costs what its bytes cost to walk. Protobuf
+semantics as `prefetch.sources.shards._tfrecord.example_feature` reads them (a Feature's lists
+of one kind merge; another kind replaces them). Malformed bytes raise `CorruptShardError`
+naming the shard and the record's offset. `tfrecord_columns` indexes a whole TFRecord shard
+with them. Pure functions, thread-safe.
 """
 
 from __future__ import annotations
@@ -23,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.io._records import corrupt_shard
 from prefetch.sources.shards._index_file import IndexSpec
 from prefetch.sources.shards._tfrecord import (
-    _entries,
-    _lists,
-    _next,
-    _read_varint,
-    corrupt_shard,
+    feature_lists,
     iter_records,
+    map_entries,
+    next_field,
+    read_varint,
 )
 
 # The keys tried, in order, when an `IndexSpec` names none (TensorFlow's ImageNet layout, then
@@ -70,7 +69,7 @@ def _walk(
     view: Any, keys: tuple[bytes, ...], found: list[tuple[int, int] | None], names: list[str] | None
 ) -> None:
     lengths = [len(key) for key in keys]
-    for key_start, key_end, entry, entry_end in _entries(view):
+    for key_start, key_end, entry, entry_end in map_entries(view):
         size = key_end - key_start
         for number_of_key, key in enumerate(keys):
             if size == lengths[number_of_key] and view[key_start:key_end] == key:
@@ -92,11 +91,11 @@ def first_value(
         return "", 0, None
     kind, count, first = "", 0, None
     try:
-        for list_kind, start, stop in _lists(data, *entry):
+        for list_kind, start, stop in feature_lists(data, *entry):
             if list_kind != kind:
                 kind, count, first = list_kind, 0, None
             while start < stop and count < 2:  # its values, up to the second
-                field, value_wire, value, start = _next(data, start, stop)
+                field, value_wire, value, start = next_field(data, start, stop)
                 if field == 1:
                     count, first = _values(data, kind, value_wire, value, start, count, first)
     except (ValueError, IndexError, struct.error) as error:
@@ -121,7 +120,7 @@ def _values(
             first = struct.unpack_from("<f", view, start)[0]
         return min(2, count + many), first
     while wire in (0, 2) and start < stop and count < 2:
-        value, start = _read_varint(view, start, stop)
+        value, start = read_varint(view, start, stop)
         if not count:
             first = value - (1 << 64) if value >> 63 else value
         count += 1

@@ -36,8 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from prefetch.errors import CorruptShardError
 from prefetch.io._local_files import open_regular, read_capped
 from prefetch.io._paths import PathArray
+from prefetch.io._records import corrupt_shard
 from prefetch.io._storage import is_url, local_path
 from prefetch.sources.shards._examples import IMAGE_KEYS as IMAGE_KEYS
 from prefetch.sources.shards._examples import LABEL_KEYS as LABEL_KEYS
@@ -54,7 +56,6 @@ from prefetch.sources.shards._index_file import IndexSpec as IndexSpec
 from prefetch.sources.shards._index_file import ShardIdentity as ShardIdentity
 from prefetch.sources.shards._index_file import ShardIndex as ShardIndex
 from prefetch.sources.shards._tar import iter_tar_members, sample_key
-from prefetch.sources.shards._tfrecord import CorruptShardError, corrupt_shard
 
 log = logging.getLogger("prefetch.loader")
 

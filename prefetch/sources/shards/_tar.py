@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from prefetch.sources.shards._tfrecord import corrupt_shard, file_size
+from prefetch.io._records import corrupt_shard
+from prefetch.sources.shards._tfrecord import file_size
 
 _BLOCK = 512
 _ZERO_BLOCK = b"\0" * _BLOCK

@@ -1,15 +1,16 @@
-"""TFRecord, tf.train.Example and tar shards, read and written without TensorFlow.
+"""TFRecord files, tf.train.Example and tar shards, read and written without TensorFlow.
 
 Worker processes index and read shards with these functions, so the module imports only the
-standard library, numpy and `google_crc32c`. Every function is pure (no state of its own) and
-thread-safe; the readers take an open binary file and seek in it, so one file object belongs to
-one reader at a time. Readers touch only framing: TFRecord headers, tar headers and protobuf tags
-and lengths; the payload (an encoded image) is never scanned nor copied, only located, so an
-index can point at the image bytes inside a shard. Damaged framing raises `CorruptShardError`
-naming the file and the byte offset. Formats, as TensorFlow and WebDataset write them:
+standard library, numpy and the record framing (`prefetch.io._records`: one record's header,
+CRCs and data, which reading a sample needs too). Every function is pure (no state of its own)
+and thread-safe; the readers take an open binary file and seek in it, so one file object
+belongs to one reader at a time. Readers touch only framing: TFRecord headers, tar headers and
+protobuf tags and lengths; the payload (an encoded image) is never scanned nor copied, only
+located, so an index can point at the image bytes inside a shard. Damaged framing raises
+`CorruptShardError` naming the file and the byte offset. Formats, as TensorFlow and WebDataset
+write them:
 
-- TFRecord: uint64 LE length, uint32 LE masked CRC32C of those 8 bytes, the data, uint32 LE
-  masked CRC32C of the data.
+- TFRecord: records one after the other (`prefetch.io._records`); `iter_records` walks them.
 - tf.train.Example: protobuf `Example{features: Features{feature: map<string, Feature>}}`.
 
 Tar shards (POSIX ustar, GNU and pax; WebDataset's samples) are read by
@@ -23,93 +24,11 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
-import google_crc32c
 import numpy as np
 
-from prefetch.errors import PrefetchError
-
-
-class CorruptShardError(PrefetchError, ValueError):
-    """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
-
-    The message names the file and the byte offset (of the record or tar header) and the fix:
-    re-write or re-download the shard, or pass `on_error="skip"`.
-
-    Parameters:
-
-    - `message`: the error's text.
-    - `path`: the shard (kept as `.path`).
-    - `offset`: the byte offset of the damaged record or header (kept as `.offset`; -1 when
-      unknown). The error pickles with both.
-    """
-
-    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-
-def corrupt_shard(path: str, offset: int, what: str) -> CorruptShardError:
-    """The error for damage `what` in the record or header at `offset` of `path`."""
-    fix = "Re-write or re-download the shard, or pass on_error='skip' to drop its bad samples"
-    where = f"{path or '<bytes>'} at offset {offset}"
-    return CorruptShardError(f"corrupt shard {where}: {what}. {fix}", path, offset)
-
+from prefetch.io._records import RECORD_OVERHEAD, corrupt_shard, record_length
 
 # ---------------------------------------------------------------- TFRecord
-
-_MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask constant (from LevelDB's log format)
-_HEADER = struct.Struct("<QI")  # data length, masked CRC32C of the length's 8 bytes
-_FOOTER = struct.Struct("<I")  # masked CRC32C of the data
-RECORD_OVERHEAD = 16  # bytes of framing per record: 12 header + 4 footer
-
-
-def masked_crc32c(data: bytes | memoryview) -> int:
-    """TFRecord's masked CRC32C of `data`: CRC rotated right by 15 bits plus a constant, mod 2**32.
-
-    A memoryview is copied once into bytes (the CRC extension accepts only bytes).
-    """
-    crc: int = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame_record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord record (header, data, footer), as tf.io.TFRecordWriter does."""
-    length = struct.pack("<Q", len(data))
-    return b"".join(
-        (length, _FOOTER.pack(masked_crc32c(length)), data, _FOOTER.pack(masked_crc32c(data)))
-    )
-
-
-def record_length(header: bytes, path: str, offset: int) -> int:
-    """The data length in the 12 header bytes of the record at `offset` of `path`, CRC checked.
-
-    Raises `CorruptShardError` when the header is short ("truncated") or its length CRC differs.
-    """
-    if len(header) < 12:
-        raise corrupt_shard(path, offset, f"truncated record header ({len(header)} of 12 bytes)")
-    length, crc = _HEADER.unpack_from(header)
-    if masked_crc32c(header[:8]) != crc:
-        raise corrupt_shard(path, offset, "record length CRC mismatch")
-    return int(length)
-
-
-def record_data(record: bytes | memoryview, path: str, offset: int) -> memoryview:
-    """A memoryview of the data of the framed record `record` (read from `offset` of `path`).
-
-    Both CRCs are checked; bytes after the footer are ignored. Raises `CorruptShardError` when
-    the record is shorter than its header says ("truncated") or a CRC differs.
-    """
-    view = memoryview(record)
-    length = record_length(bytes(view[:12]), path, offset)
-    if len(view) < length + RECORD_OVERHEAD:
-        what = f"{len(view)} bytes, the header says {length + RECORD_OVERHEAD}"
-        raise corrupt_shard(path, offset, f"truncated record ({what})")
-    data = view[12 : 12 + length]
-    (crc,) = _FOOTER.unpack_from(view, 12 + length)
-    if masked_crc32c(data) != crc:
-        raise corrupt_shard(path, offset, "record data CRC mismatch")
-    return data
 
 
 def file_size(file: BinaryIO) -> int:
@@ -124,8 +43,9 @@ def iter_records(file: BinaryIO, path: str) -> Iterator[tuple[int, int]]:
     """(record offset, data length) of each record of a TFRecord file, from its start.
 
     Reads the 12 header bytes of each record and seeks past its data (data CRCs are checked
-    later, by `record_data`). Raises `CorruptShardError` at the first bad length CRC, or a record
-    that would run past the end of the file ("truncated"), naming the record's offset.
+    later, by `prefetch.io._records.record_data`). Raises `CorruptShardError` at the first bad
+    length CRC, or a record that would run past the end of the file ("truncated"), naming the
+    record's offset.
     """
     size = file_size(file)
     offset = 0
@@ -158,7 +78,7 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
+def length_field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
@@ -176,15 +96,15 @@ def _feature(key: str, value: Any) -> bytes:
         kinds = ((bytes, "bytes"), ((float, np.floating), "float"), ((int, np.integer), "int"))
         kind_name = next((name for types, name in kinds if isinstance(first, types)), "")
     if kind_name == "bytes" and all(isinstance(v, bytes) for v in values):
-        return _field(1, b"".join(_field(1, v) for v in values))  # bytes_list
+        return length_field(1, b"".join(length_field(1, v) for v in values))  # bytes_list
     if kind_name == "float" and all(isinstance(v, (int, float, np.number)) for v in values):
         packed = np.asarray(values, dtype="<f4").tobytes()
-        return _field(2, _field(1, packed) if packed else b"")  # float_list
+        return length_field(2, length_field(1, packed) if packed else b"")  # float_list
     if kind_name == "int" and all(
         isinstance(v, (int, np.integer)) and _INT64_MIN <= v <= _INT64_MAX for v in values
     ):
         packed = b"".join(_varint(int(v)) for v in values)
-        return _field(3, _field(1, packed) if packed else b"")  # int64_list
+        return length_field(3, length_field(1, packed) if packed else b"")  # int64_list
     raise ValueError(
         f"feature {key!r}: cannot encode {value!r}; give bytes, an int64, a float, a non-empty "
         "list of one type of them, or a numpy array of bytes, integers or floats"
@@ -200,13 +120,15 @@ def encode_example(features: _Features) -> bytes:
     protobuf sorts them; upb puts a key before its own prefixes, e.g. "ab" before "a").
     """
     entries = (
-        _field(1, _field(1, key.encode()) + _field(2, _feature(key, features[key])))
+        length_field(
+            1, length_field(1, key.encode()) + length_field(2, _feature(key, features[key]))
+        )
         for key in sorted(features)
     )
-    return _field(1, b"".join(entries))
+    return length_field(1, b"".join(entries))
 
 
-def _read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+def read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
     """The varint at `pos` (at most 10 bytes, before `end`) and the position after it."""
     if pos + 2 < end:  # unrolled up to 3 bytes: lengths of values up to 2 MiB
         low, middle, high = view[pos], view[pos + 1], view[pos + 2]
@@ -233,13 +155,13 @@ def _span(view: memoryview, pos: int, end: int) -> tuple[int, int]:
     if length < 0x80:
         start = pos + 1
     else:
-        length, start = _read_varint(view, pos, end)
+        length, start = read_varint(view, pos, end)
     if start + length > end:
         raise ValueError(f"a value of {length} bytes at byte {start} runs past its message")
     return start, start + length
 
 
-def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
+def next_field(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
     """(field number, wire type, value start, value end) of the field at `pos` (before `end`).
 
     A length-delimited value is only located, by its length, never read.
@@ -248,12 +170,12 @@ def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
     if tag < 0x80:
         pos += 1
     else:
-        tag, pos = _read_varint(view, pos, end)
+        tag, pos = read_varint(view, pos, end)
     wire, start = tag & 7, pos
     if wire == 2:
         start, pos = _span(view, pos, end)
     elif wire == 0:
-        pos = _read_varint(view, pos, end)[1]
+        pos = read_varint(view, pos, end)[1]
     elif wire == 1 or wire == 5:
         pos += 8 if wire == 1 else 4
     else:
@@ -263,7 +185,7 @@ def _next(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int]:
     return tag >> 3, wire, start, pos
 
 
-def _entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
+def map_entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
     """(key start, key end, entry start, entry end) of each map entry of a serialized Example
     (a byte memoryview), in stored order; ValueError (or struct.error) on malformed bytes.
 
@@ -275,10 +197,10 @@ def _entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
     """
     pos, end = 0, len(view)
     while pos < end:
-        number, wire, start, pos = _next(view, pos, end)
+        number, wire, start, pos = next_field(view, pos, end)
         while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
             if view[start] != 0x0A:  # not Features.feature (a map entry): an unknown field
-                start = _next(view, start, pos)[3]
+                start = next_field(view, start, pos)[3]
                 continue
             entry, start = _span(view, start + 1, pos)
             if entry + 1 < start and view[entry] == 0x0A and view[entry + 1] < 0x80:
@@ -289,22 +211,22 @@ def _entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
             else:
                 key_start = key_end = part_end = entry
                 while part_end < start:
-                    part, part_wire, value, part_end = _next(view, part_end, start)
+                    part, part_wire, value, part_end = next_field(view, part_end, start)
                     if part == 1 and part_wire == 2:
                         key_start, key_end = value, part_end
             yield key_start, key_end, entry, start
 
 
-def _lists(view: Any, pos: int, end: int) -> Iterator[tuple[str, int, int]]:
+def feature_lists(view: Any, pos: int, end: int) -> Iterator[tuple[str, int, int]]:
     """(kind, start, end) of each list in the map entry at `pos`..`end` of a serialized
     Example, in stored order: "bytes", "float" or "int64" and the span of the BytesList,
     FloatList or Int64List. Protobuf semantics are the caller's: the map entry's values
     (Features) merge, so a list of another kind than the one before replaces it, and a list
     of the same kind adds to it."""
     while pos < end:
-        part, wire, start, pos = _next(view, pos, end)
+        part, wire, start, pos = next_field(view, pos, end)
         while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
-            number, list_wire, list_start, start = _next(view, start, pos)
+            number, list_wire, list_start, start = next_field(view, start, pos)
             if number in (1, 2, 3) and list_wire == 2:
                 yield _KINDS[number - 1], list_start, start
 
@@ -323,7 +245,7 @@ def _list_values(view: memoryview, kind: str, wire: int, start: int, stop: int) 
         return list(struct.unpack_from(f"<{count}f", view, start))
     ints = []
     while wire in (0, 2) and start < stop:
-        value, start = _read_varint(view, start, stop)
+        value, start = read_varint(view, start, stop)
         ints.append(value - (1 << 64) if value >> 63 else value)
     return ints
 
@@ -343,13 +265,13 @@ def _find(
     values: list[Any] = []
     try:
         pos = end = 0
-        for key_start, key_end, entry_start, entry_end in _entries(view):
+        for key_start, key_end, entry_start, entry_end in map_entries(view):
             if key_end - key_start == len(wanted) and view[key_start:key_end] == wanted:
                 pos, end = entry_start, entry_end
-        for list_kind, start, stop in _lists(view, pos, end):
+        for list_kind, start, stop in feature_lists(view, pos, end):
             kind, values = list_kind, values if list_kind == kind else []
             while start < stop:  # a BytesList, FloatList or Int64List
-                field, value_wire, value, start = _next(view, start, stop)
+                field, value_wire, value, start = next_field(view, start, stop)
                 if field == 1:
                     values += _list_values(view, kind, value_wire, value, start)
     except (ValueError, struct.error) as error:
@@ -380,7 +302,7 @@ def example_keys(data: bytes | memoryview, *, path: str = "", offset: int = 0) -
     """
     view = memoryview(data).cast("B")
     try:
-        keys = [bytes(view[a:b]).decode(errors="replace") for a, b, _, _ in _entries(view)]
+        keys = [bytes(view[a:b]).decode(errors="replace") for a, b, _, _ in map_entries(view)]
     except ValueError as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return list(dict.fromkeys(keys))

@@ -1,21 +1,29 @@
-"""What no decoder is given: the checks every built-in decoder runs on a file's bytes first.
+"""An image's bytes, read and checked before any decoder sees them; Pillow's open of them.
 
-`check_image_bytes(data, name)` refuses an empty file ("empty file", where Pillow would say
-"cannot identify") and a JPEG whose scans could keep any decoder busy for minutes: each scan
-of a progressive (or arithmetic-coded) JPEG is a pass over every block of the image, and an
-end-of-band run lets a scan cover 32,767 blocks in a few bits, so a valid 1 MB file of
-8000x8000 with about 1,200 scans takes 40 s of CPU in Pillow and in libjpeg-turbo alike
-(libjpeg-turbo's report LJT-01-003). Huffman-coded sequential and lossless JPEGs spend at
-least two bits of the file per block and scan: their work is bounded by their size, so the
-common baseline photo pays only a walk over its header's few segments. Pure functions of the
-bytes, thread-safe; `prefetch.decode._decoders.read_image` runs them before any decoder.
+`read_image(location)` is `read_location` (`prefetch.io._members`: a path, a URL or a shard's
+member, within the `RemoteOptions` bounds) followed by `check_image_bytes`; `open_image` is
+Pillow's `Image.open` of those bytes, its errors naming the file. Every decoder of prefetch's
+(`prefetch.decode`) and `FileList.__getitem__` read images through them.
+
+`check_image_bytes(data, name)` refuses what no decoder is given: an empty file ("empty file",
+where Pillow would say "cannot identify") and a JPEG whose scans could keep any decoder busy for
+minutes: each scan of a progressive (or arithmetic-coded) JPEG is a pass over every block of the
+image, and an end-of-band run lets a scan cover 32,767 blocks in a few bits, so a valid 1 MB
+file of 8000x8000 with about 1,200 scans takes 40 s of CPU in Pillow and in libjpeg-turbo alike
+(libjpeg-turbo's report LJT-01-003). Huffman-coded sequential and lossless JPEGs spend at least
+two bits of the file per block and scan: their work is bounded by their size, so the common
+baseline photo pays only a walk over its header's few segments. It is a bound like
+`max_object_bytes`, on decode time instead of memory. Pure functions of the bytes, thread-safe.
 """
 
 from __future__ import annotations
 
+import io
 import re
 
 from PIL import Image, UnidentifiedImageError
+
+from prefetch.io._members import Location, read_location
 
 MAX_JPEG_SCANS = 500
 """The most scans (SOS markers) a progressive or arithmetic-coded JPEG may hold.
@@ -79,3 +87,28 @@ def _frame_marker(data: bytes) -> int | None:
             return None
         position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
     return None
+
+
+def read_image(path: Location) -> bytes:
+    """The bytes of the image at `path`, checked by `check_image_bytes` before any decoder
+    sees them: a local or `file://` path (a regular file), an fsspec URL (retried), or a
+    sample of a shard (a `Member` value), all through `read_location` (at most
+    `max_object_bytes`). A string is always a path or URL, whatever its characters."""
+    data = read_location(path)
+    check_image_bytes(data, str(path))
+    return data
+
+
+def open_bytes(data: bytes, name: str) -> Image.Image:
+    """`Image.open` of the encoded image `data`, read from the file `name`: a file Pillow cannot
+    identify raises `PIL.UnidentifiedImageError` naming `name` (not a BytesIO object)."""
+    try:
+        return Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+
+
+def open_image(path: Location) -> Image.Image:
+    """`Image.open` of the image at `path` (`read_image`: a local path, a `file://` path, an
+    fsspec URL or a `Member` of a shard), its errors naming `path`."""
+    return open_bytes(read_image(path), str(path))
