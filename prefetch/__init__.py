@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from prefetch.backends._options import ProcessOptions
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
 from prefetch.decode._decoders import DecodeOptions, decode_image
@@ -25,7 +26,6 @@ from prefetch.errors import (
 from prefetch.io._storage import RemoteOptions
 from prefetch.plan._crops import CenterCrop, RandomResizedCrop
 from prefetch.runtime._loader import Batch, Loader, Stream
-from prefetch.runtime._options import ProcessOptions
 from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 import prefetch
+from prefetch.backends._options import ProcessOptions
 from prefetch.backends._shm import PREFIX, SHM_DIR, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
-from prefetch.runtime._options import ProcessOptions
 from prefetch.testing import (
     CrashingDecoder,
     FailingDecoder,

@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 from prefetch.backends._base import Backend
+from prefetch.backends._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
 from prefetch.io._storage import reads_over_network
-from prefetch.runtime._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
 
 
 def make_backend(

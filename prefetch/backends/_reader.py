@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.decode._decoders import (
     DecodeOptions,
     Decoder,
@@ -32,7 +32,6 @@ from prefetch.io._cache import ObjectCache
 from prefetch.io._members import Location, Member, spooled
 from prefetch.io._storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.plan._crops import Augment
-from prefetch.runtime._autoscale import thread_clocks
 from prefetch.sources._folders import is_file_source
 from prefetch.sources._labels import check_label
 
@@ -67,8 +66,8 @@ class SampleReader:
     or cut from the source's image; the flip is a view; then `transform` runs. Files are read
     within `remote` (`storage.using`: deadlines, size caps; None: the defaults); a cached copy
     is decoded through `ObjectCache.decoded`, which keeps only copies that decode. With
-    `spool` (a streamed shard source's folder, `prefetch.sources.shards._spool`), samples of URL
-    shards are read from the shards' local copies there.
+    `spool_folder` (where the runtime's spool keeps a streamed shard source's copies), samples
+    of URL shards are read from the shards' local copies there.
     """
 
     source: Any
@@ -82,7 +81,7 @@ class SampleReader:
     augment: Augment = field(default_factory=Augment)
     window_engine: str = "turbo"
     remote: RemoteOptions | None = None
-    spool: str | None = None
+    spool_folder: str | None = None
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -102,8 +101,8 @@ class SampleReader:
         `Member` (in the shard's spooled copy, when the source is streamed). Only the source
         makes a `Member`: a path string is never read as one."""
         location: Location = self.source.location(index)
-        if self.spool is not None and isinstance(location, Member):
-            return spooled(self.spool, location)
+        if self.spool_folder is not None and isinstance(location, Member):
+            return spooled(self.spool_folder, location)
         return location
 
     def describe(self, index: int) -> str:

@@ -24,7 +24,9 @@ from types import TracebackType
 
 import numpy as np
 
+from prefetch._checks import check_shard
 from prefetch._messages import counted, suggest_keywords
+from prefetch.backends._options import ProcessOptions
 from prefetch.backends._base import Backend
 from prefetch.backends._reader import SampleReader, Transform
 from prefetch.backends._ring import SlotRing
@@ -38,19 +40,17 @@ from prefetch.plan._epochs import Cursor, EpochPlan
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._options import (
     LoaderOptions,
-    ProcessOptions,
     check_crop,
-    check_shard,
     check_validation_split,
     decode_options,
     process_options,
 )
-from prefetch.runtime._session import Session, close_quietly, forget_dummy_thread
+from prefetch.runtime._spool import streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._stream import Batch, SkipCounter, Stream
+from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
 from prefetch.sources._folders import ImageFolder, Source, as_source, is_file_source, split_files
 from prefetch.sources._labels import check_label_mode
-from prefetch.sources.shards._spool import streaming_parts
 
 __all__ = ["Batch", "Loader", "Stream"]
 
@@ -246,10 +246,10 @@ class Loader:
             augment=augment,
             window_engine="pillow" if decoder == "pillow" else "turbo",
             remote=self._remote,
-            spool=self._spool.folder if self._spool else None,
+            spool_folder=self._spool.folder if self._spool else None,
         )
         count = usable_cores() if workers in ("auto", None) else int(workers)
-        self._session = Session(self._options, reader, count)
+        self._session = Workers(self._options, reader, count)
         weakref.finalize(self, close_quietly, self._session)
         self._cursor = Cursor()
         self._stats = StatsRecorder()
@@ -304,7 +304,7 @@ class Loader:
         lambda self: self._session.tuned,
         doc='Whether the worker count is tuned: workers="auto", or workers=None on remote URLs.',
     )
-    workers = property(lambda self: self._session.workers, doc="The worker count now.")
+    workers = property(lambda self: self._session.count, doc="The worker count now.")
     backend_name = property(
         lambda self: self._session.backend_name, doc='"thread" or "process" ("auto" before start).'
     )

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from prefetch._checks import positive
 from prefetch._messages import suggest_keywords
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
     check_budget,

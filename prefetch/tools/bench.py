@@ -28,11 +28,11 @@ import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
 
+from prefetch._checks import positive
 from prefetch.decode._decoders import DecodeOptions, Decoder
 from prefetch.plan._crops import Crop
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_floor import (
     NO_ENTROPY_DECODER,
