@@ -102,7 +102,7 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
     count = len(samples)
     slot = Slot(np.zeros((count, *options.shape), np.uint8), np.zeros(count, np.int32))
     reader = SampleReader(
-        FileList(paths, [0] * count), decode_image, options, None, False, True, augment=augment
+        FileList(paths, [0] * count), decode_image, options, False, True, augment=augment
     )
     task = BatchTask(np.arange(count), epoch=0, seed=0)
 

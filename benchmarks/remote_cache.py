@@ -32,7 +32,11 @@ def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list
     """Images/s of each of `epochs` epochs of one loader (workers started once)."""
     rates = []
     loader = prefetch.Loader(
-        url, batch_size=32, image_size=(size, size), seed=0, cache_dir=cache_dir
+        url,
+        batch_size=32,
+        image_size=(size, size),
+        seed=0,
+        remote=prefetch.RemoteOptions(cache_dir=cache_dir),
     )
     with loader:
         for _ in range(epochs):

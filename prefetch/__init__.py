@@ -24,8 +24,9 @@ from prefetch.errors import (
     WorkerCrashedError,
 )
 from prefetch.io._storage import RemoteOptions
-from prefetch.plan._crops import CenterCrop, RandomResizedCrop
+from prefetch.plan._crops import Augment, CenterCrop, RandomResizedCrop
 from prefetch.runtime._loader import Batch, Loader, Stream
+from prefetch.runtime._options import Autotune, ErrorPolicy, LoaderOptions
 from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource
@@ -37,6 +38,8 @@ if TYPE_CHECKING:  # `tune` is imported on first use (`__getattr__`): the tools 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Augment",
+    "Autotune",
     "Background",
     "Batch",
     "CenterCrop",
@@ -44,9 +47,11 @@ __all__ = [
     "Coordinator",
     "CorruptShardError",
     "DecodeOptions",
+    "ErrorPolicy",
     "FileList",
     "ImageFolder",
     "Loader",
+    "LoaderOptions",
     "LoaderStats",
     "PrefetchError",
     "ProcessOptions",

@@ -145,13 +145,17 @@ def test_bad_arguments_are_refused_at_construction_naming_the_range(
 
 def test_loader_refuses_what_cannot_go_with_a_crop(photos: Path) -> None:
     with pytest.raises(ValueError, match=r"crop must be None, prefetch\.RandomResizedCrop"):
-        prefetch.Loader(photos, crop="random")  # type: ignore[arg-type]
+        prefetch.Loader(photos, augment=prefetch.Augment(crop="random"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="crop= replaces crop_to_aspect_ratio"):
-        prefetch.Loader(photos, crop=CenterCrop(), crop_to_aspect_ratio=True)
+        prefetch.Loader(
+            photos, augment=prefetch.Augment(crop=CenterCrop()), crop_to_aspect_ratio=True
+        )
     with pytest.raises(ValueError, match="decodes whole images"):
-        prefetch.Loader(photos, crop=CenterCrop(), decoder=prefetch.decode_image)
+        prefetch.Loader(
+            photos, augment=prefetch.Augment(crop=CenterCrop()), decoder=prefetch.decode_image
+        )
     with pytest.raises(ValueError, match="flip must be True or False"):
-        prefetch.Loader(photos, flip="yes")  # type: ignore[arg-type]
+        prefetch.Loader(photos, augment=prefetch.Augment(flip="yes"))  # type: ignore[arg-type]
 
 
 # ---- the draws ---------------------------------------------------------------------------
@@ -411,7 +415,8 @@ def test_shards_hold_the_crops_of_the_unsharded_epoch(photos: Path) -> None:
     }
     seen = 0
     for shard_index in range(2):
-        shard = prefetch.Loader(photos, num_shards=2, shard_index=shard_index, **options)
+        shard = prefetch.Loader(photos, **options)
+        shard.shard(2, shard_index)
         for (images, _), indices in zip(batches(shard), shard.batch_indices(0), strict=True):
             for image, index in zip(images, indices, strict=True):
                 np.testing.assert_array_equal(image, by_index[int(index)])
@@ -422,7 +427,14 @@ def test_shards_hold_the_crops_of_the_unsharded_epoch(photos: Path) -> None:
 def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
     plain = batches(prefetch.Loader(photos, batch_size=24, image_size=TARGET, shuffle=False))
     flips = batches(
-        prefetch.Loader(photos, batch_size=24, image_size=TARGET, shuffle=False, flip=True, seed=1)
+        prefetch.Loader(
+            photos,
+            batch_size=24,
+            image_size=TARGET,
+            shuffle=False,
+            augment=prefetch.Augment(flip=True),
+            seed=1,
+        )
     )
     mirrored = [
         np.array_equal(f, p[:, ::-1]) for f, p in zip(flips[0][0], plain[0][0], strict=True)
@@ -434,7 +446,9 @@ def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
 
 def test_crop_none_keeps_the_whole_image_path(photos: Path) -> None:
     """crop=None (the default) decodes each file exactly as the decoder does on its own."""
-    loader = prefetch.Loader(photos, batch_size=6, image_size=TARGET, seed=2, crop=None)
+    loader = prefetch.Loader(
+        photos, batch_size=6, image_size=TARGET, seed=2, augment=prefetch.Augment(crop=None)
+    )
     decoder = prefetch.decode._decoders.get_decoder("auto")
     paths = loader.source.paths  # type: ignore[attr-defined]
     got = batches(loader)
@@ -450,7 +464,11 @@ def test_transform_runs_on_the_cropped_image(photos: Path) -> None:
         shapes.append(image.shape)
         return image
 
-    batches(prefetch.Loader(photos, workers=1, backend="thread", transform=record, **TRAIN))
+    batches(
+        prefetch.Loader(
+            photos, workers=1, backend="thread", augment=prefetch.Augment(transform=record), **TRAIN
+        )
+    )
     assert shapes and set(shapes) == {(*TARGET, 3)}
 
 
@@ -471,7 +489,11 @@ class ArraySource:
 
 def test_a_sources_images_are_cropped_too() -> None:
     loader = prefetch.Loader(
-        ArraySource(), batch_size=10, image_size=(20, 20), crop=CenterCrop(0.5), workers=1
+        ArraySource(),
+        batch_size=10,
+        image_size=(20, 20),
+        augment=prefetch.Augment(crop=CenterCrop(0.5)),
+        workers=1,
     )
     ((images, _),) = batches(loader)
     # The central 30x30 of 60x80: columns 25-55, a third of them left of the white half.
@@ -501,7 +523,11 @@ def test_remote_folder_with_a_crop_and_cache_dir(photos: Path, tmp_path: Path) -
     local = batches(prefetch.Loader(photos, workers=2, backend="thread", **TRAIN))
     with prefetch.testing.serve_folder(photos) as url:
         loader = prefetch.Loader(
-            url, workers=2, backend="thread", cache_dir=tmp_path / "cache", **TRAIN
+            url,
+            workers=2,
+            backend="thread",
+            remote=prefetch.RemoteOptions(cache_dir=tmp_path / "cache"),
+            **TRAIN,
         )
         remote = batches(loader)
     assert len(remote) == len(local)
@@ -517,10 +543,18 @@ def test_keras_fit_trains_on_crops_and_evaluates_on_centre_crops(photos: Path) -
     from prefetch.testing import small_cnn
 
     train = prefetch.Loader(
-        photos, batch_size=8, image_size=TARGET, seed=0, crop=RandomResizedCrop(), flip=True
+        photos,
+        batch_size=8,
+        image_size=TARGET,
+        seed=0,
+        augment=prefetch.Augment(crop=RandomResizedCrop(), flip=True),
     )
     evaluate = prefetch.Loader(
-        photos, batch_size=8, image_size=TARGET, shuffle=False, crop=CenterCrop()
+        photos,
+        batch_size=8,
+        image_size=TARGET,
+        shuffle=False,
+        augment=prefetch.Augment(crop=CenterCrop()),
     )
     model = small_cnn(TARGET[0], len(train.class_names))
     with train, evaluate:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import ImageFolder, Loader, LoaderStats
+from prefetch import ImageFolder, Loader, LoaderStats, RemoteOptions
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -76,7 +76,12 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
 ) -> None:
     cache_dir = tmp_path / "cache"
     loader = Loader(
-        memory_root, batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir
+        memory_root,
+        batch_size=4,
+        image_size=SIZE,
+        seed=3,
+        workers=2,
+        remote=RemoteOptions(cache_dir=cache_dir),
     )
     fs = fsspec.filesystem("memory")
     (first, second), stats = epochs(loader, 2, lambda: fs.rm(memory_root, recursive=True))
@@ -118,22 +123,22 @@ def test_a_bad_cache_dir_is_refused_naming_the_folder_and_the_fix(
     local_root: Path, memory_root: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=r"reads no URLs .* leave cache_dir out"):
-        Loader(local_root, image_size=SIZE, cache_dir=tmp_path / "cache")
+        Loader(local_root, image_size=SIZE, remote=RemoteOptions(cache_dir=tmp_path / "cache"))
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # like /tmp without the sticky bit: a neighbour could swap copies
     with pytest.raises(ValueError, match=f"'{shared}' is writable by others .*chmod 700"):
-        Loader(memory_root, image_size=SIZE, cache_dir=shared)
+        Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=shared))
     a_file = tmp_path / "file"
     a_file.write_text("")
     with pytest.raises(ValueError, match="is not a folder"):
-        Loader(memory_root, image_size=SIZE, cache_dir=a_file)
+        Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=a_file))
     if os.geteuid() == 0:  # root can hand a folder to another user, as a neighbour's would be
         theirs = tmp_path / "theirs"
         theirs.mkdir(mode=0o700)
         os.chown(theirs, 65534, 65534)
         with pytest.raises(ValueError, match="belongs to user 65534, not to you"):
-            Loader(memory_root, image_size=SIZE, cache_dir=theirs)
+            Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=theirs))
 
 
 def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(

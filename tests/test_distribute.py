@@ -325,7 +325,8 @@ def test_shard_refuses_bad_values_and_a_shard_without_a_batch(folder: Path) -> N
 
 def test_resuming_a_shard_from_its_state_continues_where_it_stopped(folder: Path) -> None:
     options = dict(batch_size=3, image_size=(8, 8), seed=4)
-    first = prefetch.Loader(sample_ids(folder), num_shards=2, shard_index=1, **options)  # type: ignore[arg-type]
+    first = prefetch.Loader(sample_ids(folder), **options)  # type: ignore[arg-type]
+    first.shard(2, 1)
     with first:
         epoch = iter(first)
         next(epoch)

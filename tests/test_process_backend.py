@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch.backends._options import ProcessOptions
+from prefetch import ProcessOptions
 from prefetch.backends._shm import PREFIX, SHM_DIR, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
 from prefetch.testing import (
@@ -124,9 +124,8 @@ def test_more_crashes_than_max_restarts_raise_worker_crashed_error(folder: Path)
         batch_size=5,
         image_size=SMALL,
         workers=2,
-        backend="process",
+        backend=prefetch.ProcessOptions(max_restarts=1),
         decoder=CrashingDecoder("square_0004"),
-        max_restarts=1,
     )
     started = time.monotonic()
     with pytest.raises(WorkerCrashedError) as raised, loader:
@@ -154,7 +153,10 @@ def test_a_worker_killed_from_outside_is_replaced_without_losing_a_batch(folder:
 
 def test_an_unpicklable_transform_is_refused_before_any_worker_starts(folder: Path) -> None:
     loader = prefetch.Loader(
-        folder, image_size=SMALL, backend="process", transform=lambda image, rng: image
+        folder,
+        image_size=SMALL,
+        backend="process",
+        augment=prefetch.Augment(transform=lambda image, rng: image),
     )
     with pytest.raises(TypeError, match="sends the transform to worker processes"), loader:
         pass

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import FileList, Loader, RandomResizedCrop, SampleTimeoutError
+from prefetch import ErrorPolicy, FileList, Loader, RandomResizedCrop, SampleTimeoutError
 from prefetch.testing import PlainReadDecoder, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,7 +57,7 @@ def loader_for(files: FileList, **options: object) -> Loader:
         "decoder": decoder,
         **options,
     }
-    return Loader(files, sample_timeout_s=LIMIT_S, **options)  # type: ignore[arg-type]
+    return Loader(files, on_error=ErrorPolicy(sample_timeout_s=LIMIT_S), **options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -127,7 +127,7 @@ def test_a_blocking_getitem_times_out_naming_the_sample() -> None:
         image_size=(16, 16),
         workers=2,
         backend="thread",
-        sample_timeout_s=LIMIT_S,
+        on_error=ErrorPolicy(sample_timeout_s=LIMIT_S),
         shuffle=False,
     )
     try:
@@ -140,7 +140,9 @@ def test_a_blocking_getitem_times_out_naming_the_sample() -> None:
 def test_without_a_limit_nothing_is_timed_out_and_the_limit_is_checked(tmp_path: Path) -> None:
     root = write_image_folder(tmp_path / "good", class_names=("a",), per_class=4)
     assert Loader(root, image_size=(8, 8)).sample_timeout_s is None
-    assert len(list(Loader(root, image_size=(8, 8), sample_timeout_s=30))) == 1
+    assert (
+        len(list(Loader(root, image_size=(8, 8), on_error=ErrorPolicy(sample_timeout_s=30)))) == 1
+    )
     for bad in (0, -1, True, "5"):
         with pytest.raises(ValueError, match="sample_timeout_s"):
-            Loader(root, image_size=(8, 8), sample_timeout_s=bad)  # type: ignore[arg-type]
+            Loader(root, image_size=(8, 8), on_error=ErrorPolicy(sample_timeout_s=bad))  # type: ignore[arg-type]

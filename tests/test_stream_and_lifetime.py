@@ -251,10 +251,18 @@ def test_process_options_select_the_process_backend_with_their_settings(folder: 
 def test_the_older_process_keywords_still_work_but_not_beside_process_options(
     folder: Path,
 ) -> None:
-    loader = Loader(folder, image_size=(8, 8), backend="process", max_restarts=1)
+    loader = Loader(
+        folder,
+        image_size=(8, 8),
+        backend=ProcessOptions(max_restarts=1),
+    )
     assert loader.max_restarts == 1
     with pytest.raises(ValueError, match="inside ProcessOptions"):
-        Loader(folder, image_size=(8, 8), backend=ProcessOptions(), max_restarts=1)
+        Loader(
+            folder,
+            image_size=(8, 8),
+            backend=ProcessOptions(max_restarts=1),
+        )
     with pytest.raises(ValueError, match="start_method must be one of"):
         ProcessOptions(start_method="fork")
     with pytest.raises(ValueError, match="max_restarts must be >= 0"):

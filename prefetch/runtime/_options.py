@@ -1,22 +1,28 @@
 """The Loader's options as frozen, keyword-only dataclasses; every check is written once here.
 
-`LoaderOptions` holds what a `Loader` does with batches (size, depth, order, labels, errors,
-workers); `ProcessOptions` holds what only the process backend uses (`backend=ProcessOptions(...)`
-picks that backend). `DecodeOptions` (prefetch.decode._decoders) holds what a decoder does with one
-image.
-A bad value raises ValueError naming the option, the value and what would be accepted.
+`LoaderOptions` is `loader.options`: everything a `Loader` was made with, normalized (a string
+`on_error` as an `ErrorPolicy`, `workers="auto"` as `Autotune()`, `backend=ProcessOptions(...)`
+as "process" and its options, the drawn seed) and its host split (`Loader.shard`). The option
+groups a `Loader` takes beside its flat keywords: `ErrorPolicy` (what a failing sample does),
+`Autotune` (a tuned worker count), `ProcessOptions` (prefetch.backends), `RemoteOptions`
+(prefetch.io), `Augment` (prefetch.plan). A bad value raises ValueError naming the option, the
+value and what would be accepted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from prefetch._checks import one_of, positive
+from prefetch._messages import suggest_keywords
 from prefetch.backends._options import ProcessOptions
-from prefetch.decode._decoders import COLOR_MODES, DecodeOptions
+from prefetch.decode._decoders import COLOR_MODES, DecodeOptions, Decoder
+from prefetch.io._remote_options import RemoteOptions
+from prefetch.plan._crops import Augment
 from prefetch.sources._folders import SUBSETS, is_file_source
 from prefetch.sources._labels import LABEL_MODES
 
@@ -27,53 +33,167 @@ REMOTE_READER_THREADS = 8
 # Worker processes per core that a loader of remote URLs starts with (then tuned).
 REMOTE_PROCESSES_PER_CORE = 2
 BACKENDS = ("thread", "process", "auto")
+# The keywords a Loader no longer takes, and their spelling now (CHANGELOG.md).
+MOVED = {
+    "max_restarts": "backend=ProcessOptions(max_restarts=...)",
+    "start_method": "backend=ProcessOptions(start_method=...)",
+    "num_shards": "loader.shard(num_shards, shard_index) after making the Loader",
+    "shard_index": "loader.shard(num_shards, shard_index) after making the Loader",
+    "max_skipped": 'on_error=ErrorPolicy("skip", max_skipped=...)',
+    "sample_timeout_s": "on_error=ErrorPolicy(sample_timeout_s=...)",
+    "memory_budget": "workers=Autotune(memory_budget=...)",
+    "cache_dir": "remote=RemoteOptions(cache_dir=...)",
+    "crop": "augment=Augment(crop=...)",
+    "flip": "augment=Augment(flip=True)",
+    "transform": "augment=Augment(transform=...)",
+    "copy": "nothing: a batch you keep is never overwritten; batch.images.copy() makes a copy",
+}
 
 
-@dataclass(frozen=True, kw_only=True)
-class LoaderOptions:
-    """How a Loader runs; the `Loader` keyword arguments of the same names.
+@suggest_keywords
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """What a sample that fails to load does: `Loader(on_error=ErrorPolicy("skip", ...))`.
 
-    `workers` is None (one per usable core; on remote URLs, tuned as "auto"), an int, or
-    "auto" (tuned while it runs);
-    `backend` is "auto", "thread" or "process" (process options in `process`). Which samples
-    go in which batch (order, seed, shards, the last batch) is the `EpochPlan`'s part
-    (prefetch.plan._epochs). See the `Loader` reference for each option's meaning.
+    The bounds on failure travel with the choice they qualify: `on_error="skip"` is
+    `ErrorPolicy("skip")`, and a cap or a time limit is added here rather than as more
+    keywords of the Loader.
+
+    - `action`: `"raise"` (a sample that fails raises at its batch, with a note naming it) or
+      `"skip"` (it is dropped, logged and counted in `stats()`).
+    - `max_skipped`: with "skip", the most distinct files that may fail before
+      `TooManySkippedError`; None for no cap.
+    - `sample_timeout_s`: a time limit per sample, in seconds, past which it raises
+      `SampleTimeoutError` (with "skip" and the process backend, it is skipped); None for none.
     """
 
-    batch_size: int = 32
-    workers: int | str | None = None
-    depth: int = 2
-    label_mode: str | None = "int"
-    on_error: str = "raise"
+    action: str = "raise"
+    _: KW_ONLY
     max_skipped: int | None = None
-    copy: bool = False
-    backend: str = "auto"
-    process: ProcessOptions = field(default_factory=ProcessOptions)
-    memory_budget: int | None = None
     sample_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        positive("batch_size", self.batch_size)
-        positive("depth", self.depth)
-        if isinstance(self.workers, str) and self.workers != "auto":
-            raise ValueError(f"workers must be an int >= 1 or 'auto', got {self.workers!r}")
-        if self.workers is not None and self.workers != "auto":
-            positive("workers", self.workers)
-        one_of("label_mode", self.label_mode, LABEL_MODES)
-        one_of("on_error", self.on_error, ON_ERROR)
-        one_of("backend", self.backend, BACKENDS)
+        one_of("on_error", self.action, ON_ERROR)
         if self.max_skipped is not None and self.max_skipped < 0:
             raise ValueError(f"max_skipped must be >= 0 or None, got {self.max_skipped}")
-        if self.memory_budget is not None and self.memory_budget < 1:
-            raise ValueError(
-                f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
-            )
         timeout = self.sample_timeout_s
         number = isinstance(timeout, (int, float, np.integer, np.floating))
         if timeout is not None and (isinstance(timeout, bool) or not number or not timeout > 0):
             raise ValueError(
                 f"sample_timeout_s must be a number of seconds > 0 or None, got {timeout!r}"
             )
+
+    @property
+    def skip(self) -> bool:
+        """Whether failing samples are skipped."""
+        return self.action == "skip"
+
+
+@suggest_keywords
+@dataclass(frozen=True, kw_only=True)
+class Autotune:
+    """A worker count tuned while the loader runs: `Loader(workers=Autotune(...))`;
+    `workers="auto"` is `Autotune()`.
+
+    - `memory_budget`: the bytes the workers and batch buffers may use; None for a quarter of
+      the memory available at the start.
+    """
+
+    memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not budget >= 1):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {budget}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """`loader.options`: what a `Loader` was made with, read-only (see `Loader` for each).
+
+    The Keras keywords and `drop_remainder`, `antialias`, `decoder`, `depth` as given (an int
+    `image_size` as `(size, size)`); `seed` the one in use (drawn when None was given);
+    `augment` an `Augment`; `workers` an int, None (one per usable core) or an `Autotune`;
+    `backend` "auto", "thread" or "process", with `process` the `ProcessOptions`; `on_error`
+    an `ErrorPolicy`; `remote` the `RemoteOptions` of its reads; `num_shards` and
+    `shard_index` the host split (`Loader.shard`). `decode` is the `DecodeOptions` of the
+    pixels' options.
+    """
+
+    batch_size: int = 32
+    image_size: tuple[int, int] = (256, 256)
+    shuffle: bool = True
+    seed: int = 0
+    validation_split: float | None = None
+    subset: str | None = None
+    label_mode: str | None = "int"
+    color_mode: str = "rgb"
+    interpolation: str = "bilinear"
+    crop_to_aspect_ratio: bool = False
+    pad_to_aspect_ratio: bool = False
+    drop_remainder: bool = False
+    antialias: bool = False
+    augment: Augment = field(default_factory=Augment)
+    decoder: Decoder | str | None = "auto"
+    workers: int | Autotune | None = None
+    depth: int = 2
+    backend: str = "auto"
+    process: ProcessOptions = field(default_factory=ProcessOptions)
+    on_error: ErrorPolicy = field(default_factory=ErrorPolicy)
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
+    num_shards: int = 1
+    shard_index: int = 0
+
+    def __post_init__(self) -> None:
+        positive("batch_size", self.batch_size)
+        positive("depth", self.depth)
+        if self.workers is not None and not isinstance(self.workers, Autotune):
+            positive("workers", self.workers)
+        one_of("label_mode", self.label_mode, LABEL_MODES)
+        one_of("backend", self.backend, BACKENDS)
+        if self.augment.crop is not None:
+            check_crop(self.decode, self.decoder)
+
+    @property
+    def decode(self) -> DecodeOptions:
+        """What a decoder does with one image: the `DecodeOptions` of the pixels' options."""
+        return decode_options(
+            self.image_size,
+            self.color_mode,
+            self.interpolation,
+            self.crop_to_aspect_ratio,
+            self.pad_to_aspect_ratio,
+            self.antialias,
+        )
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the worker count is tuned as asked (`Autotune`)."""
+        return isinstance(self.workers, Autotune)
+
+    @property
+    def memory_budget(self) -> int | None:
+        """The tuned workers' memory budget (`Autotune.memory_budget`), or None."""
+        return self.workers.memory_budget if isinstance(self.workers, Autotune) else None
+
+    @property
+    def cache_dir(self) -> str | os.PathLike[str] | None:
+        """`remote.cache_dir`: the folder of local copies of remote objects, or None."""
+        return self.remote.cache_dir
+
+
+def as_workers(workers: int | str | Autotune | None) -> int | Autotune | None:
+    """`workers` with "auto" as `Autotune()`; ValueError for another string."""
+    if isinstance(workers, str):
+        if workers != "auto":
+            raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
+        return Autotune()
+    return workers
+
+
+def as_error_policy(on_error: str | ErrorPolicy) -> ErrorPolicy:
+    """`on_error` as an `ErrorPolicy` ("skip" is `ErrorPolicy("skip")`)."""
+    return on_error if isinstance(on_error, ErrorPolicy) else ErrorPolicy(on_error)
 
 
 def check_validation_split(
@@ -125,20 +245,6 @@ def check_validation_split(
         )
 
 
-def process_options(
-    backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
-) -> ProcessOptions:
-    """The process options from `backend=ProcessOptions(...)` or the older keywords."""
-    if isinstance(backend, ProcessOptions):
-        if max_restarts is not None or start_method is not None:
-            raise ValueError(
-                "pass max_restarts and start_method inside ProcessOptions, not beside it"
-            )
-        return backend
-    restarts = 3 if max_restarts is None else max_restarts
-    return ProcessOptions(max_restarts=restarts, start_method=start_method)
-
-
 def check_crop(options: DecodeOptions, decoder: object) -> None:
     """Refuse what cannot go with `crop=`: Keras's crop or padding (the crop replaces them) and
     a decoder of your own (it decodes whole images; crops are decoded by prefetch's own)."""
@@ -174,3 +280,13 @@ def decode_options(
         pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
         antialias=bool(antialias),
     )
+
+
+def check_group(name: str, value: object, kind: type, example: str) -> None:
+    """TypeError unless `value` is None or an option object of type `kind` (`example` shows
+    how to make one)."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(
+            f"{name} must be a prefetch.{kind.__name__} or None, got {type(value).__name__}: "
+            f"pass {name}=prefetch.{example}"
+        )

@@ -49,7 +49,7 @@ class Workers:
         self.reader = reader
         self.count = count
         self.remote = reads_over_network(reader.source)
-        self.tuned = options.workers == "auto" or (options.workers is None and self.remote)
+        self.tuned = options.tuned or (options.workers is None and self.remote)
         self.backend_name = options.backend
         asked = options.backend != "auto"
         self.backend_reason = f"backend={options.backend!r} was asked for" if asked else ""

@@ -371,8 +371,8 @@ def resident(
         loader = images
         if labels is not None:
             raise ValueError("labels must be None when images is a Loader (it has its own)")
-        batch_size = loader.batch_size if batch_size is None else batch_size
-        seed = loader.seed if seed is None else seed
+        batch_size = loader.options.batch_size if batch_size is None else batch_size
+        seed = loader.options.seed if seed is None else seed
         sample = sample_bytes(loader)
         count = sum(len(batch) for batch in loader.batch_indices(loader.epoch))
         needed = count * sample
