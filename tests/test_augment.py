@@ -1,9 +1,9 @@
 """Training crops and flips: the boxes' distributions, the decoded windows, and determinism.
 
-`Loader(crop=RandomResizedCrop(...), flip=True)` draws each sample's window from the image's
-header and its own generator (seed, epoch, index), then decodes only that window. These tests
-check the draws against torchvision's algorithm and the requested distributions, the window
-decode against a full decode cut to the same box, and that batches depend only on the seed:
+`Loader(augment=Augment(crop=RandomResizedCrop(...), flip=True))` draws each sample's window
+from the image's header and its own generator (seed, epoch, index), then decodes only that
+window. These tests check the draws against torchvision's algorithm and the requested
+distributions, the window decode against a full decode cut to the same box, and that batches depend only on the seed:
 not on the worker count, the backend, the decoder engine or a resume.
 """
 
@@ -327,7 +327,9 @@ def batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarray, 
         return [(x.copy(), y.copy()) for _ in range(epochs) for x, y in loader]
 
 
-TRAIN = dict(batch_size=5, image_size=TARGET, seed=4, crop=RandomResizedCrop(), flip=True)
+TRAIN = dict(
+    batch_size=5, image_size=TARGET, seed=4, augment=Augment(RandomResizedCrop(), flip=True)
+)
 
 
 @pytest.mark.parametrize(
@@ -351,10 +353,10 @@ def identity(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     [
         ("thread", {}),
         ("process", {}),
-        ("thread", {"transform": identity}),
+        ("thread", {"augment": Augment(RandomResizedCrop(), flip=True, transform=identity)}),
         ("thread", {"antialias": True}),
         ("thread", {"color_mode": "grayscale"}),
-        ("thread", {"interpolation": "nearest", "crop": CenterCrop()}),
+        ("thread", {"interpolation": "nearest", "augment": Augment(CenterCrop(), flip=True)}),
     ],
     ids=["thread", "process", "transform", "antialias", "gray", "nearest-center"],
 )
@@ -365,13 +367,13 @@ def test_a_batch_holds_each_samples_window_flipped_where_drawn(
     decoder gives for each sample, mirrored where its draw says so."""
     loader = prefetch.Loader(photos, workers=2, backend=backend, **{**TRAIN, **options})
     paths = loader.source.paths  # type: ignore[attr-defined]
-    augment = Augment(loader.crop, flip=True)
+    augment = Augment(loader.options.augment.crop, flip=True)
     for (images, _), indices in zip(batches(loader), loader.batch_indices(0), strict=True):
         for image, index in zip(images, indices, strict=True):
             rng = Augment.rng(TRAIN["seed"], 0, int(index))  # type: ignore[arg-type]
             assert augment.crop is not None
             want = window_decode.decode_window(
-                str(paths[index]), augment.crop, rng, loader.options, "turbo"
+                str(paths[index]), augment.crop, rng, loader.options.decode, "turbo"
             )
             if augment.flipped(rng):
                 want = want[:, ::-1]
@@ -454,7 +456,7 @@ def test_crop_none_keeps_the_whole_image_path(photos: Path) -> None:
     got = batches(loader)
     for (images, _), indices in zip(got, loader.batch_indices(0), strict=True):
         for image, index in zip(images, indices, strict=True):
-            np.testing.assert_array_equal(image, decoder(str(paths[index]), loader.options))
+            np.testing.assert_array_equal(image, decoder(str(paths[index]), loader.options.decode))
 
 
 def test_transform_runs_on_the_cropped_image(photos: Path) -> None:

@@ -208,8 +208,8 @@ def invert(image, rng):
 if __name__ == "__main__":
     for method in ("spawn", "forkserver"):
         loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=(8, 8), workers=2,
-                                 backend="process", start_method=method, transform=invert,
-                                 shuffle=False)
+                                 backend=prefetch.ProcessOptions(start_method=method),
+                                 augment=prefetch.Augment(transform=invert), shuffle=False)
         plain = prefetch.Loader(sys.argv[1], batch_size=4, image_size=(8, 8), shuffle=False)
         with loader:
             got = np.concatenate([b.images for b in loader])

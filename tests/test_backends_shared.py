@@ -143,7 +143,10 @@ def test_a_random_transform_gives_the_same_batches_for_any_backend_and_worker_co
     paths: list[Path], backend: str, workers: int
 ) -> None:
     options: dict[str, Any] = dict(
-        batch_size=4, image_size=SMALL, seed=21, transform=random_flip_and_noise
+        batch_size=4,
+        image_size=SMALL,
+        seed=21,
+        augment=prefetch.Augment(transform=random_flip_and_noise),
     )
     with Loader(labelled(paths), workers=2, **options) as reference:
         expected = [copies(reference) for _ in range(2)]
@@ -238,7 +241,7 @@ def test_a_wholly_skipped_batch_is_passed_over_and_counts_as_delivered(
         backend=backend,
     )
     assert [labels.tolist() for _, labels in copies(loader)] == [[0, 1], [4, 5]]
-    assert loader.state_dict() == {"seed": loader.seed, "epoch": 1, "position": 0}
+    assert loader.state_dict() == {"seed": loader.options.seed, "epoch": 1, "position": 0}
     assert loader.stats().skipped == 2
 
 

@@ -1,4 +1,5 @@
-"""Loader(url, cache_dir=...): each remote object is read once, then from a private local copy.
+"""Loader(url, remote=RemoteOptions(cache_dir=...)): each remote object is read once, then
+from a private local copy.
 
 Real objects: JPEGs and PNGs in fsspec's memory filesystem (thread workers; it lives in one
 process) and behind the loopback HTTP server (worker processes). The proof that a later epoch
@@ -90,7 +91,7 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
     np.testing.assert_array_equal(first, expected[0])
     np.testing.assert_array_equal(second, expected[1])  # the store was empty by then
     assert hits_and_misses(stats) == [(0, 12), (12, 0)]
-    assert loader.cache_dir == str(cache_dir)
+    assert loader.options.cache_dir == str(cache_dir)
     copies = sorted(cache_dir.iterdir())
     assert len(copies) == len(loader.source) == 12
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
@@ -105,7 +106,13 @@ def test_worker_processes_share_the_copies_and_a_later_loader_needs_no_server(
     cache_dir = tmp_path / "cache"
     with serve_folder(local_root.parent) as base:
         source = ImageFolder(base + "train/")
-        options = dict(batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir)
+        options = dict(
+            batch_size=4,
+            image_size=SIZE,
+            seed=3,
+            workers=2,
+            remote=RemoteOptions(cache_dir=cache_dir),
+        )
         first, stats = epochs(Loader(source, backend="process", **options), 1)  # type: ignore[arg-type]
     assert len(list(cache_dir.iterdir())) == len(source)
     assert hits_and_misses(stats) == [(0, len(source))]
@@ -179,7 +186,8 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
 def epoch(source, **options):
     with Loader(source, batch_size=4, image_size=(16, 16), seed=3, workers=2, **options) as l:
         return np.concatenate([batch.images.copy() for batch in l])
-np.testing.assert_array_equal(epoch(url, cache_dir=cache_dir), epoch(local))
+remote = prefetch.RemoteOptions(cache_dir=cache_dir)
+np.testing.assert_array_equal(epoch(url, remote=remote), epoch(local))
 print("same pixels")
 """
 

@@ -959,7 +959,7 @@ def test_a_file_list_and_its_subclasses_are_file_sources_decoded_by_the_loader(
 
 
 def test_a_source_of_its_own_is_named_by_class_and_index_in_messages() -> None:
-    reader = Loader(NamedArraySource(3), image_size=SMALL, workers=1)._session.reader
+    reader = Loader(NamedArraySource(3), image_size=SMALL, workers=1)._epochs.workers.reader
     assert reader.describe(2) == "NamedArraySource[2]"
 
 
@@ -1136,7 +1136,7 @@ def test_a_split_loader_delivers_exactly_its_subsets_files(numbered_root: Path) 
     )
     expected = sorted(int(Path(p).stem.split("_")[1]) for p in loader.source.paths)  # type: ignore[attr-defined]
     assert sorted(epoch_numbers(copied(batch) for batch in loader)) == expected
-    assert loader.validation_split == 0.25 and loader.subset == "validation"
+    assert loader.options.validation_split == 0.25 and loader.options.subset == "validation"
 
 
 @pytest.mark.parametrize(

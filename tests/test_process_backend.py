@@ -52,7 +52,12 @@ def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarr
 
 
 def test_processes_give_the_same_batches_as_threads_for_two_epochs(folder: Path) -> None:
-    options = dict(batch_size=5, image_size=SMALL, seed=4, transform=random_flip_and_noise)
+    options = dict(
+        batch_size=5,
+        image_size=SMALL,
+        seed=4,
+        augment=prefetch.Augment(transform=random_flip_and_noise),
+    )
     threads = all_batches(prefetch.Loader(folder, workers=2, **options), epochs=2)  # type: ignore[arg-type]
     processes = all_batches(
         prefetch.Loader(folder, workers=2, backend="process", **options),

@@ -302,12 +302,12 @@ def test_process_workers_read_urls_with_several_threads_each_by_default(local_ro
         loader = Loader(remote, batch_size=5, image_size=SIZE, workers=1, backend="process")
         with loader:
             assert len(list(loader)) == len(loader)
-            backend = loader._session.backend
+            backend = loader._epochs.workers.backend
             assert backend is not None
             assert backend.threads_per_worker == 5  # type: ignore[attr-defined]  # one per row
     local = Loader(local_root, batch_size=5, image_size=SIZE, workers=1, backend="process")
     with local:
-        backend = local._session.backend
+        backend = local._epochs.workers.backend
         assert backend is not None and backend.threads_per_worker == 1  # type: ignore[attr-defined]
 
 
@@ -322,7 +322,7 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
             stream = iter(loader)
             next(stream)  # no tuning window has closed yet: the starting count
             assert loader.workers == many
-            assert loader._session.in_flight() == many  # two rows per worker, 2 rows a batch
+            assert loader._epochs.workers.in_flight() == many  # two rows per worker, 2 rows a batch
             stats = loader.stats()  # the ready batches are counted out of the whole window
             assert stats.window == many and f"of the {many} in flight were ready" in str(stats)
             stream.close()
@@ -340,7 +340,7 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
         assert not loader.autotune
         with loader:
             next(iter(loader))
-            assert loader.workers == usable_cores() and loader._session.in_flight() == 2
+            assert loader.workers == usable_cores() and loader._epochs.workers.in_flight() == 2
 
 
 @pytest.mark.timeout(120)  # one spawned worker, its replacement, and a 2 s sample limit

@@ -150,7 +150,7 @@ def test_a_loader_is_decoded_once_into_the_upload_in_its_order(shapes: Path) -> 
     expected = list(prefetch.Loader(shapes, **options))  # type: ignore[arg-type]
     loader = prefetch.Loader(shapes, **options)  # type: ignore[arg-type]
     data = prefetch.tf.resident(loader, shuffle=False)
-    assert data.batch_size == 16 and data.seed == loader.seed
+    assert data.batch_size == 16 and data.seed == loader.options.seed
     got = list(data)
     assert len(got) == len(expected) == math.ceil(180 / 16)
     for (x, y), (ex, ey) in zip(got, expected, strict=True):

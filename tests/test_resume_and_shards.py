@@ -21,7 +21,12 @@ from prefetch.testing import assert_same_batches, random_flip_and_noise, write_i
 
 pytestmark = pytest.mark.timeout(60)
 
-OPTIONS = dict(batch_size=7, image_size=(16, 16), seed=11, transform=random_flip_and_noise)
+OPTIONS = dict(
+    batch_size=7,
+    image_size=(16, 16),
+    seed=11,
+    augment=prefetch.Augment(transform=random_flip_and_noise),
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +109,8 @@ from prefetch.testing import random_flip_and_noise
 if __name__ == "__main__":
     folder, state_file, out, backend, workers = sys.argv[1:6]
     loader = prefetch.Loader(folder, batch_size=7, image_size=(16, 16), workers=int(workers),
-                             transform=random_flip_and_noise, backend=backend)
+                             augment=prefetch.Augment(transform=random_flip_and_noise),
+                             backend=backend)
     loader.load_state_dict(json.loads(open(state_file).read()))
     images = [x.copy() for x, _ in loader]
     np.save(out, np.concatenate(images))

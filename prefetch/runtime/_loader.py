@@ -189,7 +189,7 @@ class Loader:
             pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
             drop_remainder=bool(drop_remainder),
             antialias=bool(antialias),
-            augment=augment or Augment(),
+            augment=augment if augment is not None else Augment(),
             decoder=decoder,
             workers=as_workers(workers),
             depth=depth,
