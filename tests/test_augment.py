@@ -3,8 +3,8 @@
 `Loader(augment=Augment(crop=RandomResizedCrop(...), flip=True))` draws each sample's window
 from the image's header and its own generator (seed, epoch, index), then decodes only that
 window. These tests check the draws against torchvision's algorithm and the requested
-distributions, the window decode against a full decode cut to the same box, and that batches depend only on the seed:
-not on the worker count, the backend, the decoder engine or a resume.
+distributions, the window decode against a full decode cut to the same box, and that batches
+depend only on the seed: not on the worker count, the backend, the decoder engine or a resume.
 """
 
 from __future__ import annotations
@@ -466,11 +466,8 @@ def test_transform_runs_on_the_cropped_image(photos: Path) -> None:
         shapes.append(image.shape)
         return image
 
-    batches(
-        prefetch.Loader(
-            photos, workers=1, backend="thread", augment=prefetch.Augment(transform=record), **TRAIN
-        )
-    )
+    augment = dataclasses.replace(TRAIN["augment"], transform=record)  # type: ignore[type-var]
+    batches(prefetch.Loader(photos, workers=1, backend="thread", **{**TRAIN, "augment": augment}))
     assert shapes and set(shapes) == {(*TARGET, 3)}
 
 

@@ -91,7 +91,7 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
     np.testing.assert_array_equal(first, expected[0])
     np.testing.assert_array_equal(second, expected[1])  # the store was empty by then
     assert hits_and_misses(stats) == [(0, 12), (12, 0)]
-    assert loader.options.cache_dir == str(cache_dir)
+    assert loader.options.cache_dir == cache_dir
     copies = sorted(cache_dir.iterdir())
     assert len(copies) == len(loader.source) == 12
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
@@ -174,7 +174,7 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
 CANNOT_WRITE = """
 import logging, resource, signal, sys
 import fsspec, numpy as np
-from prefetch import Loader
+from prefetch import Loader, RemoteOptions
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 local, url, cache_dir = sys.argv[1:]
 fs = fsspec.filesystem("memory")
@@ -186,7 +186,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
 def epoch(source, **options):
     with Loader(source, batch_size=4, image_size=(16, 16), seed=3, workers=2, **options) as l:
         return np.concatenate([batch.images.copy() for batch in l])
-remote = prefetch.RemoteOptions(cache_dir=cache_dir)
+remote = RemoteOptions(cache_dir=cache_dir)
 np.testing.assert_array_equal(epoch(url, remote=remote), epoch(local))
 print("same pixels")
 """

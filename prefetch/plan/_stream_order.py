@@ -54,6 +54,12 @@ class StreamingPlan(EpochPlan):
                 "through a shuffle buffer): pass shuffle=True or False"
             )
         object.__setattr__(self, "_orders", {})
+        if self.shard_size == 0:
+            raise ValueError(
+                f"{self.num_shards} hosts (num_shards) for {len(self.shard_starts) - 1} shard "
+                "files: a streamed source gives each host whole files, so some hosts get none; "
+                "use at most as many hosts as files, or streaming=False"
+            )
 
     def replace(self, **changes: object) -> StreamingPlan:
         """A copy with `changes` applied (and checked)."""
@@ -108,17 +114,9 @@ class StreamingPlan(EpochPlan):
 
     @classmethod
     def of(cls, plan: EpochPlan, shard_starts: np.ndarray, buffer: int) -> StreamingPlan:
-        """`plan` streamed: shards beginning at `shard_starts`, mixed by a buffer of `buffer`.
-        ValueError when some host (`num_shards`) would get no shard file."""
+        """`plan` streamed: shards beginning at `shard_starts`, mixed by a buffer of `buffer`."""
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(EpochPlan)}
-        streaming = cls(**fields, shard_starts=shard_starts, buffer=buffer)
-        if streaming.shard_size == 0:
-            raise ValueError(
-                f"{plan.num_shards} hosts (num_shards) for {len(shard_starts) - 1} shard files: "
-                "a streamed source gives each host whole files, so some hosts get none; use at "
-                "most as many hosts as files, or streaming=False"
-            )
-        return streaming
+        return cls(**fields, shard_starts=shard_starts, buffer=buffer)
 
 
 def _incoming(firsts: np.ndarray, counts: np.ndarray, begin: int, end: int) -> np.ndarray:
