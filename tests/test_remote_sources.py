@@ -324,7 +324,7 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
             assert loader.workers == many
             assert loader._epochs.workers.in_flight() == many  # two rows per worker, 2 rows a batch
             stats = loader.stats()  # the ready batches are counted out of the whole window
-            assert stats.window == many and f"of the {many} in flight were ready" in str(stats)
+            assert stats.in_flight == many and f"of the {many} in flight were ready" in str(stats)
             stream.close()
         fixed = Loader(base + "train/", batch_size=2, image_size=SIZE, workers=2, seed=2)
         assert not fixed.autotune

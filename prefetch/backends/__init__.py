@@ -1,11 +1,12 @@
-"""Backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
+"""The backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
 
-- `base`: the protocol a stream talks to (`Backend`, `PendingBatch`) and the data crossing it;
-- `reader`: `SampleReader`, the per-batch work every backend runs;
-- `ring`: the slot ring and its capacity; `shm`: the process backend's shared-memory segments;
-- `threads`, `processes`: the two backends; `choose`: backend="auto", a short measurement.
-
-`make_backend` builds the backend a loader asked for (after "auto" has been decided).
+What the runtime (`Workers`, `Stream`) uses: `make_backend` builds the backend a loader asked
+for (after "auto" has been decided by `choose`, a short measurement); the `Backend` protocol
+(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and the data crossing it
+(`BatchTask`, `Slot`, `BatchOutcome`); `SampleReader` (`_reader`), the per-sample work every
+backend runs, picklable; the slot ring (`_ring`) and the process backend's shared memory
+(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`). The layer
+imports decode, plan, sources and io below it, never the runtime.
 """
 
 from __future__ import annotations

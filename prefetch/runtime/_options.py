@@ -111,13 +111,34 @@ class Autotune:
 class LoaderOptions:
     """`loader.options`: what a `Loader` was made with, read-only (see `Loader` for each).
 
-    The Keras keywords and `drop_remainder`, `antialias`, `decoder`, `depth` as given (an int
-    `image_size` as `(size, size)`); `seed` the one in use (drawn when None was given);
-    `augment` an `Augment`; `workers` an int, None (one per usable core) or an `Autotune`;
-    `backend` "auto", "thread" or "process", with `process` the `ProcessOptions`; `on_error`
-    an `ErrorPolicy`; `remote` the `RemoteOptions` of its reads; `num_shards` and
-    `shard_index` the host split (`Loader.shard`). `decode` is the `DecodeOptions` of the
-    pixels' options.
+    Each field is the `Loader` keyword of its name, normalized:
+
+    - `batch_size`: as given.
+    - `image_size`: `(height, width)` (an int given is `(size, size)`).
+    - `shuffle`: as given.
+    - `seed`: the seed in use (drawn when None was given).
+    - `validation_split`: as given.
+    - `subset`: as given.
+    - `label_mode`: as given.
+    - `color_mode`: the name given.
+    - `interpolation`: the name given.
+    - `crop_to_aspect_ratio`: as given.
+    - `pad_to_aspect_ratio`: as given.
+    - `drop_remainder`: as given.
+    - `antialias`: as given.
+    - `augment`: an `Augment` (empty when None was given).
+    - `decoder`: the decoder given, by name or as a function.
+    - `workers`: an int, None (one per usable core) or an `Autotune` (for "auto").
+    - `depth`: the most batches in flight.
+    - `backend`: "auto", "thread" or "process" (a `ProcessOptions` given is "process").
+    - `process`: the `ProcessOptions` of the process backend.
+    - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
+    - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
+    - `num_shards`: the number of host shards, set by `Loader.shard`.
+    - `shard_index`: this loader's host shard, set by `Loader.shard`.
+
+    `decode` is the `DecodeOptions` of the pixels' options; `memory_budget` and `cache_dir`
+    read `workers` and `remote`.
     """
 
     batch_size: int = 32
