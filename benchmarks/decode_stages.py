@@ -161,7 +161,7 @@ def loader_row(paths: list[str], crop: Crop, flip: bool, epochs: int) -> None:
     """The default Loader at steady state on `paths`, against the entropy floor of the same
     epochs' windows."""
     source = FileList(paths, [0] * len(paths))
-    options = {"batch_size": 64, "image_size": SIZE, "crop": crop, "flip": flip, "seed": 0}
+    options = {"batch_size": 64, "image_size": SIZE, "augment": Augment(crop, flip), "seed": 0}
     count = 0
     with Loader(source, **options) as loader:  # type: ignore[arg-type]  # (a dict of options)
         for _ in loader:  # epoch 0: warm-up, untimed

@@ -73,7 +73,7 @@ def main() -> None:
             cache_dir = os.path.join(folder, "cache")
             cached = epoch_rates(url, args.size, args.epochs, cache_dir)
             row = " | ".join(f"{rate:.0f}" for rate in cached)
-            print(f"| Loader(url, cache_dir=...) | {row} |")
+            print(f"| Loader(url, remote=RemoteOptions(cache_dir=...)) | {row} |")
             print(f"\ncache_dir holds {folder_bytes(cache_dir) / 2**20:.1f} MiB")
 
 

@@ -149,7 +149,7 @@ from prefetch.testing import SlowDecoder
 
 if __name__ == "__main__":
     loader = prefetch.Loader(sys.argv[1], batch_size=2, image_size=(16, 16), workers=2,
-                             backend="process", start_method=sys.argv[2],
+                             backend=prefetch.ProcessOptions(start_method=sys.argv[2]),
                              decoder=SlowDecoder(0.2))
     with loader:
         for batch in loader:
