@@ -15,8 +15,8 @@ over the rounds, and the rounds' own values):
    `prefetch.TFRecordSource(dir)`,
    (c) `prefetch.TarSource(dir)` (local shards are read at random, one pread per sample, each
    epoch an exact permutation); and the same three with
-   `augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)`. Order in a round: folder, tfrecord, tar (plain), then the same (crop), reversed
-   every other round. A row is
+   `augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)`. Order in a round:
+   folder, tfrecord, tar (plain), then the same (crop), reversed every other round. A row is
    one warm-up epoch, then whole epochs until `--seconds` have passed (the rate is over those
    epochs). Ratio: the row / the folder row of the same round and augmentation.
    Target: shards >= 0.95x the folder.

@@ -425,7 +425,7 @@ def test_a_loader_reads_remote_objects_within_its_remote_options(tmp_path: Path)
             assert len(epoch_images(loader)) == 1, backend
             (error,) = loader.stats().skipped_paths
             assert error == url + "cat/b.jpg"
-        assert Loader(url, image_size=SIZE).remote == RemoteOptions()
+        assert Loader(url, image_size=SIZE).options.remote == RemoteOptions()
 
 
 @pytest.mark.parametrize("decoder", ["pillow", "turbo", "crop"])
