@@ -289,6 +289,39 @@ def test_options_are_read_only_after_construction(folder: Path) -> None:
     assert loader.options.batch_size == 4
 
 
+def test_the_options_read_back_what_the_loader_was_made_with(folder: Path) -> None:
+    process = ProcessOptions(max_restarts=1)
+    augment = prefetch.Augment(prefetch.CenterCrop(), flip=True)
+    loader = Loader(
+        folder,
+        image_size=8,
+        workers="auto",
+        backend=process,
+        on_error="skip",
+        augment=augment,
+        color_mode="grayscale",
+    )
+    options = loader.options
+    assert options.image_size == (8, 8) and isinstance(options.seed, int)
+    assert options.workers == prefetch.Autotune() and options.memory_budget is None
+    assert (options.backend, options.process) == ("process", process)
+    assert options.on_error == prefetch.ErrorPolicy("skip")
+    assert options.augment == augment and options.color_mode == "grayscale"
+    assert options.decode.shape == loader.image_shape == (8, 8, 1)
+    assert options.remote == prefetch.RemoteOptions() and options.cache_dir is None
+    assert (options.num_shards, options.shard_index) == (1, 0)
+
+
+def test_shard_and_load_state_dict_change_the_options_they_set(folder: Path) -> None:
+    loader = Loader(folder, batch_size=2, image_size=(8, 8), seed=3)
+    loader.shard(2, 1)
+    loader.load_state_dict({"seed": 9, "epoch": 1, "position": 0})
+    assert (loader.options.num_shards, loader.options.shard_index) == (2, 1)
+    assert loader.options.seed == 9 and loader.state_dict()["seed"] == 9
+    budget = Loader(folder, image_size=(8, 8), workers=prefetch.Autotune(memory_budget=2**30))
+    assert budget.options.memory_budget == 2**30 and budget.autotune
+
+
 # --- labels from user sources ------------------------------------------------------------------
 
 
