@@ -37,7 +37,7 @@ def run_one(folder: str, backend: str, transform_ms: float, consumer: str, epoch
         batch_size=BATCH_SIZE,
         image_size=IMAGE_SIZE,
         backend=backend,
-        transform=transform,
+        augment=prefetch.Augment(transform=transform),
         seed=0,
     )
     with loader:

@@ -102,7 +102,7 @@ def stages(paths: list[str], crop: Crop, flip: bool, rounds: int) -> dict[str, f
     count = len(samples)
     slot = Slot(np.zeros((count, *options.shape), np.uint8), np.zeros(count, np.int32))
     reader = SampleReader(
-        FileList(paths, [0] * count), decode_image, options, None, False, True, augment=augment
+        FileList(paths, [0] * count), decode_image, options, False, True, augment=augment
     )
     task = BatchTask(np.arange(count), epoch=0, seed=0)
 
@@ -161,7 +161,7 @@ def loader_row(paths: list[str], crop: Crop, flip: bool, epochs: int) -> None:
     """The default Loader at steady state on `paths`, against the entropy floor of the same
     epochs' windows."""
     source = FileList(paths, [0] * len(paths))
-    options = {"batch_size": 64, "image_size": SIZE, "crop": crop, "flip": flip, "seed": 0}
+    options = {"batch_size": 64, "image_size": SIZE, "augment": Augment(crop, flip), "seed": 0}
     count = 0
     with Loader(source, **options) as loader:  # type: ignore[arg-type]  # (a dict of options)
         for _ in loader:  # epoch 0: warm-up, untimed

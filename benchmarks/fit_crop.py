@@ -79,7 +79,11 @@ def one_row(args: argparse.Namespace) -> dict[str, Any]:
     source = prefetch.TarSource(str(Path(args.shards) / SETS[args.one_row]))
     crop = prefetch.RandomResizedCrop()
     with prefetch.Loader(
-        source, crop=crop, flip=True, image_size=SIZE, batch_size=BATCH, seed=0
+        source,
+        augment=prefetch.Augment(crop=crop, flip=True),
+        image_size=SIZE,
+        batch_size=BATCH,
+        seed=0,
     ) as loader:
         rate, _, _ = steady_rate(loader_batches(loader), span, began)
         return {"rate": rate, "note": loader_note(loader)}

@@ -176,7 +176,7 @@ def run(
         "step_ms": 1e3 * elapsed / steps,
         "wait_ms": 1e3 * (wait - copy) / steps,
         "copy_ms": 1e3 * copy / steps,
-        "images_s": steps * loader.batch_size / elapsed,
+        "images_s": steps * loader.options.batch_size / elapsed,
     }
 
 

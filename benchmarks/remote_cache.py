@@ -32,7 +32,11 @@ def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list
     """Images/s of each of `epochs` epochs of one loader (workers started once)."""
     rates = []
     loader = prefetch.Loader(
-        url, batch_size=32, image_size=(size, size), seed=0, cache_dir=cache_dir
+        url,
+        batch_size=32,
+        image_size=(size, size),
+        seed=0,
+        remote=prefetch.RemoteOptions(cache_dir=cache_dir),
     )
     with loader:
         for _ in range(epochs):
@@ -69,7 +73,7 @@ def main() -> None:
             cache_dir = os.path.join(folder, "cache")
             cached = epoch_rates(url, args.size, args.epochs, cache_dir)
             row = " | ".join(f"{rate:.0f}" for rate in cached)
-            print(f"| Loader(url, cache_dir=...) | {row} |")
+            print(f"| Loader(url, remote=RemoteOptions(cache_dir=...)) | {row} |")
             print(f"\ncache_dir holds {folder_bytes(cache_dir) / 2**20:.1f} MiB")
 
 

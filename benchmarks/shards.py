@@ -14,9 +14,9 @@ over the rounds, and the rounds' own values):
    it, in a fresh process per row: this script again, `--row`), on (a) the folder path, (b)
    `prefetch.TFRecordSource(dir)`,
    (c) `prefetch.TarSource(dir)` (local shards are read at random, one pread per sample, each
-   epoch an exact permutation); and the same three with `crop=prefetch.RandomResizedCrop(),
-   flip=True`. Order in a round: folder, tfrecord, tar (plain), then the same (crop), reversed
-   every other round. A row is
+   epoch an exact permutation); and the same three with
+   `augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)`. Order in a round:
+   folder, tfrecord, tar (plain), then the same (crop), reversed every other round. A row is
    one warm-up epoch, then whole epochs until `--seconds` have passed (the rate is over those
    epochs). Ratio: the row / the folder row of the same round and augmentation.
    Target: shards >= 0.95x the folder.
@@ -66,7 +66,7 @@ over the rounds, and the rounds' own values):
    recipe (the one benchmarks/training_shape.py runs on a folder: extract_jpeg_shape,
    sample_distorted_bounding_box with area 0.08-1 and ratio 3/4-4/3, 10 attempts, the centre
    crop when the draw fails, decode_and_crop_jpeg, bilinear resize, random_flip_left_right)
-   after the same parse, against prefetch with `crop=prefetch.RandomResizedCrop(), flip=True`.
+   after the same parse, against prefetch with `Augment(prefetch.RandomResizedCrop(), flip=True)`.
    Each row as a training job runs it, in a fresh process (this script again, `--row`):
    tf.data `.repeat()`ed with ONE iterator, prefetch one open Loader; one epoch's worth of
    images untimed, then batches until `--seconds` have passed (at least an epoch's worth).
@@ -129,7 +129,7 @@ def shard_source(format: str, files: str) -> prefetch.TFRecordSource | prefetch.
 
 
 def augment(crop: bool) -> dict[str, Any]:
-    return {"crop": prefetch.RandomResizedCrop(), "flip": True} if crop else {}
+    return {"augment": prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)} if crop else {}
 
 
 def timed(epoch: Callable[[], int], seconds: float) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def python_transform(folder: str) -> list[tuple[str, str, str, bool]]:
             image_size=IMAGE_SIZE,
             backend=backend,
             workers=workers,
-            transform=transform,
+            augment=prefetch.Augment(transform=transform),
             depth=max(2, workers),
             seed=0,
         )

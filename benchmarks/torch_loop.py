@@ -112,8 +112,7 @@ def training_options(workers: int) -> dict[str, Any]:
         image_size=SIZE,
         seed=0,
         workers=workers,
-        crop=prefetch.RandomResizedCrop(),
-        flip=True,
+        augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True),
     )
 
 

@@ -18,8 +18,8 @@ pipeline every epoch (the old harness did), pays.
   3 user Pillow source    what a user writes today: a __getitem__ that opens the file with
                           Pillow, picks a torchvision RandomResizedCrop box, resizes that box to
                           224x224 (bilinear) and flips; in prefetch.Loader(workers=2)
-  4 prefetch train        prefetch.Loader(crop=RandomResizedCrop(...), flip=True)
-  5 prefetch eval         prefetch.Loader(crop=CenterCrop(fraction=0.875))
+  4 prefetch train        Loader(augment=Augment(RandomResizedCrop(...), flip=True))
+  5 prefetch eval         Loader(augment=Augment(CenterCrop(fraction=0.875)))
   6 tf.data resize        the whole image resized (Keras's shape of the work): decode_jpeg,
                           bilinear resize, map(AUTOTUNE), batch, prefetch; shuffled
   7 prefetch resize       prefetch.Loader(folder) with its defaults
@@ -267,8 +267,8 @@ def one_row(args: argparse.Namespace) -> dict[str, Any]:
         loader = prefetch.Loader(PillowCropSource(folder), workers=2, batch_size=BATCH, seed=0)
     else:
         augment: dict[str, Any] = {
-            "train": {"crop": prefetch.RandomResizedCrop(), "flip": True},
-            "eval": {"crop": prefetch.CenterCrop(0.875)},
+            "train": {"augment": prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)},
+            "eval": {"augment": prefetch.Augment(prefetch.CenterCrop(0.875))},
             "resize": {},
         }[shape]
         loader = prefetch.Loader(folder, **augment, **common)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from prefetch.backends._options import ProcessOptions
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
 from prefetch.decode._decoders import DecodeOptions, decode_image
@@ -25,9 +26,9 @@ from prefetch.errors import (
     WorkerCrashedError,
 )
 from prefetch.io._storage import RemoteOptions
-from prefetch.plan._crops import CenterCrop, RandomResizedCrop
+from prefetch.plan._crops import Augment, CenterCrop, RandomResizedCrop
 from prefetch.runtime._loader import Batch, Loader, Stream
-from prefetch.runtime._options import ProcessOptions
+from prefetch.runtime._options import Autotune, ErrorPolicy, LoaderOptions
 from prefetch.runtime._stats import LoaderStats
 from prefetch.sources._folders import FileList, ImageFolder, Source
 from prefetch.sources.shards._sources import TarSource, TFRecordSource
@@ -35,6 +36,8 @@ from prefetch.sources.shards._sources import TarSource, TFRecordSource
 __version__ = "0.1.0"
 
 __all__ = [
+    "Augment",
+    "Autotune",
     "Background",
     "Batch",
     "CenterCrop",
@@ -42,9 +45,11 @@ __all__ = [
     "Coordinator",
     "CorruptShardError",
     "DecodeOptions",
+    "ErrorPolicy",
     "FileList",
     "ImageFolder",
     "Loader",
+    "LoaderOptions",
     "LoaderStats",
     "PrefetchError",
     "ProcessOptions",

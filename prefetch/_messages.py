@@ -5,8 +5,8 @@ say "1 shards"); `short(4 / 3)` is "1.333" (four significant digits, for floats 
 `suggest_keywords` decorates a public function or class (its `__init__`): a call with a keyword
 it does not accept raises TypeError with Python's own wording and the close matches among the
 accepted keywords (`difflib.get_close_matches`: "did you mean image_size?"), or else all of
-them. A call with only known keywords costs one set lookup per keyword; signatures, pickling
-and docs are unchanged.
+them; `moved_keywords` names the new spelling of a removed keyword instead. A call with only
+known keywords costs one set lookup per keyword; signatures, pickling and docs are unchanged.
 """
 
 from __future__ import annotations
@@ -72,3 +72,28 @@ def _checked(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         return function(*args, **kwargs)
 
     return call
+
+
+def moved_keywords(moves: dict[str, str]) -> Callable[[F], F]:
+    """A decorator for a class (its `__init__`): a call with a keyword of `moves`, one that was
+    removed, raises TypeError naming its new spelling (`moves[keyword]`). Put it above
+    `suggest_keywords`, so that a moved keyword is reported as moved, not as unknown."""
+
+    def decorate(target: F) -> F:
+        init = vars(target)["__init__"]
+        name = getattr(target, "__qualname__", repr(target))
+
+        @functools.wraps(init)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for keyword in kwargs:
+                if keyword in moves:
+                    raise TypeError(
+                        f"{name}() no longer takes {keyword}=: pass {moves[keyword]} "
+                        "(see CHANGELOG.md)"
+                    ) from None
+            return init(*args, **kwargs)
+
+        type.__setattr__(target, "__init__", call)
+        return target
+
+    return decorate

@@ -1,10 +1,10 @@
 """Training crops and flips: the boxes' distributions, the decoded windows, and determinism.
 
-`Loader(crop=RandomResizedCrop(...), flip=True)` draws each sample's window from the image's
-header and its own generator (seed, epoch, index), then decodes only that window. These tests
-check the draws against torchvision's algorithm and the requested distributions, the window
-decode against a full decode cut to the same box, and that batches depend only on the seed:
-not on the worker count, the backend, the decoder engine or a resume.
+`Loader(augment=Augment(crop=RandomResizedCrop(...), flip=True))` draws each sample's window
+from the image's header and its own generator (seed, epoch, index), then decodes only that
+window. These tests check the draws against torchvision's algorithm and the requested
+distributions, the window decode against a full decode cut to the same box, and that batches
+depend only on the seed: not on the worker count, the backend, the decoder engine or a resume.
 """
 
 from __future__ import annotations
@@ -145,13 +145,17 @@ def test_bad_arguments_are_refused_at_construction_naming_the_range(
 
 def test_loader_refuses_what_cannot_go_with_a_crop(photos: Path) -> None:
     with pytest.raises(ValueError, match=r"crop must be None, prefetch\.RandomResizedCrop"):
-        prefetch.Loader(photos, crop="random")  # type: ignore[arg-type]
+        prefetch.Loader(photos, augment=prefetch.Augment(crop="random"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="crop= replaces crop_to_aspect_ratio"):
-        prefetch.Loader(photos, crop=CenterCrop(), crop_to_aspect_ratio=True)
+        prefetch.Loader(
+            photos, augment=prefetch.Augment(crop=CenterCrop()), crop_to_aspect_ratio=True
+        )
     with pytest.raises(ValueError, match="decodes whole images"):
-        prefetch.Loader(photos, crop=CenterCrop(), decoder=prefetch.decode_image)
+        prefetch.Loader(
+            photos, augment=prefetch.Augment(crop=CenterCrop()), decoder=prefetch.decode_image
+        )
     with pytest.raises(ValueError, match="flip must be True or False"):
-        prefetch.Loader(photos, flip="yes")  # type: ignore[arg-type]
+        prefetch.Loader(photos, augment=prefetch.Augment(flip="yes"))  # type: ignore[arg-type]
 
 
 # ---- the draws ---------------------------------------------------------------------------
@@ -323,7 +327,9 @@ def batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarray, 
         return [(x.copy(), y.copy()) for _ in range(epochs) for x, y in loader]
 
 
-TRAIN = dict(batch_size=5, image_size=TARGET, seed=4, crop=RandomResizedCrop(), flip=True)
+TRAIN = dict(
+    batch_size=5, image_size=TARGET, seed=4, augment=Augment(RandomResizedCrop(), flip=True)
+)
 
 
 @pytest.mark.parametrize(
@@ -347,10 +353,10 @@ def identity(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     [
         ("thread", {}),
         ("process", {}),
-        ("thread", {"transform": identity}),
+        ("thread", {"augment": Augment(RandomResizedCrop(), flip=True, transform=identity)}),
         ("thread", {"antialias": True}),
         ("thread", {"color_mode": "grayscale"}),
-        ("thread", {"interpolation": "nearest", "crop": CenterCrop()}),
+        ("thread", {"interpolation": "nearest", "augment": Augment(CenterCrop(), flip=True)}),
     ],
     ids=["thread", "process", "transform", "antialias", "gray", "nearest-center"],
 )
@@ -361,13 +367,13 @@ def test_a_batch_holds_each_samples_window_flipped_where_drawn(
     decoder gives for each sample, mirrored where its draw says so."""
     loader = prefetch.Loader(photos, workers=2, backend=backend, **{**TRAIN, **options})
     paths = loader.source.paths  # type: ignore[attr-defined]
-    augment = Augment(loader.crop, flip=True)
+    augment = Augment(loader.options.augment.crop, flip=True)
     for (images, _), indices in zip(batches(loader), loader.batch_indices(0), strict=True):
         for image, index in zip(images, indices, strict=True):
             rng = Augment.rng(TRAIN["seed"], 0, int(index))  # type: ignore[arg-type]
             assert augment.crop is not None
             want = window_decode.decode_window(
-                str(paths[index]), augment.crop, rng, loader.options, "turbo"
+                str(paths[index]), augment.crop, rng, loader.options.decode, "turbo"
             )
             if augment.flipped(rng):
                 want = want[:, ::-1]
@@ -411,7 +417,8 @@ def test_shards_hold_the_crops_of_the_unsharded_epoch(photos: Path) -> None:
     }
     seen = 0
     for shard_index in range(2):
-        shard = prefetch.Loader(photos, num_shards=2, shard_index=shard_index, **options)
+        shard = prefetch.Loader(photos, **options)
+        shard.shard(2, shard_index)
         for (images, _), indices in zip(batches(shard), shard.batch_indices(0), strict=True):
             for image, index in zip(images, indices, strict=True):
                 np.testing.assert_array_equal(image, by_index[int(index)])
@@ -422,7 +429,14 @@ def test_shards_hold_the_crops_of_the_unsharded_epoch(photos: Path) -> None:
 def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
     plain = batches(prefetch.Loader(photos, batch_size=24, image_size=TARGET, shuffle=False))
     flips = batches(
-        prefetch.Loader(photos, batch_size=24, image_size=TARGET, shuffle=False, flip=True, seed=1)
+        prefetch.Loader(
+            photos,
+            batch_size=24,
+            image_size=TARGET,
+            shuffle=False,
+            augment=prefetch.Augment(flip=True),
+            seed=1,
+        )
     )
     mirrored = [
         np.array_equal(f, p[:, ::-1]) for f, p in zip(flips[0][0], plain[0][0], strict=True)
@@ -434,13 +448,15 @@ def test_flip_alone_mirrors_the_evaluation_image(photos: Path) -> None:
 
 def test_crop_none_keeps_the_whole_image_path(photos: Path) -> None:
     """crop=None (the default) decodes each file exactly as the decoder does on its own."""
-    loader = prefetch.Loader(photos, batch_size=6, image_size=TARGET, seed=2, crop=None)
+    loader = prefetch.Loader(
+        photos, batch_size=6, image_size=TARGET, seed=2, augment=prefetch.Augment(crop=None)
+    )
     decoder = prefetch.decode._choice.get_decoder("auto")
     paths = loader.source.paths  # type: ignore[attr-defined]
     got = batches(loader)
     for (images, _), indices in zip(got, loader.batch_indices(0), strict=True):
         for image, index in zip(images, indices, strict=True):
-            np.testing.assert_array_equal(image, decoder(str(paths[index]), loader.options))
+            np.testing.assert_array_equal(image, decoder(str(paths[index]), loader.options.decode))
 
 
 def test_transform_runs_on_the_cropped_image(photos: Path) -> None:
@@ -450,7 +466,8 @@ def test_transform_runs_on_the_cropped_image(photos: Path) -> None:
         shapes.append(image.shape)
         return image
 
-    batches(prefetch.Loader(photos, workers=1, backend="thread", transform=record, **TRAIN))
+    augment = dataclasses.replace(TRAIN["augment"], transform=record)  # type: ignore[type-var]
+    batches(prefetch.Loader(photos, workers=1, backend="thread", **{**TRAIN, "augment": augment}))
     assert shapes and set(shapes) == {(*TARGET, 3)}
 
 
@@ -471,7 +488,11 @@ class ArraySource:
 
 def test_a_sources_images_are_cropped_too() -> None:
     loader = prefetch.Loader(
-        ArraySource(), batch_size=10, image_size=(20, 20), crop=CenterCrop(0.5), workers=1
+        ArraySource(),
+        batch_size=10,
+        image_size=(20, 20),
+        augment=prefetch.Augment(crop=CenterCrop(0.5)),
+        workers=1,
     )
     ((images, _),) = batches(loader)
     # The central 30x30 of 60x80: columns 25-55, a third of them left of the white half.
@@ -501,7 +522,11 @@ def test_remote_folder_with_a_crop_and_cache_dir(photos: Path, tmp_path: Path) -
     local = batches(prefetch.Loader(photos, workers=2, backend="thread", **TRAIN))
     with prefetch.testing.serve_folder(photos) as url:
         loader = prefetch.Loader(
-            url, workers=2, backend="thread", cache_dir=tmp_path / "cache", **TRAIN
+            url,
+            workers=2,
+            backend="thread",
+            remote=prefetch.RemoteOptions(cache_dir=tmp_path / "cache"),
+            **TRAIN,
         )
         remote = batches(loader)
     assert len(remote) == len(local)
@@ -517,10 +542,18 @@ def test_keras_fit_trains_on_crops_and_evaluates_on_centre_crops(photos: Path) -
     from prefetch.testing import small_cnn
 
     train = prefetch.Loader(
-        photos, batch_size=8, image_size=TARGET, seed=0, crop=RandomResizedCrop(), flip=True
+        photos,
+        batch_size=8,
+        image_size=TARGET,
+        seed=0,
+        augment=prefetch.Augment(crop=RandomResizedCrop(), flip=True),
     )
     evaluate = prefetch.Loader(
-        photos, batch_size=8, image_size=TARGET, shuffle=False, crop=CenterCrop()
+        photos,
+        batch_size=8,
+        image_size=TARGET,
+        shuffle=False,
+        augment=prefetch.Augment(crop=CenterCrop()),
     )
     model = small_cnn(TARGET[0], len(train.class_names))
     with train, evaluate:

@@ -62,14 +62,25 @@ def test_auto_picks_threads_for_plain_decoding_and_says_why(folder: Path) -> Non
 def test_auto_picks_processes_when_a_python_transform_dominates(folder: Path) -> None:
     transform = GilHoldingTransform(0.004)
     loader = prefetch.Loader(
-        folder, batch_size=8, image_size=SMALL, backend="auto", transform=transform, seed=2
+        folder,
+        batch_size=8,
+        image_size=SMALL,
+        backend="auto",
+        augment=prefetch.Augment(transform=transform),
+        seed=2,
     )
     with loader:
         batches = epoch_batches(loader)
     stats = loader.stats()
     assert stats.backend == "process", stats.backend_reason
     assert stats.backend_reason.startswith("auto: process")
-    threads = prefetch.Loader(folder, batch_size=8, image_size=SMALL, transform=transform, seed=2)
+    threads = prefetch.Loader(
+        folder,
+        batch_size=8,
+        image_size=SMALL,
+        augment=prefetch.Augment(transform=transform),
+        seed=2,
+    )
     assert_same_batches(batches, epoch_batches(threads))
 
 
@@ -88,7 +99,10 @@ def test_an_explicit_backend_is_reported_as_asked_for(folder: Path) -> None:
 
 def test_fork_is_refused_with_the_reason(folder: Path) -> None:
     with pytest.raises(ValueError, match="never forked"):
-        prefetch.Loader(folder, backend="process", start_method="fork")
+        prefetch.Loader(
+            folder,
+            backend=prefetch.ProcessOptions(start_method="fork"),
+        )
 
 
 def test_forkserver_workers_give_the_same_batches_as_spawned_ones(folder: Path) -> None:
@@ -99,8 +113,7 @@ def test_forkserver_workers_give_the_same_batches_as_spawned_ones(folder: Path) 
             batch_size=5,
             image_size=SMALL,
             workers=2,
-            backend="process",
-            start_method=method,
+            backend=prefetch.ProcessOptions(start_method=method),
             seed=3,
         )
         with loader:
@@ -117,8 +130,7 @@ def test_forkserver_restarts_a_crashed_worker_and_delivers_everything_once(
         batch_size=4,
         image_size=SMALL,
         workers=2,
-        backend="process",
-        start_method="forkserver",
+        backend=prefetch.ProcessOptions(start_method="forkserver"),
         decoder=decoder,
         seed=4,
     )
@@ -137,7 +149,7 @@ from prefetch.testing import SlowDecoder
 
 if __name__ == "__main__":
     loader = prefetch.Loader(sys.argv[1], batch_size=2, image_size=(16, 16), workers=2,
-                             backend="process", start_method=sys.argv[2],
+                             backend=prefetch.ProcessOptions(start_method=sys.argv[2]),
                              decoder=SlowDecoder(0.2))
     with loader:
         for batch in loader:
@@ -196,8 +208,8 @@ def invert(image, rng):
 if __name__ == "__main__":
     for method in ("spawn", "forkserver"):
         loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=(8, 8), workers=2,
-                                 backend="process", start_method=method, transform=invert,
-                                 shuffle=False)
+                                 backend=prefetch.ProcessOptions(start_method=method),
+                                 augment=prefetch.Augment(transform=invert), shuffle=False)
         plain = prefetch.Loader(sys.argv[1], batch_size=4, image_size=(8, 8), shuffle=False)
         with loader:
             got = np.concatenate([b.images for b in loader])

@@ -286,7 +286,7 @@ def test_auto_workers_grow_for_a_slow_io_bound_decoder_and_lose_nothing(
     deadline = time.monotonic() + GROWTH_DEADLINE_S
     with loader:
         # Whole epochs until the tuner's first decision, then one more on the count it chose.
-        while not (loader._session.tuner and loader._session.tuner.decisions):
+        while not (loader._epochs.workers.tuner and loader._epochs.workers.tuner.decisions):
             assert time.monotonic() < deadline, (
                 f"the tuner decided nothing in {GROWTH_DEADLINE_S:.0f} s ({epochs} epochs)"
             )
@@ -294,7 +294,7 @@ def test_auto_workers_grow_for_a_slow_io_bound_decoder_and_lose_nothing(
             epochs += 1
         batches += [(b.images.copy(), b.labels.copy()) for b in loader]
         epochs += 1
-    tuner = loader._session.tuner
+    tuner = loader._epochs.workers.tuner
     assert tuner is not None
     # Decided on the first decision, not on the final count: after an I/O step that did not
     # raise the measured rate by a tenth (as on a busy machine) the tuner steps back, as it should.
@@ -318,8 +318,8 @@ def test_retired_worker_processes_finish_their_batches_and_leave(folder: Path) -
         for i, batch in enumerate(loader):
             batches.append((batch.images.copy(), batch.labels.copy()))
             if i == 2:
-                assert loader._session.backend is not None
-                loader._session.backend.set_workers(1)
+                assert loader._epochs.workers.backend is not None
+                loader._epochs.workers.backend.set_workers(1)
         # Generous on purpose: the two retired processes finish their batch and exit within a
         # second on a quiet machine; this only tells "they leave" from "they stay".
         deadline = time.monotonic() + 30

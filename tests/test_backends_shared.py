@@ -22,7 +22,15 @@ import psutil
 import pytest
 
 import prefetch
-from prefetch import Batch, DecodeOptions, FileList, Loader, TooManySkippedError
+from prefetch import (
+    Augment,
+    Batch,
+    DecodeOptions,
+    ErrorPolicy,
+    FileList,
+    Loader,
+    TooManySkippedError,
+)
 from prefetch.backends._shm import PREFIX, SHM_DIR
 from prefetch.decode._choice import get_decoder
 from prefetch.testing import (
@@ -135,7 +143,10 @@ def test_a_random_transform_gives_the_same_batches_for_any_backend_and_worker_co
     paths: list[Path], backend: str, workers: int
 ) -> None:
     options: dict[str, Any] = dict(
-        batch_size=4, image_size=SMALL, seed=21, transform=random_flip_and_noise
+        batch_size=4,
+        image_size=SMALL,
+        seed=21,
+        augment=prefetch.Augment(transform=random_flip_and_noise),
     )
     with Loader(labelled(paths), workers=2, **options) as reference:
         expected = [copies(reference) for _ in range(2)]
@@ -183,7 +194,7 @@ def test_a_transform_that_changes_the_shape_is_refused(paths: list[Path], backen
         image_size=SMALL,
         workers=2,
         backend=backend,
-        transform=drop_first_row,
+        augment=Augment(transform=drop_first_row),
     )
     with pytest.raises(ValueError, match="transform returned shape"), loader:
         for _ in loader:
@@ -202,8 +213,7 @@ def test_max_skipped_raises_too_many_skipped_with_the_paths_and_the_last_error(
         image_size=SMALL,
         workers=2,
         shuffle=False,
-        on_error="skip",
-        max_skipped=1,
+        on_error=ErrorPolicy("skip", max_skipped=1),
         backend=backend,
     )
     delivered = []
@@ -231,7 +241,7 @@ def test_a_wholly_skipped_batch_is_passed_over_and_counts_as_delivered(
         backend=backend,
     )
     assert [labels.tolist() for _, labels in copies(loader)] == [[0, 1], [4, 5]]
-    assert loader.state_dict() == {"seed": loader.seed, "epoch": 1, "position": 0}
+    assert loader.state_dict() == {"seed": loader.options.seed, "epoch": 1, "position": 0}
     assert loader.stats().skipped == 2
 
 
@@ -239,24 +249,10 @@ def test_a_wholly_skipped_batch_is_passed_over_and_counts_as_delivered(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_copy_true_gives_each_batch_its_own_memory(paths: list[Path], backend: str) -> None:
-    loader = Loader(
-        labelled(paths), batch_size=4, image_size=SMALL, workers=2, copy=True, backend=backend
-    )
-    with loader:
-        batches = list(loader) + list(loader)
-    for batch in batches:
-        assert batch.images.base is None and batch.labels.base is None
-    for i, a in enumerate(batches):
-        for b in batches[i + 1 :]:
-            assert not np.shares_memory(a.images, b.images)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_batches_kept_without_copy_keep_their_own_content(paths: list[Path], backend: str) -> None:
+def test_batches_kept_keep_their_own_content(paths: list[Path], backend: str) -> None:
     options: dict[str, Any] = dict(batch_size=4, image_size=SMALL, workers=2, seed=8)
-    with Loader(labelled(paths), copy=True, **options) as reference:
-        expected = list(reference) + list(reference)
+    with Loader(labelled(paths), **options) as reference:
+        expected = copies(reference) + copies(reference)
     with Loader(labelled(paths), backend=backend, **options) as loader:
         kept = list(loader) + list(loader)  # views into slots, kept across two epochs
     assert_same_batches(kept, expected)

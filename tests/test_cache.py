@@ -1,4 +1,5 @@
-"""Loader(url, cache_dir=...): each remote object is read once, then from a private local copy.
+"""Loader(url, remote=RemoteOptions(cache_dir=...)): each remote object is read once, then
+from a private local copy.
 
 Real objects: JPEGs and PNGs in fsspec's memory filesystem (thread workers; it lives in one
 process) and behind the loopback HTTP server (worker processes). The proof that a later epoch
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import ImageFolder, Loader, LoaderStats
+from prefetch import ImageFolder, Loader, LoaderStats, RemoteOptions
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -76,7 +77,12 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
 ) -> None:
     cache_dir = tmp_path / "cache"
     loader = Loader(
-        memory_root, batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir
+        memory_root,
+        batch_size=4,
+        image_size=SIZE,
+        seed=3,
+        workers=2,
+        remote=RemoteOptions(cache_dir=cache_dir),
     )
     fs = fsspec.filesystem("memory")
     (first, second), stats = epochs(loader, 2, lambda: fs.rm(memory_root, recursive=True))
@@ -85,7 +91,7 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
     np.testing.assert_array_equal(first, expected[0])
     np.testing.assert_array_equal(second, expected[1])  # the store was empty by then
     assert hits_and_misses(stats) == [(0, 12), (12, 0)]
-    assert loader.cache_dir == str(cache_dir)
+    assert loader.options.cache_dir == cache_dir
     copies = sorted(cache_dir.iterdir())
     assert len(copies) == len(loader.source) == 12
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
@@ -100,7 +106,13 @@ def test_worker_processes_share_the_copies_and_a_later_loader_needs_no_server(
     cache_dir = tmp_path / "cache"
     with serve_folder(local_root.parent) as base:
         source = ImageFolder(base + "train/")
-        options = dict(batch_size=4, image_size=SIZE, seed=3, workers=2, cache_dir=cache_dir)
+        options = dict(
+            batch_size=4,
+            image_size=SIZE,
+            seed=3,
+            workers=2,
+            remote=RemoteOptions(cache_dir=cache_dir),
+        )
         first, stats = epochs(Loader(source, backend="process", **options), 1)  # type: ignore[arg-type]
     assert len(list(cache_dir.iterdir())) == len(source)
     assert hits_and_misses(stats) == [(0, len(source))]
@@ -118,22 +130,22 @@ def test_a_bad_cache_dir_is_refused_naming_the_folder_and_the_fix(
     local_root: Path, memory_root: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=r"reads no URLs .* leave cache_dir out"):
-        Loader(local_root, image_size=SIZE, cache_dir=tmp_path / "cache")
+        Loader(local_root, image_size=SIZE, remote=RemoteOptions(cache_dir=tmp_path / "cache"))
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # like /tmp without the sticky bit: a neighbour could swap copies
     with pytest.raises(ValueError, match=f"'{shared}' is writable by others .*chmod 700"):
-        Loader(memory_root, image_size=SIZE, cache_dir=shared)
+        Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=shared))
     a_file = tmp_path / "file"
     a_file.write_text("")
     with pytest.raises(ValueError, match="is not a folder"):
-        Loader(memory_root, image_size=SIZE, cache_dir=a_file)
+        Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=a_file))
     if os.geteuid() == 0:  # root can hand a folder to another user, as a neighbour's would be
         theirs = tmp_path / "theirs"
         theirs.mkdir(mode=0o700)
         os.chown(theirs, 65534, 65534)
         with pytest.raises(ValueError, match="belongs to user 65534, not to you"):
-            Loader(memory_root, image_size=SIZE, cache_dir=theirs)
+            Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=theirs))
 
 
 def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
@@ -162,7 +174,7 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
 CANNOT_WRITE = """
 import logging, resource, signal, sys
 import fsspec, numpy as np
-from prefetch import Loader
+from prefetch import Loader, RemoteOptions
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 local, url, cache_dir = sys.argv[1:]
 fs = fsspec.filesystem("memory")
@@ -174,7 +186,8 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
 def epoch(source, **options):
     with Loader(source, batch_size=4, image_size=(16, 16), seed=3, workers=2, **options) as l:
         return np.concatenate([batch.images.copy() for batch in l])
-np.testing.assert_array_equal(epoch(url, cache_dir=cache_dir), epoch(local))
+remote = RemoteOptions(cache_dir=cache_dir)
+np.testing.assert_array_equal(epoch(url, remote=remote), epoch(local))
 print("same pixels")
 """
 

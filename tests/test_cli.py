@@ -192,7 +192,7 @@ STATS = LoaderStats(
     decoder="turbo",
     read_p50_s=0.0003,
     read_p99_s=0.0018,
-    window=2,
+    in_flight=2,
 )
 
 
@@ -211,7 +211,7 @@ def test_the_statistics_line_says_what_each_figure_means() -> None:
 def test_reader_threads_read_many_samples_at_once_and_say_so_in_samples_not_seconds() -> None:
     # 4 worker processes with reader threads on remote storage: 506 s of reading in 10 s.
     remote = dataclasses.replace(
-        STATS, backend="process", elapsed_s=10.0, producer_busy_s=506.18, window=8
+        STATS, backend="process", elapsed_s=10.0, producer_busy_s=506.18, in_flight=8
     )
 
     text = str(remote)

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, UnidentifiedImageError
 
 import prefetch
-from prefetch import CenterCrop, DecodeOptions, FileList, Loader, RandomResizedCrop
+from prefetch import Augment, CenterCrop, DecodeOptions, FileList, Loader, RandomResizedCrop
 from prefetch.decode._decoders import decode_bytes, decode_image
 from prefetch.decode._turbo import decode_turbo, fast_available
 from prefetch.decode._window import decode_window
@@ -124,7 +124,8 @@ def test_a_loader_with_a_crop_raises_the_cap_naming_the_file_and_closes_its_thre
     folder = write_image_folder(tmp_path / "photos", class_names=("a",), per_class=3)
     paths = [*sorted((folder / "a").iterdir()), bomb]
     loader = Loader(FileList(paths, [0] * len(paths)), batch_size=2, image_size=(16, 16), workers=2,
-                    shuffle=False, backend="thread", crop=RandomResizedCrop())  # fmt: skip
+                    shuffle=False, backend="thread",
+                    augment=Augment(crop=RandomResizedCrop()))  # fmt: skip
     with pytest.raises(Image.DecompressionBombError, match=CAP_MESSAGE) as raised, loader:
         for _ in loader:
             pass
@@ -168,7 +169,8 @@ def test_a_loader_with_a_crop_names_the_file_in_the_error_message(
 ) -> None:
     text = bad["text"]
     loader = prefetch.Loader(FileList([text], [0]), batch_size=1, image_size=(16, 16),
-                             workers=1, crop=crop, backend="thread")  # fmt: skip
+                             workers=1, augment=prefetch.Augment(crop=crop),
+                             backend="thread")  # fmt: skip
     with pytest.raises(UnidentifiedImageError) as raised, loader:
         next(iter(loader))
     assert str(text) in str(raised.value) and "BytesIO" not in str(raised.value)

@@ -153,7 +153,7 @@ with loader:
     batches = strategy.distribute_datasets_from_function(
         lambda context: prefetch.tf.dataset(loader, input_context=context)
     )
-    result["shard"] = [loader.num_shards, loader.shard_index]
+    result["shard"] = [loader.options.num_shards, loader.options.shard_index]
     for epoch in range(2):
         seen, losses = [], []
         for images, labels in batches:
@@ -258,7 +258,7 @@ def test_each_input_pipeline_reads_its_own_shard_and_together_they_cover_every_e
         loader = prefetch.Loader(sample_ids(folder), batch_size=4, image_size=(8, 8), seed=7)
         context = tf.distribute.InputContext(3, pipeline, 3)
         ds = prefetch.tf.dataset(loader, input_context=context)
-        assert (loader.num_shards, loader.shard_index) == (3, pipeline)
+        assert (loader.options.num_shards, loader.options.shard_index) == (3, pipeline)
         assert ds.cardinality().numpy() == len(loader) == 2  # 7 samples: batches of 4 and 3
         epochs_by_pipeline.append(labels_of_epochs(loader, ds, 2))
     for epoch in range(2):
@@ -271,22 +271,22 @@ def test_each_input_pipeline_reads_its_own_shard_and_together_they_cover_every_e
 def test_a_single_input_pipeline_leaves_the_loader_unsharded(folder: Path) -> None:
     loader = prefetch.Loader(folder, batch_size=4, image_size=(8, 8))  # a random seed is fine
     prefetch.tf.dataset(loader, input_context=tf.distribute.InputContext(1, 0, 2))
-    assert (loader.num_shards, loader.shard_index, len(loader)) == (1, 0, 6)
+    assert (loader.options.num_shards, loader.options.shard_index, len(loader)) == (1, 0, 6)
 
 
 def test_a_loader_that_has_begun_an_epoch_is_not_re_sharded(folder: Path) -> None:
     loader = prefetch.Loader(folder, batch_size=4, image_size=(8, 8), seed=0)
     with loader:
         next(iter(loader))
-        with pytest.raises(RuntimeError, match="num_shards=2, shard_index=1") as raised:
+        with pytest.raises(RuntimeError, match=r"shard\(2, 1\)") as raised:
             prefetch.tf.dataset(loader, input_context=tf.distribute.InputContext(2, 1, 2))
     assert "input_context asks for shard 1 of 2" in "\n".join(raised.value.__notes__)
-    assert (loader.num_shards, loader.shard_index) == (1, 0)
+    assert (loader.options.num_shards, loader.options.shard_index) == (1, 0)
 
 
 def test_a_loader_already_made_for_the_pipeline_is_accepted_after_epochs(folder: Path) -> None:
-    options = dict(batch_size=4, image_size=(8, 8), seed=0, num_shards=2, shard_index=1)
-    loader = prefetch.Loader(folder, **options)  # type: ignore[arg-type]
+    loader = prefetch.Loader(folder, batch_size=4, image_size=(8, 8), seed=0)
+    loader.shard(2, 1)
     with loader:
         for _ in loader:
             pass
@@ -320,12 +320,13 @@ def test_shard_refuses_bad_values_and_a_shard_without_a_batch(folder: Path) -> N
     dropping = prefetch.Loader(folder, batch_size=8, image_size=(8, 8), seed=0, drop_remainder=True)
     with pytest.raises(ValueError, match="0 batches of 8: too few"):
         dropping.shard(3, 2)  # 7 samples
-    assert (dropping.num_shards, dropping.shard_index) == (1, 0)
+    assert (dropping.options.num_shards, dropping.options.shard_index) == (1, 0)
 
 
 def test_resuming_a_shard_from_its_state_continues_where_it_stopped(folder: Path) -> None:
     options = dict(batch_size=3, image_size=(8, 8), seed=4)
-    first = prefetch.Loader(sample_ids(folder), num_shards=2, shard_index=1, **options)  # type: ignore[arg-type]
+    first = prefetch.Loader(sample_ids(folder), **options)  # type: ignore[arg-type]
+    first.shard(2, 1)
     with first:
         epoch = iter(first)
         next(epoch)

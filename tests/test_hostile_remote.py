@@ -30,7 +30,7 @@ from PIL import Image
 
 import prefetch
 import prefetch.io._cache
-from prefetch import ImageFolder, Loader, RemoteOptions
+from prefetch import Augment, ImageFolder, Loader, RemoteOptions
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.decode._turbo import decode_turbo
 from prefetch.io import _storage as storage
@@ -424,7 +424,7 @@ def test_a_loader_reads_remote_objects_within_its_remote_options(tmp_path: Path)
             assert len(epoch_images(loader)) == 1, backend
             (error,) = loader.stats().skipped_paths
             assert error == url + "cat/b.jpg"
-        assert Loader(url, image_size=SIZE).remote == RemoteOptions()
+        assert Loader(url, image_size=SIZE).options.remote == RemoteOptions()
 
 
 @pytest.mark.parametrize("decoder", ["pillow", "turbo", "crop"])
@@ -443,7 +443,7 @@ def test_a_local_jpg_that_is_dev_zero_or_a_fifo_is_refused_at_once(
         refused.insert(0, "fifo.jpg")
     options = dict(image_size=SIZE, backend="thread", workers=1, on_error="skip")
     if decoder == "crop":
-        loader = Loader(root, crop=prefetch.CenterCrop(0.875), **options)  # type: ignore[arg-type]
+        loader = Loader(root, augment=Augment(crop=prefetch.CenterCrop(0.875)), **options)  # type: ignore[arg-type]
     else:
         loader = Loader(root, decoder=decoder, **options)  # type: ignore[arg-type]
     began = time.monotonic()
@@ -497,7 +497,11 @@ def test_a_redirect_to_another_host_is_refused_and_nothing_of_it_is_cached(
             assert storage.read_bytes(url + "cat/c.jpg") == good
             cache_dir = tmp_path / "cache"
             loader = Loader(
-                url, image_size=SIZE, cache_dir=cache_dir, on_error="skip", backend="thread"
+                url,
+                image_size=SIZE,
+                remote=RemoteOptions(cache_dir=cache_dir),
+                on_error="skip",
+                backend="thread",
             )
             assert len(epoch_images(loader)) == 2
             assert loader.stats().skipped_paths == (url + "cat/a.jpg",)
@@ -561,7 +565,7 @@ def test_a_bad_first_answer_is_not_kept_and_the_next_epoch_reads_and_keeps_the_o
         loader = Loader(
             url,
             image_size=SIZE,
-            cache_dir=cache_dir,
+            remote=RemoteOptions(cache_dir=cache_dir),
             on_error="skip",
             backend="thread",
             shuffle=False,

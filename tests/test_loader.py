@@ -24,7 +24,16 @@ import pytest
 from PIL import Image
 
 import prefetch
-from prefetch import Batch, DecodeOptions, FileList, ImageFolder, Loader, TooManySkippedError
+from prefetch import (
+    Augment,
+    Batch,
+    DecodeOptions,
+    ErrorPolicy,
+    FileList,
+    ImageFolder,
+    Loader,
+    TooManySkippedError,
+)
 from prefetch.testing import FailingDecoder, SlowDecoder, write_bad_files, write_image_folder
 
 # Numbered images are solid gray at LEVEL_STEP * number, so up to 25 distinct images fit a byte.
@@ -215,7 +224,7 @@ def test_a_random_transform_gives_the_same_batches_for_one_and_four_workers(
             workers=workers,
             shuffle=True,
             seed=11,
-            transform=transform,
+            augment=Augment(transform=transform),
         )
         return run_epochs(loader, 2)
 
@@ -523,8 +532,7 @@ def test_max_skipped_raises_too_many_skipped_once_passed(tmp_path: Path) -> None
         image_size=SMALL,
         workers=2,
         shuffle=False,
-        on_error="skip",
-        max_skipped=1,
+        on_error=ErrorPolicy("skip", max_skipped=1),
     )
     with pytest.raises(TooManySkippedError) as info:
         for _ in loader:
@@ -581,7 +589,11 @@ def test_a_custom_decoder_error_reaches_the_consumer_with_its_own_type(shapes_ro
 
 def test_a_transform_that_changes_the_shape_raises(shapes_root: Path) -> None:
     loader = Loader(
-        shapes_root, batch_size=4, image_size=SMALL, workers=2, transform=drop_first_row
+        shapes_root,
+        batch_size=4,
+        image_size=SMALL,
+        workers=2,
+        augment=Augment(transform=drop_first_row),
     )
     with pytest.raises(ValueError, match="transform returned shape"):
         for _ in loader:
@@ -603,7 +615,9 @@ class WrongSizeDecoder:
 def test_a_transform_that_returns_floats_is_refused_rather_than_wrapped_around(
     shapes_root: Path,
 ) -> None:
-    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, transform=float_output)
+    loader = Loader(
+        shapes_root, batch_size=4, image_size=SMALL, augment=Augment(transform=float_output)
+    )
     with pytest.raises(TypeError, match=r"transform returned dtype float32, expected uint8"):
         for _ in loader:
             pass
@@ -748,13 +762,11 @@ def test_close_can_be_called_again_and_again(shapes_root: Path) -> None:
 def test_batches_kept_in_a_list_keep_their_own_content(tmp_path: Path) -> None:
     write_numbered_pngs(tmp_path, 25)
 
-    def load(copy: bool) -> list[Batch]:
-        loader = Loader(
-            tmp_path, batch_size=4, image_size=SMALL, workers=2, depth=2, seed=12, copy=copy
-        )
-        return list(loader)
+    def load() -> Loader:
+        return Loader(tmp_path, batch_size=4, image_size=SMALL, workers=2, depth=2, seed=12)
 
-    kept, private = load(copy=False), load(copy=True)
+    kept = list(load())
+    private = [Batch(images.copy(), labels.copy()) for images, labels in load()]
     assert len(kept) == 7
     assert_same_batches(private, kept)
     assert sorted(epoch_numbers(kept)) == list(range(25))
@@ -774,19 +786,6 @@ def test_batches_kept_across_two_epochs_inside_with_stay_distinct(tmp_path: Path
     for i, a in enumerate(kept):
         for b in kept[i + 1 :]:
             assert not np.shares_memory(a.images, b.images)
-
-
-def test_copy_true_gives_each_batch_its_own_memory(shapes_root: Path) -> None:
-    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=2, copy=True)
-    with loader:
-        batches = list(loader) + list(loader)
-    for batch in batches:
-        assert batch.images.base is None
-        assert batch.labels.base is None
-    for i, a in enumerate(batches):
-        for b in batches[i + 1 :]:
-            assert not np.shares_memory(a.images, b.images)
-            assert not np.shares_memory(a.labels, b.labels)
 
 
 def test_a_stalled_consumer_bounds_the_decoded_samples_by_the_window(tmp_path: Path) -> None:
@@ -960,7 +959,7 @@ def test_a_file_list_and_its_subclasses_are_file_sources_decoded_by_the_loader(
 
 
 def test_a_source_of_its_own_is_named_by_class_and_index_in_messages() -> None:
-    reader = Loader(NamedArraySource(3), image_size=SMALL, workers=1)._session.reader
+    reader = Loader(NamedArraySource(3), image_size=SMALL, workers=1)._epochs.workers.reader
     assert reader.describe(2) == "NamedArraySource[2]"
 
 
@@ -1009,7 +1008,7 @@ def test_a_transform_that_changes_the_shape_gets_a_note_naming_it_not_skip_advic
             batch_size=4,
             image_size=SMALL,
             workers=1,
-            transform=drop_first_row,
+            augment=Augment(transform=drop_first_row),
             backend="thread",
         )
     )
@@ -1028,7 +1027,7 @@ def test_a_transform_that_raises_gets_a_note_naming_it(shapes_root: Path) -> Non
             batch_size=4,
             image_size=SMALL,
             workers=1,
-            transform=raise_key_error,
+            augment=Augment(transform=raise_key_error),
             backend="thread",
         )
     )
@@ -1097,7 +1096,7 @@ def test_the_note_of_a_transform_error_comes_back_from_a_worker_process(
         batch_size=4,
         image_size=SMALL,
         workers=1,
-        transform=raise_key_error,
+        augment=Augment(transform=raise_key_error),
         backend="process",
     )
     error = first_error(loader)
@@ -1137,7 +1136,7 @@ def test_a_split_loader_delivers_exactly_its_subsets_files(numbered_root: Path) 
     )
     expected = sorted(int(Path(p).stem.split("_")[1]) for p in loader.source.paths)  # type: ignore[attr-defined]
     assert sorted(epoch_numbers(copied(batch) for batch in loader)) == expected
-    assert loader.validation_split == 0.25 and loader.subset == "validation"
+    assert loader.options.validation_split == 0.25 and loader.options.subset == "validation"
 
 
 @pytest.mark.parametrize(

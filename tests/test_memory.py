@@ -90,7 +90,9 @@ def resident_bytes() -> int:
 def ring_bytes(loader: Loader) -> int:
     """(depth + 2) slots of one batch each (images, int32 labels, the rows' start times): what a
     consumer that drops each batch before the next keeps in use."""
-    return (loader.depth + 2) * SlotLayout(loader.batch_size, loader.image_shape).nbytes
+    return (loader.options.depth + 2) * SlotLayout(
+        loader.options.batch_size, loader.image_shape
+    ).nbytes
 
 
 def test_file_lists_keep_paths_and_labels_in_compact_numpy_buffers(folder: Path) -> None:
@@ -172,7 +174,7 @@ def test_each_worker_maps_at_most_the_ring_and_keeps_a_fixed_private_memory(
         folder, batch_size=8, image_size=(96, 96), workers=2, depth=2, backend="process"
     )
     page = os.sysconf("SC_PAGE_SIZE")
-    slot_pages = -(-ring_bytes(loader) // (loader.depth + 2) // page)
+    slot_pages = -(-ring_bytes(loader) // (loader.options.depth + 2) // page)
     with loader:
         for _ in range(5):
             for _batch in loader:
@@ -180,7 +182,7 @@ def test_each_worker_maps_at_most_the_ring_and_keeps_a_fixed_private_memory(
         statuses = [proc_status(worker.pid) for worker in worker_processes()]
     assert len(statuses) == 2
     for status in statuses:
-        assert status["RssShmem"] <= (loader.depth + 2) * slot_pages * page
+        assert status["RssShmem"] <= (loader.options.depth + 2) * slot_pages * page
         assert status["RssAnon"] <= fresh_anon + WORKER_MARGIN, (
             f"a worker holds {status['RssAnon'] / MIB:.1f} MiB of private memory, a fresh "
             f"interpreter {fresh_anon / MIB:.1f} MiB"
@@ -200,4 +202,4 @@ def test_segments_of_batches_the_consumer_kept_are_given_back_once_it_drops_them
             for _batch in loader:  # later epochs that keep nothing
                 pass
         held = len(our_segments())
-    assert held <= ring_capacity(loader.depth)
+    assert held <= ring_capacity(loader.options.depth)

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 import prefetch
+from prefetch import ProcessOptions
 from prefetch.backends._shm import PREFIX, SHM_DIR, check_free_space, sweep_stale
 from prefetch.errors import RemoteTraceback, WorkerCrashedError
-from prefetch.runtime._options import ProcessOptions
 from prefetch.testing import (
     CrashingDecoder,
     FailingDecoder,
@@ -52,7 +52,12 @@ def all_batches(loader: prefetch.Loader, epochs: int = 1) -> list[tuple[np.ndarr
 
 
 def test_processes_give_the_same_batches_as_threads_for_two_epochs(folder: Path) -> None:
-    options = dict(batch_size=5, image_size=SMALL, seed=4, transform=random_flip_and_noise)
+    options = dict(
+        batch_size=5,
+        image_size=SMALL,
+        seed=4,
+        augment=prefetch.Augment(transform=random_flip_and_noise),
+    )
     threads = all_batches(prefetch.Loader(folder, workers=2, **options), epochs=2)  # type: ignore[arg-type]
     processes = all_batches(
         prefetch.Loader(folder, workers=2, backend="process", **options),
@@ -124,9 +129,8 @@ def test_more_crashes_than_max_restarts_raise_worker_crashed_error(folder: Path)
         batch_size=5,
         image_size=SMALL,
         workers=2,
-        backend="process",
+        backend=prefetch.ProcessOptions(max_restarts=1),
         decoder=CrashingDecoder("square_0004"),
-        max_restarts=1,
     )
     started = time.monotonic()
     with pytest.raises(WorkerCrashedError) as raised, loader:
@@ -154,7 +158,10 @@ def test_a_worker_killed_from_outside_is_replaced_without_losing_a_batch(folder:
 
 def test_an_unpicklable_transform_is_refused_before_any_worker_starts(folder: Path) -> None:
     loader = prefetch.Loader(
-        folder, image_size=SMALL, backend="process", transform=lambda image, rng: image
+        folder,
+        image_size=SMALL,
+        backend="process",
+        augment=prefetch.Augment(transform=lambda image, rng: image),
     )
     with pytest.raises(TypeError, match="sends the transform to worker processes"), loader:
         pass

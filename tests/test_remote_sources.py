@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch import FileList, ImageFolder, Loader
+from prefetch import Augment, ErrorPolicy, FileList, ImageFolder, Loader
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io import _storage as storage
 from prefetch.runtime._autoscale import usable_cores
@@ -276,7 +276,11 @@ def test_the_keras_drop_in_reads_a_memory_folder_like_the_local_one(
 def test_auto_keeps_threads_for_memory_files_that_workers_could_not_see(memory_root: str) -> None:
     """A Python transform would pick processes, but memory:// exists in this process only."""
     loader = Loader(
-        memory_root, batch_size=5, image_size=SIZE, workers=2, transform=slow_python_transform
+        memory_root,
+        batch_size=5,
+        image_size=SIZE,
+        workers=2,
+        augment=Augment(transform=slow_python_transform),
     )
     with loader:
         assert len(list(loader)) == len(loader)
@@ -298,12 +302,12 @@ def test_process_workers_read_urls_with_several_threads_each_by_default(local_ro
         loader = Loader(remote, batch_size=5, image_size=SIZE, workers=1, backend="process")
         with loader:
             assert len(list(loader)) == len(loader)
-            backend = loader._session.backend
+            backend = loader._epochs.workers.backend
             assert backend is not None
             assert backend.threads_per_worker == 5  # type: ignore[attr-defined]  # one per row
     local = Loader(local_root, batch_size=5, image_size=SIZE, workers=1, backend="process")
     with local:
-        backend = local._session.backend
+        backend = local._epochs.workers.backend
         assert backend is not None and backend.threads_per_worker == 1  # type: ignore[attr-defined]
 
 
@@ -318,9 +322,9 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
             stream = iter(loader)
             next(stream)  # no tuning window has closed yet: the starting count
             assert loader.workers == many
-            assert loader._session.in_flight() == many  # two rows per worker, 2 rows a batch
+            assert loader._epochs.workers.in_flight() == many  # two rows per worker, 2 rows a batch
             stats = loader.stats()  # the ready batches are counted out of the whole window
-            assert stats.window == many and f"of the {many} in flight were ready" in str(stats)
+            assert stats.in_flight == many and f"of the {many} in flight were ready" in str(stats)
             stream.close()
         fixed = Loader(base + "train/", batch_size=2, image_size=SIZE, workers=2, seed=2)
         assert not fixed.autotune
@@ -336,7 +340,7 @@ def test_default_workers_on_remote_urls_are_tuned_and_start_above_one_per_core(
         assert not loader.autotune
         with loader:
             next(iter(loader))
-            assert loader.workers == usable_cores() and loader._session.in_flight() == 2
+            assert loader.workers == usable_cores() and loader._epochs.workers.in_flight() == 2
 
 
 @pytest.mark.timeout(120)  # one spawned worker, its replacement, and a 2 s sample limit
@@ -351,8 +355,7 @@ def test_a_stuck_remote_read_is_bounded_by_the_sample_timeout_and_skipped(local_
             image_size=SIZE,
             workers=1,
             backend="process",
-            sample_timeout_s=2.0,
-            on_error="skip",
+            on_error=ErrorPolicy("skip", sample_timeout_s=2.0),
             seed=3,
         )
         labels = np.concatenate([b.labels for b in loader])
@@ -360,7 +363,12 @@ def test_a_stuck_remote_read_is_bounded_by_the_sample_timeout_and_skipped(local_
     assert list(stats.skipped_paths) == [base + stuck]
     assert len(labels) == len(loader.source) - 1
     with serve_folder(local_root.parent, slow_paths={stuck: 60.0}) as base:
-        loader = Loader(base + "train/", image_size=SIZE, backend="thread", sample_timeout_s=2.0)
+        loader = Loader(
+            base + "train/",
+            image_size=SIZE,
+            backend="thread",
+            on_error=ErrorPolicy(sample_timeout_s=2.0),
+        )
         with pytest.raises(prefetch.SampleTimeoutError, match=stuck):
             list(loader)
 
@@ -392,7 +400,12 @@ def test_auto_reads_remote_urls_with_processes_unless_a_part_cannot_be_pickled(
         assert "remote URLs read faster from processes" in loader.stats().backend_reason
         local = epoch(Loader(local_root, batch_size=5, image_size=SIZE, seed=1))
         assert np.array_equal(remote[0], local[0]) and np.array_equal(remote[1], local[1])
-        kept = Loader(base + "train/", batch_size=5, image_size=SIZE, transform=lambda i, r: i)
+        kept = Loader(
+            base + "train/",
+            batch_size=5,
+            image_size=SIZE,
+            augment=Augment(transform=lambda i, r: i),
+        )
         epoch(kept)
         assert kept.backend_name == "thread"
         assert "cannot be pickled" in kept.stats().backend_reason

@@ -149,10 +149,10 @@ def test_keras_fit_on_a_resident_fold_learns_well_above_chance(shapes: Path) -> 
 
 def test_a_loader_is_decoded_once_into_the_upload_in_its_order(shapes: Path) -> None:
     options = dict(batch_size=16, image_size=(16, 16), shuffle=False, workers=2)
-    expected = list(prefetch.Loader(shapes, copy=True, **options))  # type: ignore[arg-type]
+    expected = list(prefetch.Loader(shapes, **options))  # type: ignore[arg-type]
     loader = prefetch.Loader(shapes, **options)  # type: ignore[arg-type]
     data = prefetch.tf.resident(loader, shuffle=False)
-    assert data.batch_size == 16 and data.seed == loader.seed
+    assert data.batch_size == 16 and data.seed == loader.options.seed
     got = list(data)
     assert len(got) == len(expected) == math.ceil(180 / 16)
     for (x, y), (ex, ey) in zip(got, expected, strict=True):
@@ -214,7 +214,7 @@ def test_bad_arguments_name_the_argument_and_the_fix() -> None:
 
 def test_a_stream_delivers_every_sample_once_in_the_loaders_order(shapes: Path) -> None:
     options = dict(batch_size=8, image_size=(16, 16), workers=2, seed=3)
-    reference = prefetch.Loader(shapes, copy=True, **options)  # type: ignore[arg-type]
+    reference = prefetch.Loader(shapes, **options)  # type: ignore[arg-type]
     expected = [list(reference) for _ in range(2)]
     loader = prefetch.Loader(shapes, **options)  # type: ignore[arg-type]
     stream = prefetch.tf.resident_stream(loader, macro_batches=3, micro_batch_size=5)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,12 +21,23 @@ from prefetch.testing import assert_same_batches, random_flip_and_noise, write_i
 
 pytestmark = pytest.mark.timeout(60)
 
-OPTIONS = dict(batch_size=7, image_size=(16, 16), seed=11, transform=random_flip_and_noise)
+OPTIONS = dict(
+    batch_size=7,
+    image_size=(16, 16),
+    seed=11,
+    augment=prefetch.Augment(transform=random_flip_and_noise),
+)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_image_folder(tmp_path_factory.mktemp("resume"), per_class=10, size=(20, 20))
+
+
+def sharded(loader: prefetch.Loader, num_shards: int, index: int) -> prefetch.Loader:
+    """`loader`, made to yield shard `index` of `num_shards`."""
+    loader.shard(num_shards, index)
+    return loader
 
 
 def epochs_of(loader: prefetch.Loader, count: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
@@ -66,7 +78,7 @@ def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run(
         backend=backend_after,
         batch_size=7,
         image_size=(16, 16),
-        transform=random_flip_and_noise,
+        augment=prefetch.Augment(transform=random_flip_and_noise),
     )
     resumed.load_state_dict(state)
     rest_of_epoch, next_epoch = epochs_of(resumed, 2)
@@ -97,7 +109,8 @@ from prefetch.testing import random_flip_and_noise
 if __name__ == "__main__":
     folder, state_file, out, backend, workers = sys.argv[1:6]
     loader = prefetch.Loader(folder, batch_size=7, image_size=(16, 16), workers=int(workers),
-                             transform=random_flip_and_noise, backend=backend)
+                             augment=prefetch.Augment(transform=random_flip_and_noise),
+                             backend=backend)
     loader.load_state_dict(json.loads(open(state_file).read()))
     images = [x.copy() for x, _ in loader]
     np.save(out, np.concatenate(images))
@@ -142,9 +155,7 @@ def test_resuming_in_a_fresh_process_continues_the_same_epoch(
 
 def test_shards_are_disjoint_and_together_cover_each_epoch(folder: Path) -> None:
     shards = [
-        prefetch.Loader(
-            folder, batch_size=4, image_size=(16, 16), seed=3, num_shards=3, shard_index=i
-        )
+        sharded(prefetch.Loader(folder, batch_size=4, image_size=(16, 16), seed=3), 3, i)
         for i in range(3)
     ]
     for epoch in range(2):
@@ -165,18 +176,9 @@ def test_the_shards_deliver_disjoint_samples_covering_each_epoch(
 ) -> None:
     files = prefetch.ImageFolder(folder)
     numbered = prefetch.FileList(files.paths, np.arange(len(files)))  # label = sample index
+    options: dict[str, Any] = dict(batch_size=4, image_size=(16, 16), seed=3, workers=workers)
     shards = [
-        prefetch.Loader(
-            numbered,
-            batch_size=4,
-            image_size=(16, 16),
-            seed=3,
-            num_shards=3,
-            shard_index=i,
-            workers=workers,
-            backend=backend,
-        )
-        for i in range(3)
+        sharded(prefetch.Loader(numbered, backend=backend, **options), 3, i) for i in range(3)
     ]
     delivered = [epochs_of(shard, 2) for shard in shards]
     for epoch in range(2):
@@ -189,4 +191,4 @@ def test_the_shards_deliver_disjoint_samples_covering_each_epoch(
 
 def test_a_shard_index_outside_the_shard_count_is_refused(folder: Path) -> None:
     with pytest.raises(ValueError, match=r"shard_index must be in \[0, num_shards=2\), got 2"):
-        prefetch.Loader(folder, num_shards=2, shard_index=2)
+        prefetch.Loader(folder).shard(2, 2)

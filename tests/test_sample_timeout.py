@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefetch import FileList, Loader, RandomResizedCrop, SampleTimeoutError
+from prefetch import Augment, ErrorPolicy, FileList, Loader, RandomResizedCrop, SampleTimeoutError
 from prefetch.testing import PlainReadDecoder, write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,15 +49,17 @@ def files_with_a_fifo(tmp_path: Path) -> Iterator[tuple[FileList, str]]:
 def loader_for(files: FileList, **options: object) -> Loader:
     # prefetch's own decoders refuse a FIFO at once; a plain read blocks on it, as a read from
     # a dead network mount would (crops are decoded by prefetch's own window decoder).
-    decoder = "auto" if options.get("crop") else PlainReadDecoder()
+    crop = options.pop("crop", None)
+    on_error = ErrorPolicy(str(options.pop("on_error", "raise")), sample_timeout_s=LIMIT_S)
     options = {
         "batch_size": 7,
         "image_size": (16, 16),
         "shuffle": False,
-        "decoder": decoder,
+        "decoder": "auto" if crop else PlainReadDecoder(),
+        "augment": Augment(crop),  # type: ignore[arg-type]
         **options,
     }
-    return Loader(files, sample_timeout_s=LIMIT_S, **options)  # type: ignore[arg-type]
+    return Loader(files, on_error=on_error, **options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -70,7 +72,7 @@ def test_a_thread_loader_raises_naming_the_stuck_file_and_closes(
         list(loader)
     assert isinstance(raised.value, TimeoutError)
     assert "sample_timeout_s=2.0" in str(raised.value)
-    assert loader._session.backend is None  # closed
+    assert loader._epochs.workers.backend is None  # closed
 
 
 def test_a_process_loader_kills_the_stuck_worker_and_raises_naming_file_and_worker(
@@ -83,7 +85,7 @@ def test_a_process_loader_kills_the_stuck_worker_and_raises_naming_file_and_work
             list(loader)
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         assert "killed prefetch-process-0" in notes
-        backend = loader._session.backend
+        backend = loader._epochs.workers.backend
         assert backend is not None and backend.restarts == 0  # type: ignore[attr-defined]
 
 
@@ -95,7 +97,7 @@ def test_a_process_loader_skips_the_stuck_sample_under_on_error_skip(
     loader = loader_for(files, backend="process", workers=2, on_error="skip", crop=crop)
     with loader:
         (batch,) = list(loader)
-        backend = loader._session.backend
+        backend = loader._epochs.workers.backend
         assert backend is not None and backend.restarts == 0  # type: ignore[attr-defined]
     assert len(batch.images) == 6 and batch.labels is not None
     assert list(batch.labels) == [0, 0, 0, 1, 1, 1]
@@ -127,7 +129,7 @@ def test_a_blocking_getitem_times_out_naming_the_sample() -> None:
         image_size=(16, 16),
         workers=2,
         backend="thread",
-        sample_timeout_s=LIMIT_S,
+        on_error=ErrorPolicy(sample_timeout_s=LIMIT_S),
         shuffle=False,
     )
     try:
@@ -139,8 +141,10 @@ def test_a_blocking_getitem_times_out_naming_the_sample() -> None:
 
 def test_without_a_limit_nothing_is_timed_out_and_the_limit_is_checked(tmp_path: Path) -> None:
     root = write_image_folder(tmp_path / "good", class_names=("a",), per_class=4)
-    assert Loader(root, image_size=(8, 8)).sample_timeout_s is None
-    assert len(list(Loader(root, image_size=(8, 8), sample_timeout_s=30))) == 1
+    assert Loader(root, image_size=(8, 8)).options.on_error.sample_timeout_s is None
+    assert (
+        len(list(Loader(root, image_size=(8, 8), on_error=ErrorPolicy(sample_timeout_s=30)))) == 1
+    )
     for bad in (0, -1, True, "5"):
         with pytest.raises(ValueError, match="sample_timeout_s"):
-            Loader(root, image_size=(8, 8), sample_timeout_s=bad)  # type: ignore[arg-type]
+            Loader(root, image_size=(8, 8), on_error=ErrorPolicy(sample_timeout_s=bad))  # type: ignore[arg-type]

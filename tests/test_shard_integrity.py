@@ -28,9 +28,9 @@ from prefetch.io import _storage as storage
 from prefetch.io._members import read_location
 from prefetch.io._paths import PathArray
 from prefetch.io._records import frame_record
+from prefetch.plan._stream_order import StreamingPlan
 from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.sources.shards._index_file import IndexRefused, decode_index
-from prefetch.sources.shards._spool import StreamingPlan
 from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
 from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.testing import FailingDecoder, serve_folder

@@ -94,16 +94,25 @@ def written(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 def loader(source: object, **options: object) -> prefetch.Loader:
-    """A small Loader: 8x8 images, batches of 4, two thread workers, private batch copies."""
+    """A small Loader: 8x8 images, batches of 4, two thread workers; `num_shards` and
+    `shard_index` are given to `Loader.shard`, `crop`, `flip` to its `Augment`, `cache_dir` to
+    its `RemoteOptions`."""
+    hosts = options.pop("num_shards", 1), options.pop("shard_index", 0)
+    augment = {key: options.pop(key) for key in ("crop", "flip") if key in options}
+    if augment:
+        options["augment"] = prefetch.Augment(**augment)  # type: ignore[arg-type]
+    if "cache_dir" in options:
+        options["remote"] = prefetch.RemoteOptions(cache_dir=options.pop("cache_dir"))  # type: ignore[arg-type]
     settings: dict[str, object] = {
         "batch_size": 4,
         "image_size": SIZE,
         "workers": 2,
         "backend": "thread",
-        "copy": True,
         **options,
     }
-    return prefetch.Loader(source, **settings)  # type: ignore[arg-type]
+    made = prefetch.Loader(source, **settings)  # type: ignore[arg-type]
+    made.shard(*hosts)  # type: ignore[arg-type]
+    return made
 
 
 def epochs(made: prefetch.Loader, count: int = 1) -> list[Batches]:
@@ -384,7 +393,7 @@ def assert_streamed_hosts(source: prefetch.TarSource, identify: Identify) -> Non
     hosts = []
     for host in range(2):
         made = loader(source, seed=2, num_shards=2, shard_index=host)
-        assert made._spool is not None
+        assert made._epochs.spool is not None
         batches = epochs(made)[0]
         assert len(batches) == len(made)
         numbers = identify(batches)
@@ -431,8 +440,8 @@ def test_streaming_local_shards_reads_them_where_they_lie(written: dict[str, Pat
     made = loader(source, seed=8)
     with made:
         assert len(list(made)) == len(made)
-        fetched = made._spool.fetched if made._spool is not None else 0
-        copies = os.listdir(made._spool.folder) if made._spool is not None else []
+        fetched = made._epochs.spool.fetched if made._epochs.spool is not None else 0
+        copies = os.listdir(made._epochs.spool.folder) if made._epochs.spool is not None else []
     assert fetched == 0 and copies == []
 
 
@@ -772,7 +781,7 @@ def test_remote_shards_stream_every_sample_once_per_epoch(
     assert all(shard.startswith(f"{url}{format}/shard-") for shard in source.shards)
     assert source.class_names == list(CLASSES)
     made = loader(source, seed=6)
-    assert made._spool is not None
+    assert made._epochs.spool is not None
     first, second = (identify(b) for b in epochs(made, 2))
     assert sorted(first) == sorted(second) == list(range(COUNT))
     assert first != second
@@ -845,9 +854,9 @@ def test_a_cache_dir_keeps_the_remote_shards_for_later_epochs_and_loaders(
     made = loader(source, seed=6, cache_dir=cache)
     with made:
         first = identify(list((b.images, b.labels) for b in made))
-        assert made._spool.fetched == 5
+        assert made._epochs.spool.fetched == 5
         second = identify(list((b.images, b.labels) for b in made))
-        assert made._spool.fetched == 5
+        assert made._epochs.spool.fetched == 5
     assert sorted(first) == sorted(second) == list(range(COUNT))
     copies = sorted(
         os.path.getsize(path) for path in glob.glob(str(cache / "**" / "*.shard"), recursive=True)
@@ -856,7 +865,7 @@ def test_a_cache_dir_keeps_the_remote_shards_for_later_epochs_and_loaders(
     later = loader(source, seed=7, cache_dir=cache)
     with later:
         assert sorted(identify(list((b.images, b.labels) for b in later))) == list(range(COUNT))
-        assert later._spool.fetched == 0
+        assert later._epochs.spool.fetched == 0
 
 
 def test_without_a_cache_dir_no_shard_copy_outlives_the_epoch(
@@ -866,13 +875,13 @@ def test_without_a_cache_dir_no_shard_copy_outlives_the_epoch(
     source = prefetch.TarSource(f"{url}tar/shard-*.tar", shuffle_buffer=16)
     made = loader(source, seed=6)
     with made:
-        spool = made._spool.folder
+        spool = made._epochs.spool.folder
         stream = iter(made)
         taken = [next(stream)]
         assert glob.glob(os.path.join(spool, "*.shard")), "a shard is copied while in use"
         taken += list(stream)
         del stream
-        assert made._spool.fetched == 5
+        assert made._epochs.spool.fetched == 5
         assert os.listdir(spool) == []
         assert sorted(identify([(b.images, b.labels) for b in taken])) == list(range(COUNT))
     del made

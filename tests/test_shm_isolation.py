@@ -341,7 +341,7 @@ def test_a_worker_killed_by_sigbus_with_shm_full_is_reported_as_shared_memory_ex
     tiny_shm: Path, folder: Path
 ) -> None:
     loader = prefetch.Loader(folder, batch_size=4, image_size=SMALL, workers=1, depth=2,
-                             backend="process", max_restarts=0, shuffle=False,
+                             backend=prefetch.ProcessOptions(max_restarts=0),  shuffle=False,
                              decoder=SigbusDecoder(str(tiny_shm)))  # fmt: skip
     with pytest.raises(WorkerCrashedError) as raised, loader:
         for _ in loader:

@@ -37,7 +37,8 @@ def brighten(image, rng):
 """
 LOADER = """
 loader = prefetch.Loader(
-    sys.argv[1], batch_size=2, image_size=(8, 8), workers=1, backend=BACKEND, transform=TRANSFORM
+    sys.argv[1], batch_size=2, image_size=(8, 8), workers=1, backend=BACKEND,
+    augment=prefetch.Augment(transform=TRANSFORM),
 )
 for images, labels in loader:
     pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -69,7 +70,7 @@ def test_closing_a_stream_early_stops_an_unentered_loader(folder: Path, backend:
     stream = iter(loader)
     next(stream)
     stream.close()
-    assert loader._session.backend is None  # closed: the no_leaks fixture checks the rest
+    assert loader._epochs.workers.backend is None  # closed: the no_leaks fixture checks the rest
 
 
 def test_a_consumer_that_keeps_every_batch_gets_copies_once_the_ring_is_crowded(
@@ -81,8 +82,8 @@ def test_a_consumer_that_keeps_every_batch_gets_copies_once_the_ring_is_crowded(
     assert len(kept) == 10
     # The first batches are views into ring slots; once KEPT_REFERENCED_SLOTS of them are held,
     # later ones are private copies, so the ring never grows past its capacity.
-    assert len(views) <= KEPT_REFERENCED_SLOTS + loader.depth
-    assert all(b.images.flags.owndata for b in kept[KEPT_REFERENCED_SLOTS + loader.depth :])
+    assert len(views) <= KEPT_REFERENCED_SLOTS + loader.options.depth
+    assert all(b.images.flags.owndata for b in kept[KEPT_REFERENCED_SLOTS + loader.options.depth :])
     again = list(Loader(folder, batch_size=2, image_size=(8, 8), workers=1, depth=2, seed=3))
     for a, b in zip(kept, again, strict=True):
         np.testing.assert_array_equal(a.images, b.images)
@@ -112,7 +113,7 @@ def test_thousands_of_kept_process_batches_need_no_open_file_each(tmp_path: Path
                     ours = f"{PREFIX}{os.getpid()}_"
                     mine = [n for n in os.listdir(SHM_DIR) if n.startswith(ours)]
                     most = max(most, len(mine))
-            assert most <= ring_capacity(loader.depth), most
+            assert most <= ring_capacity(loader.options.depth), most
             print("kept", len(kept), "fds", len(os.listdir("/proc/self/fd")))
         """,
         tmp_path,
@@ -177,7 +178,7 @@ def test_new_workers_count_as_starting_until_they_answer_a_batch(
 ) -> None:
     loader = Loader(folder, batch_size=4, workers=1, backend=backend, image_size=(12, 12))
     with loader:
-        started, _ = loader._start()
+        started, _ = loader._epochs.start()
         assert started.starting() == (1 if backend == "process" else 0)
         next(iter(loader))
         assert started.starting() == 0
@@ -242,19 +243,39 @@ def test_process_options_select_the_process_backend_with_their_settings(folder: 
     options = ProcessOptions(max_restarts=0, start_method="spawn")
     loader = Loader(folder, batch_size=4, image_size=(8, 8), workers=1, backend=options)
     assert loader.backend_name == "process"
-    assert (loader.max_restarts, loader.start_method) == (0, "spawn")
+    assert loader.options.process == options and loader.options.process.method == "spawn"
     with loader:
         assert len(list(loader)) == 5
     assert loader.stats().backend == "process"
 
 
-def test_the_older_process_keywords_still_work_but_not_beside_process_options(
-    folder: Path,
+@pytest.mark.parametrize(
+    ("keyword", "spelling"),
+    [
+        ("max_restarts", "backend=ProcessOptions(max_restarts=...)"),
+        ("start_method", "backend=ProcessOptions(start_method=...)"),
+        ("num_shards", "loader.shard(num_shards, shard_index)"),
+        ("shard_index", "loader.shard(num_shards, shard_index)"),
+        ("max_skipped", 'on_error=ErrorPolicy("skip", max_skipped=...)'),
+        ("sample_timeout_s", "on_error=ErrorPolicy(sample_timeout_s=...)"),
+        ("memory_budget", "workers=Autotune(memory_budget=...)"),
+        ("cache_dir", "remote=RemoteOptions(cache_dir=...)"),
+        ("crop", "augment=Augment(crop=...)"),
+        ("flip", "augment=Augment(flip=True)"),
+        ("transform", "augment=Augment(transform=...)"),
+        ("copy", "batch.images.copy()"),
+    ],
+)
+def test_a_removed_keyword_is_refused_naming_its_new_spelling(
+    folder: Path, keyword: str, spelling: str
 ) -> None:
-    loader = Loader(folder, image_size=(8, 8), backend="process", max_restarts=1)
-    assert loader.max_restarts == 1
-    with pytest.raises(ValueError, match="inside ProcessOptions"):
-        Loader(folder, image_size=(8, 8), backend=ProcessOptions(), max_restarts=1)
+    with pytest.raises(
+        TypeError, match=f"no longer takes {keyword}=: pass .*{re.escape(spelling)}"
+    ):
+        Loader(folder, **{keyword: 1})
+
+
+def test_process_options_are_checked(folder: Path) -> None:
     with pytest.raises(ValueError, match="start_method must be one of"):
         ProcessOptions(start_method="fork")
     with pytest.raises(ValueError, match="max_restarts must be >= 0"):
@@ -264,8 +285,41 @@ def test_the_older_process_keywords_still_work_but_not_beside_process_options(
 def test_options_are_read_only_after_construction(folder: Path) -> None:
     loader = Loader(folder, batch_size=4, image_size=(8, 8))
     with pytest.raises(AttributeError):
-        loader.batch_size = 8  # type: ignore[misc]
-    assert loader.batch_size == 4
+        loader.options.batch_size = 8  # type: ignore[misc]
+    assert loader.options.batch_size == 4
+
+
+def test_the_options_read_back_what_the_loader_was_made_with(folder: Path) -> None:
+    process = ProcessOptions(max_restarts=1)
+    augment = prefetch.Augment(prefetch.CenterCrop(), flip=True)
+    loader = Loader(
+        folder,
+        image_size=8,
+        workers="auto",
+        backend=process,
+        on_error="skip",
+        augment=augment,
+        color_mode="grayscale",
+    )
+    options = loader.options
+    assert options.image_size == (8, 8) and isinstance(options.seed, int)
+    assert options.workers == prefetch.Autotune() and options.memory_budget is None
+    assert (options.backend, options.process) == ("process", process)
+    assert options.on_error == prefetch.ErrorPolicy("skip")
+    assert options.augment == augment and options.color_mode == "grayscale"
+    assert options.decode.shape == loader.image_shape == (8, 8, 1)
+    assert options.remote == prefetch.RemoteOptions() and options.cache_dir is None
+    assert (options.num_shards, options.shard_index) == (1, 0)
+
+
+def test_shard_and_load_state_dict_change_the_options_they_set(folder: Path) -> None:
+    loader = Loader(folder, batch_size=2, image_size=(8, 8), seed=3)
+    loader.shard(2, 1)
+    loader.load_state_dict({"seed": 9, "epoch": 1, "position": 0})
+    assert (loader.options.num_shards, loader.options.shard_index) == (2, 1)
+    assert loader.options.seed == 9 and loader.state_dict()["seed"] == 9
+    budget = Loader(folder, image_size=(8, 8), workers=prefetch.Autotune(memory_budget=2**30))
+    assert budget.options.memory_budget == 2**30 and budget.autotune
 
 
 # --- labels from user sources ------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_tensors_kept_from_the_dataset_are_never_overwritten_by_later_batches(
 ) -> None:
     train, _ = shapes
     options = dict(batch_size=10, image_size=(24, 24), workers=2, depth=1, seed=5)
-    expected = list(prefetch.Loader(train, copy=True, **options))  # type: ignore[arg-type]
+    expected = list(prefetch.Loader(train, **options))  # type: ignore[arg-type]
     with prefetch.Loader(train, backend=backend, **options) as loader:  # type: ignore[arg-type]
         kept = list(prefetch.tf.dataset(loader, device=device))  # every tensor stays alive
     assert len(kept) == len(expected) == 18
@@ -102,7 +102,7 @@ def test_batches_prefetched_to_a_gpu_are_on_the_gpu_and_never_overwritten(
 ) -> None:
     train, _ = shapes
     options = dict(batch_size=10, image_size=(24, 24), workers=2, depth=1, seed=5)
-    expected = list(prefetch.Loader(train, copy=True, **options))  # type: ignore[arg-type]
+    expected = list(prefetch.Loader(train, **options))  # type: ignore[arg-type]
     with prefetch.Loader(train, **options) as loader:  # type: ignore[arg-type]
         kept = list(prefetch.tf.dataset(loader, device="/gpu:0"))
     assert len(kept) == len(expected) == 18

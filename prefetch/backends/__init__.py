@@ -1,27 +1,22 @@
-"""Backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
+"""The backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
 
-- `Backend`, `PendingBatch`, `Slot`, `BatchTask`: the protocol a stream talks to and the data
-  crossing it (`_base`);
-- `SampleReader`: the per-batch work every backend runs: read, decode, transform, write each
-  sample into the slot (`_reader`);
-- `SlotRing` and `ring_capacity(depth)`: the slots, reused once unreferenced (`_ring`); the
-  process backend's shared-memory segments (`_shm`);
-- `ThreadBackend`, `ProcessBackend`: the two backends (`_threads`, `_processes` and the worker
-  process's loop); backend="auto": a short measurement of how much work holds the GIL
-  (`_choose`).
-
-`make_backend` builds the backend a loader asked for (after "auto" has been decided). Imports
-`prefetch.decode` and below.
+What the runtime (`Workers`, `Stream`) uses: `make_backend` builds the backend a loader asked
+for (after "auto" has been decided by `choose`, a short measurement); the `Backend` protocol
+(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and the data crossing it
+(`BatchTask`, `Slot`, `BatchOutcome`); `SampleReader` (`_reader`), the per-sample work every
+backend runs, picklable; the slot ring (`_ring`) and the process backend's shared memory
+(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`). The layer
+imports decode, plan, sources and io below it, never the runtime.
 """
 
 from __future__ import annotations
 
 from prefetch.backends._base import Backend
+from prefetch.backends._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
-from prefetch.runtime._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
 from prefetch.sources._remote import reads_over_network
 
 

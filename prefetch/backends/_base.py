@@ -12,6 +12,7 @@ which writes decoded samples straight into a `Slot`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -166,3 +167,17 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def thread_clocks() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread.
+
+    Linux reports both in /proc/thread-self/schedstat; elsewhere the second is 0. Time a worker
+    was busy but in neither was spent blocked: waiting for disk, network or a sleep.
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as schedstat:
+            on_cpu, waiting, _ = schedstat.read().split()
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0

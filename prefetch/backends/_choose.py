@@ -76,9 +76,10 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
         try:
             free, held, image = _time_read(reader, int(index))
             free_s, held_s = free_s + free, held_s + held
-            if reader.transform is not None:
+            transform = reader.augment.transform
+            if transform is not None:
                 start = time.perf_counter()
-                reader.transform(image, np.random.default_rng(int(index)))
+                transform(image, np.random.default_rng(int(index)))
                 held_s += time.perf_counter() - start
             samples += 1
         except Exception:

@@ -12,13 +12,12 @@ note names that function).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.decode._decoders import (
     DecodeOptions,
     Decoder,
@@ -32,11 +31,8 @@ from prefetch.io._cache import ObjectCache
 from prefetch.io._members import Location, Member, place_of, spooled
 from prefetch.io._storage import RemoteOptions, filesystem_for, is_url, using
 from prefetch.plan._crops import Augment
-from prefetch.runtime._autoscale import thread_clocks
 from prefetch.sources._folders import is_file_source
 from prefetch.sources._labels import check_label
-
-Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
 # What a sample's read is doing (`_Step.name`), so that an error's note names what failed.
 FILE = "file"  # reading and decoding a file with prefetch's decoders: a bad file
@@ -62,19 +58,19 @@ class SampleReader:
     For file sources (`is_file_source`: a `FileList`) it decodes files with `decoder` (remote
     objects from their local copies in `cache`, when given); for any other source it calls
     `source[index] -> (image, label)` (or just `image` when `labelled` is False) and converts
-    the image to the target size. With `augment` (a crop, a flip) the crop's window is drawn
-    from the image's size and decoded alone (`prefetch.decode._window`, by `window_engine`),
-    or cut from the source's image; the flip is a view; then `transform` runs. Files are read
+    the image to the target size. With `augment` (a crop, a flip, a transform) the crop's window
+    is drawn from the image's size and decoded alone (`prefetch.decode._window`, by
+    `window_engine`), or cut from the source's image; the flip is a view; then the transform
+    runs. Files are read
     within `remote` (`storage.using`: deadlines, size caps; None: the defaults); a cached copy
     is decoded through `ObjectCache.decoded`, which keeps only copies that decode. With
-    `spool` (a streamed shard source's folder, `prefetch.sources.shards._spool`), samples of URL
-    shards are read from the shards' local copies there.
+    `spool_folder` (where the runtime's spool keeps a streamed shard source's copies), samples
+    of URL shards are read from the shards' local copies there.
     """
 
     source: Any
     decoder: Decoder
     options: DecodeOptions
-    transform: Transform | None
     skip_errors: bool
     labelled: bool
     num_classes: int | None = None
@@ -82,7 +78,7 @@ class SampleReader:
     augment: Augment = field(default_factory=Augment)
     window_engine: str = "turbo"
     remote: RemoteOptions | None = None
-    spool: str | None = None
+    spool_folder: str | None = None
 
     def prepare(self) -> None:
         """Import and set up what reading needs: the decoder's libraries (its `prepare()`, if
@@ -101,8 +97,8 @@ class SampleReader:
         `Member` (in the shard's spooled copy, when the source is streamed). Only the source
         makes a `Member`: a path string is never read as one."""
         location: Location = self.source.location(index)
-        if self.spool is not None and isinstance(location, Member):
-            return spooled(self.spool, location)
+        if self.spool_folder is not None and isinstance(location, Member):
+            return spooled(self.spool_folder, location)
         return location
 
     def describe(self, index: int) -> str:
@@ -174,7 +170,8 @@ class SampleReader:
         step.name = FILE  # reading the file (or its copy) until a decoder of the user's runs
         augment = self.augment
         rng = augment.rng(task.seed, task.epoch, index) if augment else None
-        target = out if self.transform is None else None  # where to resize and flip
+        transform = augment.transform
+        target = out if transform is None else None  # where to resize and flip
         if is_file_source(self.source):
             path = self.file_path(index)
             own_decoder = augment.crop is None and not _is_builtin(self.decoder)
@@ -212,10 +209,10 @@ class SampleReader:
             _check_image(image, self.options, "decoder")
         if rng is not None and augment.flipped(rng):
             image = flip_left_right(image, target)
-        if self.transform is not None:
+        if transform is not None:
             transform_rng = np.random.default_rng([task.seed, task.epoch, index])
             step.name = TRANSFORM
-            image = self.transform(image, transform_rng)
+            image = transform(image, transform_rng)
             step.name = TRANSFORM_RESULT
             _check_image(image, self.options, "transform")
         if image is not out:
@@ -259,7 +256,7 @@ class SampleReader:
                 f"{method}; it must return {returns}"
             )
         if step in (TRANSFORM, TRANSFORM_RESULT):
-            name = _callable_name(self.transform)
+            name = _callable_name(self.augment.transform)
             if step == TRANSFORM:
                 return (
                     f"prefetch: transform {name} raised while transforming {where}: the error "

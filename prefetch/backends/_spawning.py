@@ -29,7 +29,8 @@ from prefetch.backends._reader import SampleReader
 
 def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:
     """What a worker process receives besides tasks, by name."""
-    return (("transform", reader.transform), ("decoder", reader.decoder), ("source", reader.source))
+    transform = reader.augment.transform
+    return (("transform", transform), ("decoder", reader.decoder), ("source", reader.source))
 
 
 def unpicklable_part(reader: SampleReader) -> str:

@@ -39,7 +39,7 @@ from prefetch.io._records import RECORD_OVERHEAD, record_data
 from prefetch.io._remote_options import active_options
 
 FORMATS = ("tar", "tfrecord")
-# The ending of a whole shard's local copy in a spool folder (`prefetch.sources.shards._spool`).
+# The ending of a whole shard's local copy in a spool folder (`prefetch.runtime._spool`).
 SPOOL_SUFFIX = ".shard"
 _COLUMNS = ("shard", "offset", "length", "start", "size")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,6 +63,8 @@ class RemoteOptions:
     - `follow_redirects`: `"same-host"` (the default: only to the same scheme, host and port),
       `"any"` (any http or https URL), or `"none"` (a redirect is an error). A redirect to
       another scheme (`file://`) is never followed.
+    - `cache_dir`: a `Loader`'s local folder that keeps each remote object (or streamed
+      shard) after its first read, so later epochs and runs read local disk; None for none.
 
     Only http(s) requests have all three deadlines; other async filesystems (gcs, s3) get
     `request_timeout_s` per request, and their own clients' connect and read timeouts.
@@ -75,6 +78,7 @@ class RemoteOptions:
     max_page_bytes: int = MAX_PAGE_BYTES
     max_depth: int = MAX_DEPTH
     follow_redirects: str = "same-host"
+    cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):

@@ -90,7 +90,7 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         first, self._first, self._in_epoch = self._first, None, False
         if dropped and self._taken == 1 and self._looked:  # Keras built the model from it
             again = tuple(np.copy(part) for part in first)
-            self._again = again if self.loader.label_mode is not None else again[0]
+            self._again = again if self.loader.options.label_mode is not None else again[0]
             return
         stream = self._stream
         if stream is not None and stream.epoch is not None and stream.position >= len(self):
@@ -124,21 +124,21 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
             self.loader.record_undelivered_error(error)
             raise
         if self._looked and self._taken == 1:  # kept only while Keras builds the model
-            self._first = batch if self.loader.label_mode is not None else (batch.images,)
-        return tuple(batch) if self.loader.label_mode is not None else batch.images
+            self._first = batch if self.loader.options.label_mode is not None else (batch.images,)
+        return tuple(batch) if self.loader.options.label_mode is not None else batch.images
 
     def _spec_batch(self, index: int) -> Any:
         """Zeros of the loader's shapes and dtypes, for Keras's look at the tensor spec."""
         loader = self.loader
-        full = loader.drop_remainder and loader.on_error == "raise"
+        full = loader.options.drop_remainder and loader.options.on_error.action == "raise"
         if full:
-            size = loader.batch_size
+            size = loader.options.batch_size
         elif index == 0:  # the first batch as it will be (a single batch may be short)
             size = len(loader.batch_indices(loader.epoch)[0])
         else:
-            size = max(1, loader.batch_size - 1)
+            size = max(1, loader.options.batch_size - 1)
         images = np.zeros((size, *loader.image_shape), np.uint8)
-        spec = label_spec(loader.label_mode, len(loader.class_names))
+        spec = label_spec(loader.options.label_mode, len(loader.class_names))
         if spec is None:
             return images
         tail, dtype = spec

@@ -1,11 +1,11 @@
 """Training and evaluation crops, planned from the image's size before any pixel is decoded.
 
-`RandomResizedCrop` and `CenterCrop` are the `Loader(crop=...)` values: small frozen value
+`RandomResizedCrop` and `CenterCrop` are the `Augment(crop=...)` values: small frozen value
 objects whose `box(height, width, target, rng)` picks the window of the ORIGINAL image that
 becomes the sample (the window is then resized to `image_size`). Only the image's size is
 needed, which a JPEG's header gives, so the decoder can decode that window alone
-(prefetch.decode._window). `Augment` holds a loader's crop and flip and the per-sample random
-generator they draw from.
+(prefetch.decode._window). `Augment` holds a loader's crop, flip and transform and the
+per-sample random generator the crop and flip draw from.
 
 Determinism: a sample's generator is seeded by (seed, epoch, index) and a constant of its own
 (`AUGMENT_STREAM`, so it is not the generator `transform` receives), so the same seed gives the
@@ -16,8 +16,9 @@ new crop in every epoch. Pure Python and numpy; safe to share between threads.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from prefetch._messages import short, suggest_keywords
 # Drawn last into each sample's seed so that crops and flips never reuse the draws of the
 # generator that `transform` receives (seeded by (seed, epoch, index) alone).
 AUGMENT_STREAM = 0x63726F70  # "crop"
+
+# A user's function of (image, its generator) -> image, run on each sample (`Augment.transform`).
+Transform = Callable[[np.ndarray, np.random.Generator], Any]
 
 # torchvision's RandomResizedCrop: draws tried before the centred fallback.
 ATTEMPTS = 10
@@ -169,16 +173,28 @@ Crop = RandomResizedCrop | CenterCrop
 CROPS = (RandomResizedCrop, CenterCrop)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class Augment:
-    """A loader's crop (or None) and flip, and the per-sample generator they draw from.
+    """What a loader does to each sample beyond Keras's resize: `Loader(augment=Augment(...))`.
 
-    For one sample, the crop's window is drawn first, then the flip (probability 0.5), both
-    from `rng(seed, epoch, index)`.
+    All three run in the workers and draw from generators seeded by `(seed, epoch, index)`, so
+    the same seed gives the same samples for any worker count, backend or resume.
+
+    - `crop`: the window of the original image each sample becomes, then resized to
+      `image_size`: `RandomResizedCrop()` for training (a new window every epoch),
+      `CenterCrop(0.875)` for evaluation. Only the window is decoded. None: the whole image.
+    - `flip`: flip each sample left-right with probability 0.5 (drawn after its crop).
+    - `transform`: `transform(image, rng) -> image`, run on each image at `image_size` after
+      the crop and flip, with a generator of its own; it must keep the shape and return uint8.
+
+    For one sample, the crop's window is drawn first, then the flip, both from
+    `rng(seed, epoch, index)`.
     """
 
     crop: Crop | None = None
     flip: bool = False
+    transform: Transform | None = None
 
     def __post_init__(self) -> None:
         if self.crop is not None and not isinstance(self.crop, CROPS):
@@ -188,8 +204,14 @@ class Augment:
             )
         if not isinstance(self.flip, (bool, np.bool_)):
             raise ValueError(f"flip must be True or False, got {self.flip!r}")
+        if self.transform is not None and not callable(self.transform):
+            raise ValueError(
+                f"transform must be a function transform(image, rng) -> image or None, got "
+                f"{self.transform!r}"
+            )
 
     def __bool__(self) -> bool:
+        """Whether a crop or flip draws from the sample's generator (`rng`)."""
         return self.crop is not None or bool(self.flip)
 
     @staticmethod

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch.runtime._options import check_shard, positive
+from prefetch._checks import check_shard, positive
 
 SHUFFLE_MODES = ("samples", "batches")
 # Appended to the seed to derive the fixed sample grouping of shuffle="batches".

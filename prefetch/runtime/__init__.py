@@ -1,10 +1,17 @@
-"""The loading job: the Loader, its epochs and their streams, the worker set, stats, autoscale.
+"""The running loader: what turns a source and its options into batches, epoch after epoch.
 
-`Loader` checks its options once, plans its epochs (`prefetch.plan`), builds and owns the
-worker set (a backend of `prefetch.backends`, its slot ring, the worker tuner and the
-`Coordinator`) and hands each epoch to a `Stream` through an epoch object; `loader.options` is
-the read-only view of its configuration. A `Stream` is one epoch's iteration: it keeps up to
-`depth` batches in flight and delivers them in order as `Batch` views. For a streamed shard
-source, the `ShardSpool` fetches whole shards ahead into a local folder. `LoaderStats` and
-`workers="auto"` (`WorkerTuner`) are here too. Imports `prefetch.backends` and below.
+- `Loader` (`_loader`): the user's object. It checks its options (`LoaderOptions`,
+  `ErrorPolicy`, `Autotune`: `_options`), builds one `Epochs` and hands it to every `Stream`.
+- `Epochs` (`_epochs`): the loader's epochs, the only part of a loader a stream uses: the plan
+  that draws each epoch's batches, the cursor of where iteration stands, the skip counter, the
+  stats recorder, the worker set and the spool.
+- `Stream` (`_stream`): one epoch: the batches in flight (at most `depth`, more for many thread
+  workers), waiting for each, and handing it out as a `Batch`.
+- `Workers` (`_workers`): the worker set: the backend, its slot ring, the coordinator and the
+  worker tuner; started at the first epoch or at `with loader:`, closed by `close()`.
+- `ShardSpool` (`_spool`): the whole shards of a streamed shard source, fetched ahead of the
+  batches that read them.
+- `LoaderStats` (`_stats`) and the worker tuner (`_autoscale`).
+
+The layer imports the backends, plan, sources and io below it, never the frameworks above.
 """

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefetch.runtime._options import BATCHES_AT_ONCE
+from prefetch.backends._options import BATCHES_AT_ONCE
 
 GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01
@@ -279,20 +279,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def thread_clocks() -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread.
-
-    Linux reports both in /proc/thread-self/schedstat; elsewhere the second is 0. Time a worker
-    was busy but in neither was spent blocked: waiting for disk, network or a sleep.
-    """
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as schedstat:
-            on_cpu, waiting, _ = schedstat.read().split()
-        return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
-        return time.thread_time(), 0.0
 
 
 def connection_cap() -> int:

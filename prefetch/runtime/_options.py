@@ -1,22 +1,28 @@
 """The Loader's options as frozen, keyword-only dataclasses; every check is written once here.
 
-`LoaderOptions` holds what a `Loader` does with batches (size, depth, order, labels, errors,
-workers); `ProcessOptions` holds what only the process backend uses (`backend=ProcessOptions(...)`
-picks that backend). `DecodeOptions` (prefetch.decode._decoders) holds what a decoder does with one
-image.
-A bad value raises ValueError naming the option, the value and what would be accepted.
+`LoaderOptions` is `loader.options`: everything a `Loader` was made with, normalized (a string
+`on_error` as an `ErrorPolicy`, `workers="auto"` as `Autotune()`, `backend=ProcessOptions(...)`
+as "process" and its options, the drawn seed) and its host split (`Loader.shard`). The option
+groups a `Loader` takes beside its flat keywords: `ErrorPolicy` (what a failing sample does),
+`Autotune` (a tuned worker count), `ProcessOptions` (prefetch.backends), `RemoteOptions`
+(prefetch.io), `Augment` (prefetch.plan). A bad value raises ValueError naming the option, the
+value and what would be accepted.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from dataclasses import dataclass
+import os
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from prefetch._checks import one_of, positive
 from prefetch._messages import suggest_keywords
-from prefetch.decode._decoders import COLOR_MODES, DecodeOptions
+from prefetch.backends._options import ProcessOptions
+from prefetch.decode._decoders import COLOR_MODES, DecodeOptions, Decoder
+from prefetch.io._remote_options import RemoteOptions
+from prefetch.plan._crops import Augment
 from prefetch.sources._folders import SUBSETS, is_file_source
 from prefetch.sources._labels import LABEL_MODES
 from prefetch.sources.shards._sources import ShardSource
@@ -27,130 +33,189 @@ ON_ERROR = ("raise", "skip")
 REMOTE_READER_THREADS = 8
 # Worker processes per core that a loader of remote URLs starts with (then tuned).
 REMOTE_PROCESSES_PER_CORE = 2
-# Reader threads of a worker process on remote URLs: one per row of its batch, at most this many.
-MAX_REMOTE_READERS_PER_PROCESS = 32
-# Batches a worker process with reader threads runs at once: the next one's reads wait on
-# storage while the current one's rows are decoded.
-BATCHES_AT_ONCE = 2
 BACKENDS = ("thread", "process", "auto")
-START_METHODS = ("spawn", "forkserver")
-
-
-def positive(name: str, value: Any) -> int:
-    """`value` as an int, or ValueError naming the option when it is not an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
-def one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
-    """`value`, or ValueError naming the option when it is not one of `allowed`."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    return value
-
-
-def check_shard(num_shards: Any, shard_index: Any) -> tuple[int, int]:
-    """(num_shards, shard_index) as ints, or ValueError when the index is outside the shards."""
-    num_shards = positive("num_shards", num_shards)
-    if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index must be in [0, num_shards={num_shards}), got {shard_index}")
-    return num_shards, int(shard_index)
+# The keywords a Loader no longer takes, and their spelling now (CHANGELOG.md).
+MOVED = {
+    "max_restarts": "backend=ProcessOptions(max_restarts=...)",
+    "start_method": "backend=ProcessOptions(start_method=...)",
+    "num_shards": "loader.shard(num_shards, shard_index) after making the Loader",
+    "shard_index": "loader.shard(num_shards, shard_index) after making the Loader",
+    "max_skipped": 'on_error=ErrorPolicy("skip", max_skipped=...)',
+    "sample_timeout_s": "on_error=ErrorPolicy(sample_timeout_s=...)",
+    "memory_budget": "workers=Autotune(memory_budget=...)",
+    "cache_dir": "remote=RemoteOptions(cache_dir=...)",
+    "crop": "augment=Augment(crop=...)",
+    "flip": "augment=Augment(flip=True)",
+    "transform": "augment=Augment(transform=...)",
+    "copy": "nothing: a batch you keep is never overwritten; batch.images.copy() makes a copy",
+}
 
 
 @suggest_keywords
-@dataclass(frozen=True, kw_only=True)
-class ProcessOptions:
-    """Options of the process backend; `Loader(backend=ProcessOptions(...))` selects it.
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """What a sample that fails to load does: `Loader(on_error=ErrorPolicy("skip", ...))`.
 
-    - `max_restarts`: how many times a crashed worker (killed, segfaulted) is restarted and its
-      batches re-sent before `WorkerCrashedError`; 0 makes the first crash fatal.
-    - `start_method`: "spawn" or "forkserver"; None takes the program's default when it is one
-      of those, else "spawn". Workers are never forked: forking a process that runs threads
-      (TensorFlow's, the loader's) can deadlock the child.
-    - `threads_per_worker`: reader threads in each worker process, which split its batch
-      between them. 1 suits local disks; more let a process overlap reads that wait on
-      storage (a network mount, an object store) instead of the CPU. None (the default): on
-      remote URLs, one per row of the batch (at most `MAX_REMOTE_READERS_PER_PROCESS`), so a
-      process reads its whole batch at once; else 1.
+    The bounds on failure travel with the choice they qualify: `on_error="skip"` is
+    `ErrorPolicy("skip")`, and a cap or a time limit is added here rather than as more
+    keywords of the Loader.
+
+    - `action`: `"raise"` (a sample that fails raises at its batch, with a note naming it) or
+      `"skip"` (it is dropped, logged and counted in `stats()`).
+    - `max_skipped`: with "skip", the most distinct files that may fail before
+      `TooManySkippedError`; None for no cap.
+    - `sample_timeout_s`: a time limit per sample, in seconds, past which it raises
+      `SampleTimeoutError` (with "skip" and the process backend, it is skipped); None for none.
     """
 
-    max_restarts: int = 3
-    start_method: str | None = None
-    threads_per_worker: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_restarts, bool) or not isinstance(
-            self.max_restarts, (int, np.integer)
-        ):
-            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        if self.threads_per_worker is not None:
-            positive("threads_per_worker", self.threads_per_worker)
-        if self.start_method is not None and self.start_method not in START_METHODS:
-            raise ValueError(
-                f"start_method must be one of {START_METHODS}, got {self.start_method!r}: "
-                "process workers are never forked, because forking a process that has started "
-                "threads (TensorFlow's, the loader's) can deadlock the child"
-            )
-
-    @property
-    def method(self) -> str:
-        """The start method workers use: `start_method`, or the default as described."""
-        if self.start_method is not None:
-            return self.start_method
-        # The default, as set by the program, else the platform's (forkserver from Python 3.14).
-        default = multiprocessing.get_start_method(allow_none=True)
-        default = default or multiprocessing.get_all_start_methods()[0]
-        return default if default in START_METHODS else "spawn"
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoaderOptions:
-    """How a Loader runs; the `Loader` keyword arguments of the same names.
-
-    `workers` is None (one per usable core; on remote URLs, tuned as "auto"), an int, or
-    "auto" (tuned while it runs);
-    `backend` is "auto", "thread" or "process" (process options in `process`). Which samples
-    go in which batch (order, seed, shards, the last batch) is the `EpochPlan`'s part
-    (prefetch.plan._epochs). See the `Loader` reference for each option's meaning.
-    """
-
-    batch_size: int = 32
-    workers: int | str | None = None
-    depth: int = 2
-    label_mode: str | None = "int"
-    on_error: str = "raise"
+    action: str = "raise"
+    _: KW_ONLY
     max_skipped: int | None = None
-    copy: bool = False
-    backend: str = "auto"
-    process: ProcessOptions = ProcessOptions()
-    memory_budget: int | None = None
     sample_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        positive("batch_size", self.batch_size)
-        positive("depth", self.depth)
-        if isinstance(self.workers, str) and self.workers != "auto":
-            raise ValueError(f"workers must be an int >= 1 or 'auto', got {self.workers!r}")
-        if self.workers is not None and self.workers != "auto":
-            positive("workers", self.workers)
-        one_of("label_mode", self.label_mode, LABEL_MODES)
-        one_of("on_error", self.on_error, ON_ERROR)
-        one_of("backend", self.backend, BACKENDS)
+        one_of("on_error", self.action, ON_ERROR)
         if self.max_skipped is not None and self.max_skipped < 0:
             raise ValueError(f"max_skipped must be >= 0 or None, got {self.max_skipped}")
-        if self.memory_budget is not None and self.memory_budget < 1:
-            raise ValueError(
-                f"memory_budget must be a positive number of bytes, got {self.memory_budget}"
-            )
         timeout = self.sample_timeout_s
         number = isinstance(timeout, (int, float, np.integer, np.floating))
         if timeout is not None and (isinstance(timeout, bool) or not number or not timeout > 0):
             raise ValueError(
                 f"sample_timeout_s must be a number of seconds > 0 or None, got {timeout!r}"
             )
+
+    @property
+    def skip(self) -> bool:
+        """Whether failing samples are skipped."""
+        return self.action == "skip"
+
+
+@suggest_keywords
+@dataclass(frozen=True, kw_only=True)
+class Autotune:
+    """A worker count tuned while the loader runs: `Loader(workers=Autotune(...))`;
+    `workers="auto"` is `Autotune()`.
+
+    - `memory_budget`: the bytes the workers and batch buffers may use; None for a quarter of
+      the memory available at the start.
+    """
+
+    memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not budget >= 1):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {budget}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """`loader.options`: what a `Loader` was made with, read-only (see `Loader` for each).
+
+    Each field is the `Loader` keyword of its name, normalized:
+
+    - `batch_size`: as given.
+    - `image_size`: `(height, width)` (an int given is `(size, size)`).
+    - `shuffle`: as given.
+    - `seed`: the seed in use (drawn when None was given).
+    - `validation_split`: as given.
+    - `subset`: as given.
+    - `label_mode`: as given.
+    - `color_mode`: the name given.
+    - `interpolation`: the name given.
+    - `crop_to_aspect_ratio`: as given.
+    - `pad_to_aspect_ratio`: as given.
+    - `drop_remainder`: as given.
+    - `antialias`: as given.
+    - `augment`: an `Augment` (empty when None was given).
+    - `decoder`: the decoder given, by name or as a function.
+    - `workers`: an int, None (one per usable core) or an `Autotune` (for "auto").
+    - `depth`: the most batches in flight.
+    - `backend`: "auto", "thread" or "process" (a `ProcessOptions` given is "process").
+    - `process`: the `ProcessOptions` of the process backend.
+    - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
+    - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
+    - `num_shards`: the number of host shards, set by `Loader.shard`.
+    - `shard_index`: this loader's host shard, set by `Loader.shard`.
+
+    `decode` is the `DecodeOptions` of the pixels' options; `memory_budget` and `cache_dir`
+    read `workers` and `remote`.
+    """
+
+    batch_size: int = 32
+    image_size: tuple[int, int] = (256, 256)
+    shuffle: bool = True
+    seed: int = 0
+    validation_split: float | None = None
+    subset: str | None = None
+    label_mode: str | None = "int"
+    color_mode: str = "rgb"
+    interpolation: str = "bilinear"
+    crop_to_aspect_ratio: bool = False
+    pad_to_aspect_ratio: bool = False
+    drop_remainder: bool = False
+    antialias: bool = False
+    augment: Augment = field(default_factory=Augment)
+    decoder: Decoder | str | None = "auto"
+    workers: int | Autotune | None = None
+    depth: int = 2
+    backend: str = "auto"
+    process: ProcessOptions = field(default_factory=ProcessOptions)
+    on_error: ErrorPolicy = field(default_factory=ErrorPolicy)
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
+    num_shards: int = 1
+    shard_index: int = 0
+
+    def __post_init__(self) -> None:
+        positive("batch_size", self.batch_size)
+        positive("depth", self.depth)
+        if self.workers is not None and not isinstance(self.workers, Autotune):
+            positive("workers", self.workers)
+        one_of("label_mode", self.label_mode, LABEL_MODES)
+        one_of("backend", self.backend, BACKENDS)
+        if self.augment.crop is not None:
+            check_crop(self.decode, self.decoder)
+
+    @property
+    def decode(self) -> DecodeOptions:
+        """What a decoder does with one image: the `DecodeOptions` of the pixels' options."""
+        return decode_options(
+            self.image_size,
+            self.color_mode,
+            self.interpolation,
+            self.crop_to_aspect_ratio,
+            self.pad_to_aspect_ratio,
+            self.antialias,
+        )
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the worker count is tuned as asked (`Autotune`)."""
+        return isinstance(self.workers, Autotune)
+
+    @property
+    def memory_budget(self) -> int | None:
+        """The tuned workers' memory budget (`Autotune.memory_budget`), or None."""
+        return self.workers.memory_budget if isinstance(self.workers, Autotune) else None
+
+    @property
+    def cache_dir(self) -> str | os.PathLike[str] | None:
+        """`remote.cache_dir`: the folder of local copies of remote objects, or None."""
+        return self.remote.cache_dir
+
+
+def as_workers(workers: int | str | Autotune | None) -> int | Autotune | None:
+    """`workers` with "auto" as `Autotune()`; ValueError for another string."""
+    if isinstance(workers, str):
+        if workers != "auto":
+            raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
+        return Autotune()
+    return workers
+
+
+def as_error_policy(on_error: str | ErrorPolicy) -> ErrorPolicy:
+    """`on_error` as an `ErrorPolicy` ("skip" is `ErrorPolicy("skip")`)."""
+    return on_error if isinstance(on_error, ErrorPolicy) else ErrorPolicy(on_error)
 
 
 def check_validation_split(
@@ -198,20 +263,6 @@ def check_validation_split(
         )
 
 
-def process_options(
-    backend: str | ProcessOptions, max_restarts: int | None, start_method: str | None
-) -> ProcessOptions:
-    """The process options from `backend=ProcessOptions(...)` or the older keywords."""
-    if isinstance(backend, ProcessOptions):
-        if max_restarts is not None or start_method is not None:
-            raise ValueError(
-                "pass max_restarts and start_method inside ProcessOptions, not beside it"
-            )
-        return backend
-    restarts = 3 if max_restarts is None else max_restarts
-    return ProcessOptions(max_restarts=restarts, start_method=start_method)
-
-
 def check_crop(options: DecodeOptions, decoder: object) -> None:
     """Refuse what cannot go with `crop=`: Keras's crop or padding (the crop replaces them) and
     a decoder of your own (it decodes whole images; crops are decoded by prefetch's own)."""
@@ -247,3 +298,13 @@ def decode_options(
         pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
         antialias=bool(antialias),
     )
+
+
+def check_group(name: str, value: object, kind: type, example: str) -> None:
+    """TypeError unless `value` is None or an option object of type `kind` (`example` shows
+    how to make one)."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(
+            f"{name} must be a prefetch.{kind.__name__} or None, got {type(value).__name__}: "
+            f"pass {name}=prefetch.{example}"
+        )

@@ -45,7 +45,7 @@ class LoaderStats:
       reader threads, so with remote storage it can be many times `elapsed_s`); printed as
       samples read at once on average, `producer_busy_s / elapsed_s`.
     - `mean_ready_batches`: batches already decoded when the consumer asked, on average (out
-      of `window` in flight); near `window` means the producers are ahead.
+      of the batches in flight); near that count means the producers are ahead.
     - `skipped`: samples dropped under `on_error="skip"` (the count is exact).
     - `skipped_paths`: the most recent of their files (at most `SKIPPED_PATHS_KEPT`).
     - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
@@ -59,7 +59,7 @@ class LoaderStats:
       latest `READ_TIMES_KEPT` samples (0 before any).
     - `read_p90_s`: the 90th percentile of the same.
     - `read_p99_s`: the 99th percentile of the same.
-    - `window`: batches an epoch keeps submitted to the workers: `depth`, and more when many
+    - `in_flight`: batches an epoch keeps submitted to the workers: `depth`, and more when many
       workers wait on remote storage (two rows per thread, two batches per reader process).
     - `cache_hits`: with `cache_dir`, samples read from a kept local copy.
     - `cache_misses`: with `cache_dir`, samples whose object was read from storage (and
@@ -87,7 +87,7 @@ class LoaderStats:
     read_p50_s: float = 0.0
     read_p90_s: float = 0.0
     read_p99_s: float = 0.0
-    window: int = 0
+    in_flight: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
 
@@ -111,7 +111,7 @@ class LoaderStats:
             f"({self.consumer_wait_fraction:.1%} of the time)",
             f"{self.backend} backend, {self.decoder or 'own'} decoder, {self._busy_words()}",
             f"when a batch was asked for, {self.mean_ready_batches:.1f} of the "
-            f"{self.window or self.depth} in flight were ready (average)",
+            f"{self.in_flight or self.depth} in flight were ready (average)",
         ]
         if self.reads_in_flight:
             parts.append(f"{counted(self.reads_in_flight, 'sample')} being read now")
@@ -172,7 +172,7 @@ class StatsRecorder:
         worker_decisions: tuple[str, ...] = (),
         decoder: str = "",
         reads_in_flight: int = 0,
-        window: int = 0,
+        in_flight: int = 0,
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         p50, p90, p99 = (
@@ -202,7 +202,7 @@ class StatsRecorder:
             read_p50_s=float(p50),
             read_p90_s=float(p90),
             read_p99_s=float(p99),
-            window=window or depth,
+            in_flight=in_flight or depth,
             cache_hits=self.cache_hits,
             cache_misses=self.cache_misses,
         )

@@ -3,7 +3,7 @@
 `source_scheme` names the store a file source's files are on ("" when they are local), judged
 by its first sample's location; `reads_over_network` tells the loader to start more workers
 than cores for it (their reads mostly wait), except for a streamed shard source, whose workers
-read local copies (`prefetch.sources.shards._spool`); `cache_for` opens the `ObjectCache` a
+read local copies (`prefetch.runtime._spool`); `cache_for` opens the `ObjectCache` a
 loader of a remote source keeps. Pure functions of a source; thread-safe.
 """
 
@@ -30,8 +30,8 @@ def source_scheme(source: object) -> str:
 def reads_over_network(source: object) -> bool:
     """Whether a file source's reads wait on a network: URLs other than `memory://`. Such a
     loader's `workers=None` is tuned like "auto", starting above one worker per core
-    (`prefetch.runtime._session.remote_start`). A streamed shard source's workers read local
-    copies (`prefetch.sources.shards._spool`): not over a network."""
+    (`prefetch.runtime._workers.remote_start`). A streamed shard source's workers read local
+    copies (`prefetch.runtime._spool`): not over a network."""
     if isinstance(source, ShardSource) and source.streaming:
         return False
     return source_scheme(source) not in ("", "memory")

@@ -65,7 +65,9 @@ def check_budget(memory_budget: int | None, device: str) -> int:
 def sample_bytes(loader: Loader) -> int:
     """Bytes of one decoded sample of `loader`: its uint8 image and its label."""
     height, width, channels = loader.image_shape
-    return height * width * channels + label_bytes(loader.label_mode, len(loader.class_names))
+    return height * width * channels + label_bytes(
+        loader.options.label_mode, len(loader.class_names)
+    )
 
 
 def nbytes(array: Any) -> int:

@@ -165,10 +165,10 @@ def output_signature(loader: Loader) -> Any:
     - `loader`: the `Loader` whose batches are described.
     """
     height, width, channels = loader.image_shape
-    fixed = loader.drop_remainder and loader.on_error == "raise"
-    batch = loader.batch_size if fixed else None
+    fixed = loader.options.drop_remainder and loader.options.on_error.action == "raise"
+    batch = loader.options.batch_size if fixed else None
     images = tf.TensorSpec((batch, height, width, channels), tf.uint8, name="images")
-    spec = label_spec(loader.label_mode, len(loader.class_names))
+    spec = label_spec(loader.options.label_mode, len(loader.class_names))
     if spec is None:
         return images
     tail, dtype = spec
@@ -230,20 +230,21 @@ def dataset(
         check_device(device)
     if input_context is not None:
         _apply_input_context(loader, input_context)
-    shard = (loader.num_shards, loader.shard_index)
+    shard = (loader.options.num_shards, loader.options.shard_index)
 
     def batches() -> Generator[Any, None, None]:
         try:
-            if (loader.num_shards, loader.shard_index) != shard:
+            if (loader.options.num_shards, loader.options.shard_index) != shard:
                 raise RuntimeError(
                     f"this dataset was made for shard {shard[1]} of {shard[0]}, but the loader "
-                    f"was re-sharded to shard {loader.shard_index} of {loader.num_shards} since; "
+                    f"was re-sharded to shard {loader.options.shard_index} of "
+                    f"{loader.options.num_shards} since; "
                     "use one Loader per input pipeline"
                 )
             if malloc_fix:
                 restore_malloc_thresholds()
             for batch in loader:
-                yield tuple(batch) if loader.label_mode is not None else batch.images
+                yield tuple(batch) if loader.options.label_mode is not None else batch.images
         except Exception as error:
             loader.record_undelivered_error(error)
             raise
@@ -252,7 +253,7 @@ def dataset(
         lambda: _start_run(batches(), loader), output_signature=output_signature(loader)
     )
     # Every epoch has len(loader) batches, except one resumed mid-way (load_state_dict).
-    if loader.on_error == "raise" and loader.state_dict()["position"] == 0:
+    if loader.options.on_error.action == "raise" and loader.state_dict()["position"] == 0:
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(loader)))
     ds = ds.prefetch(1)
     options = tf.data.Options()
@@ -291,8 +292,8 @@ def _apply_input_context(loader: Loader, context: tf.distribute.InputContext) ->
     if len(loader) < replicas:
         raise ValueError(
             f"input pipeline {pipeline} of {pipelines} has {len(loader)} batches of "
-            f"{loader.batch_size} per epoch for its {replicas} replicas, so a replica would get "
-            "no batch. The loader's batch_size is the batch of one replica: use "
+            f"{loader.options.batch_size} per epoch for its {replicas} replicas, so a replica "
+            "would get no batch. The loader's batch_size is the batch of one replica: use "
             "input_context.get_per_replica_batch_size(global_batch_size)"
         )
     log.info(
@@ -301,7 +302,7 @@ def _apply_input_context(loader: Loader, context: tf.distribute.InputContext) ->
         pipeline,
         pipelines,
         len(loader),
-        loader.batch_size,
+        loader.options.batch_size,
         replicas,
-        loader.batch_size * context.num_replicas_in_sync,
+        loader.options.batch_size * context.num_replicas_in_sync,
     )

@@ -25,10 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from prefetch._checks import positive
 from prefetch._messages import counted, suggest_keywords
 from prefetch.plan._epochs import EpochPlan, fixed_grouping
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
 from prefetch.tf._device import resolve_device
 from prefetch.tf._resident_storage import DeviceStorage, GatherRows, take_rows
@@ -332,8 +332,8 @@ def resident(
         loader = images
         if labels is not None:
             raise ValueError("labels must be None when images is a Loader (it has its own)")
-        batch_size = loader.batch_size if batch_size is None else batch_size
-        seed = loader.seed if seed is None else seed
+        batch_size = loader.options.batch_size if batch_size is None else batch_size
+        seed = loader.options.seed if seed is None else seed
         sample = sample_bytes(loader)
         count = sum(len(batch) for batch in loader.batch_indices(loader.epoch))
         needed = count * sample

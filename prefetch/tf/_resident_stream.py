@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from prefetch._checks import positive
 from prefetch._messages import suggest_keywords
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
     check_budget,
@@ -100,7 +100,7 @@ class ResidentStream:
                     return
                 images = np.concatenate([batch.images for batch in batches])
                 labels = None
-                if self.loader.label_mode is not None:
+                if self.loader.options.label_mode is not None:
                     labels = np.concatenate([batch.labels for batch in batches])
                 del batches  # the loader may reuse those slots now
                 while not buffers.acquire(timeout=POLL_S):
@@ -151,13 +151,14 @@ def resident_stream(
     if not isinstance(loader, Loader):
         raise TypeError(f"loader must be a prefetch.Loader, got {type(loader).__name__}")
     k = positive("macro_batches", macro_batches)
-    micro = loader.batch_size if micro_batch_size is None else micro_batch_size
+    micro = loader.options.batch_size if micro_batch_size is None else micro_batch_size
     micro = positive("micro_batch_size", micro)
     name = resolve_device(device)
     budget = check_budget(memory_budget, name)
-    batch_bytes = loader.batch_size * sample_bytes(loader)
+    batch_bytes = loader.options.batch_size * sample_bytes(loader)
     needed = STREAM_BUFFERS * k * batch_bytes
     if needed > budget:
-        what = f"macro_batches={k} ({STREAM_BUFFERS} buffers of {k} batches of {loader.batch_size})"
+        size = loader.options.batch_size
+        what = f"macro_batches={k} ({STREAM_BUFFERS} buffers of {k} batches of {size})"
         raise does_not_fit(what, needed, budget, batch_bytes)
     return ResidentStream(loader, k, micro, name)

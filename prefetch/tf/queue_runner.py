@@ -107,7 +107,7 @@ class QueueRunner:
         self.loader = loader
         self.kind, queue_class = _queue_class(queue)
         if capacity is None:
-            capacity = DEFAULT_CAPACITY_BATCHES * loader.batch_size
+            capacity = DEFAULT_CAPACITY_BATCHES * loader.options.batch_size
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1 (samples), got {capacity!r}")
         self.capacity = capacity
@@ -118,7 +118,7 @@ class QueueRunner:
         self.num_epochs = num_epochs
         self.name = name
         signature = output_signature(loader)
-        self._labelled = loader.label_mode is not None
+        self._labelled = loader.options.label_mode is not None
         batch_specs = list(signature) if self._labelled else [signature]
         self.element_spec: tuple[tf.TensorSpec, ...] = tuple(
             tf.TensorSpec(spec.shape[1:], spec.dtype, name=spec.name) for spec in batch_specs

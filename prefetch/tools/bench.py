@@ -28,13 +28,13 @@ import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
 
+from prefetch._checks import positive
 from prefetch.decode._decoders import DecodeOptions, Decoder
 from prefetch.decode._turbo import fast_available
 from prefetch.decode._window import compiled_available
 from prefetch.plan._crops import Crop
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_floor import (
     NO_ENTROPY_DECODER,

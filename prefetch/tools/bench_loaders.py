@@ -173,7 +173,7 @@ class _PrefetchLoader:
         self.setup = setup
         tuning: dict[str, Any] = {}
         if s.crop is not None:
-            tuning.update(crop=s.crop, flip=not isinstance(s.crop, CenterCrop))
+            tuning.update(augment=Augment(s.crop, flip=not isinstance(s.crop, CenterCrop)))
         if backend is not None:
             tuning.update(workers=s.workers, depth=s.depth, backend=backend)
             tuning.update(antialias=s.options.antialias)

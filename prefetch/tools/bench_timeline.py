@@ -13,10 +13,10 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from prefetch._checks import positive
 from prefetch.decode._decoders import DecodeOptions, Decoder, decode_image
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.sources._folders import ImageFolder
 from prefetch.tools.bench_loaders import Setup, batch_sizes
 from prefetch.tools.timeline import TimedDecoder, Timeline

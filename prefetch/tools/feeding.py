@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from prefetch.runtime._options import positive
+from prefetch._checks import positive
 from prefetch.tf._device import resolve_device
 
 

@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from prefetch._checks import positive
 from prefetch.decode._decoders import Decoder
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._loader import Loader
-from prefetch.runtime._options import positive
 from prefetch.sources._folders import ImageFolder
 from prefetch.tools.tune_report import (
     SPREAD_PER_TOLERANCE,

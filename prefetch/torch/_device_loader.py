@@ -179,7 +179,11 @@ class DeviceLoader:
         if stream is not None and stream.epoch is not None:
             position = stream.position - (1 if self._ahead else 0)
             if position < len(self.loader):
-                return {"seed": self.loader.seed, "epoch": stream.epoch, "position": position}
+                return {
+                    "seed": self.loader.options.seed,
+                    "epoch": stream.epoch,
+                    "position": position,
+                }
         return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -244,7 +248,7 @@ class DeviceLoader:
         return _Ready(images.to(self.device), self._labels(batch.labels), None)
 
     def _labels(self, labels: np.ndarray | None) -> torch.Tensor | None:
-        dtype = _labels_dtype(self.loader.label_mode)
+        dtype = _labels_dtype(self.loader.options.label_mode)
         if labels is None or dtype is None:
             return None
         return torch.from_numpy(labels).to(dtype, copy=True)
@@ -252,13 +256,13 @@ class DeviceLoader:
     def _buffer(self, batch: Batch) -> _Pinned:
         """The next pinned buffer pair, once the copy that last read it has finished."""
         if not self._pinned:
-            full = (self.loader.batch_size, *self.loader.image_shape)
-            labels_dtype = _labels_dtype(self.loader.label_mode)
+            full = (self.loader.options.batch_size, *self.loader.image_shape)
+            labels_dtype = _labels_dtype(self.loader.options.label_mode)
             for _ in range(PINNED_BUFFERS):
                 images = torch.empty(full, dtype=torch.uint8, pin_memory=True)
                 labels = None
                 if batch.labels is not None and labels_dtype is not None:
-                    shape = (self.loader.batch_size, *batch.labels.shape[1:])
+                    shape = (self.loader.options.batch_size, *batch.labels.shape[1:])
                     labels = torch.empty(shape, dtype=labels_dtype, pin_memory=True)
                 self._pinned.append(_Pinned(images, labels))
         pinned = self._pinned[self._turn]

@@ -36,7 +36,7 @@ def remote_index(url: str, spec: IndexSpec, check: bool = True) -> ShardIndex:
     and kept. A kept or fetched index is used only when it passes `decode_index`'s checks
     (a refused one is logged, naming it) and, with `check`, when the shard's size and the
     digest of its first and last 64 KiB still match it (two ranged reads); a streamed
-    source's copies are checked instead as they are fetched (`prefetch.sources.shards._spool`)."""
+    source's copies are checked instead as they are fetched (`prefetch.runtime._spool`)."""
     found = kept_index(url, spec)
     if found is not None and (not check or _edges_match(url, found)):
         return found

@@ -14,7 +14,7 @@ pattern).
 How the loader reads it depends on `streaming`: local shards are read at random, one `pread`
 per sample, so each epoch is an exact permutation as with a folder; remote shards (URLs) are
 streamed by default: each shard is fetched whole, in large sequential reads, and a bounded
-shuffle buffer mixes their samples (`prefetch.sources.shards._spool`). Sources are immutable after
+shuffle buffer mixes their samples (`prefetch.runtime._spool`). Sources are immutable after
 construction and safe to share between threads.
 """
 

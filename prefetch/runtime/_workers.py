@@ -1,6 +1,6 @@
-"""The running part of a loader: its backend, slot ring, worker tuner and coordinator.
+"""A loader's worker set: its backend, slot ring, worker tuner and coordinator.
 
-A `Session` starts at most once at a time (at the first epoch, or at `with loader:`) and is
+A `Workers` starts at most once at a time (at the first epoch, or at `with loader:`) and is
 closed by `Loader.close()`; as a backstop, by a finalizer when the loader is dropped unclosed,
 and by an exit hook for loaders still open when the interpreter exits. It holds no reference to
 its Loader, so those backstops can run while the Loader is being collected. Thread-safe.
@@ -18,13 +18,13 @@ import numpy as np
 from prefetch.backends import make_backend, reader_threads
 from prefetch.backends._base import Backend
 from prefetch.backends._choose import choose_backend
+from prefetch.backends._options import BATCHES_AT_ONCE
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._ring import SlotRing, ring_capacity
 from prefetch.backends._shm import sweep_stale
 from prefetch.coordinator import Coordinator
 from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
 from prefetch.runtime._options import (
-    BATCHES_AT_ONCE,
     REMOTE_PROCESSES_PER_CORE,
     REMOTE_READER_THREADS,
     LoaderOptions,
@@ -34,22 +34,22 @@ from prefetch.sources._remote import reads_over_network
 log = logging.getLogger("prefetch.loader")
 
 
-class Session:
+class Workers:
     """Starts, tunes and closes one loader's workers; see the module docstring.
 
     `backend_name` is "thread" or "process" once started ("auto" before), `backend_reason` why,
-    and `workers` the current worker count. `tuned` is whether a tuner changes it: for
+    and `count` the current worker count. `tuned` is whether a tuner changes it: for
     workers="auto", and for the default workers=None when the files are remote URLs, whose
     reads are mostly waiting (`reads_over_network`); workers then start at more than one per
     core (`remote_start`).
     """
 
-    def __init__(self, options: LoaderOptions, reader: SampleReader, workers: int) -> None:
+    def __init__(self, options: LoaderOptions, reader: SampleReader, count: int) -> None:
         self.options = options
         self.reader = reader
-        self.workers = workers
+        self.count = count
         self.remote = reads_over_network(reader.source)
-        self.tuned = options.workers == "auto" or (options.workers is None and self.remote)
+        self.tuned = options.tuned or (options.workers is None and self.remote)
         self.backend_name = options.backend
         asked = options.backend != "auto"
         self.backend_reason = f"backend={options.backend!r} was asked for" if asked else ""
@@ -75,11 +75,11 @@ class Session:
                 log.info("prefetch %s", choice.reason)
             options = self.options
             if self.tuned and self.remote and self.tuner is None:
-                self.workers = max(self.workers, remote_start(self.backend_name == "process"))
+                self.count = max(self.count, remote_start(self.backend_name == "process"))
             backend = make_backend(
                 self.backend_name,
                 self.reader,
-                workers=self.workers,
+                workers=self.count,
                 batch_size=options.batch_size,
                 depth=self.in_flight(),
                 coordinator=self.coordinator,
@@ -91,7 +91,7 @@ class Session:
                 row_bytes = height * width * channels + 4
                 self.tuner = tuner_for(
                     process=self.backend_name == "process",
-                    workers=self.workers,
+                    workers=self.count,
                     depth=options.depth,
                     ring_bytes=ring_capacity(self.in_flight()) * options.batch_size * row_bytes,
                     memory_budget=options.memory_budget,
@@ -110,7 +110,7 @@ class Session:
         remote storage each have a sample to read while the oldest batch's last rows finish.
         (Processes reading one sample at a time stay at `depth` batches: the tuner keeps them
         at most `depth`.)"""
-        depth, workers, options = self.options.depth, self.workers, self.options
+        depth, workers, options = self.options.depth, self.count, self.options
         if self.backend_name == "process":
             readers = reader_threads(options.process, self.reader, options.batch_size)
             return max(depth, workers * BATCHES_AT_ONCE) if readers > 1 else depth
@@ -131,7 +131,7 @@ class Session:
         if count is not None:
             log.info("prefetch %s", self.tuner.decisions[-1])
             backend.set_workers(count)
-            self.workers = count
+            self.count = count
 
     def close(self) -> None:
         """Stop and join the workers, free the slots; raise an undelivered worker error."""
@@ -155,23 +155,23 @@ def remote_start(process: bool) -> int:
     return min(REMOTE_READER_THREADS * usable_cores(), connection_cap())
 
 
-def close_quietly(session: Session) -> None:
-    """Close a session nobody closed (loader dropped, or open at exit): no traceback."""
+def close_quietly(workers: Workers) -> None:
+    """Close a worker set nobody closed (loader dropped, or open at exit): no traceback."""
     try:
-        session.close()
+        workers.close()
     except BaseException as error:  # an undelivered worker error: nobody is left to see it
         log.debug("prefetch: closing an abandoned loader: %r", error)
 
 
-# Started sessions, closed at interpreter exit. Registered after multiprocessing's own exit hook
+# Started worker sets, closed at interpreter exit. Registered after multiprocessing's own exit hook
 # (imported above), so it runs first: workers stop on our message, not on multiprocessing's
 # SIGTERM, which the process backend would report as a crash and restart.
-_OPEN: set[Session] = set()
+_OPEN: set[Workers] = set()
 
 
 def _close_all_at_exit() -> None:
-    for session in list(_OPEN):
-        close_quietly(session)
+    for workers in list(_OPEN):
+        close_quietly(workers)
 
 
 atexit.register(_close_all_at_exit)
