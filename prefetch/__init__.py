@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from prefetch.backends._options import ProcessOptions
+from prefetch.backends import ProcessOptions
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
-from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.decode import DecodeOptions, decode_image
 from prefetch.errors import (
     ClosedError,
     CorruptShardError,
@@ -25,13 +25,19 @@ from prefetch.errors import (
     TooManySkippedError,
     WorkerCrashedError,
 )
-from prefetch.io._storage import RemoteOptions
-from prefetch.plan._crops import Augment, CenterCrop, RandomResizedCrop
-from prefetch.runtime._loader import Batch, Loader, Stream
-from prefetch.runtime._options import Autotune, ErrorPolicy, LoaderOptions
-from prefetch.runtime._stats import LoaderStats
-from prefetch.sources._folders import FileList, ImageFolder, Source
-from prefetch.sources.shards._sources import TarSource, TFRecordSource
+from prefetch.io import RemoteOptions
+from prefetch.plan import Augment, CenterCrop, RandomResizedCrop
+from prefetch.runtime import (
+    Autotune,
+    Batch,
+    ErrorPolicy,
+    Loader,
+    LoaderOptions,
+    LoaderStats,
+    Stream,
+)
+from prefetch.sources import FileList, ImageFolder, Source
+from prefetch.sources.shards import TarSource, TFRecordSource
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import prefetch
-from prefetch.backends._shm import sweep_stale
+from prefetch.backends import sweep_stale
 from prefetch.tools.bench_command import add_bench_parser
 from prefetch.tools.shards_command import add_shards_parser
 from prefetch.tools.tune_command import add_tune_parser

@@ -367,7 +367,7 @@ def test_the_layers_hold() -> None:
     if command is None:
         pytest.skip("lint-imports is not installed: pip install -e '.[test]' (import-linter)")
     done = subprocess.run(
-        [command, "--config", str(ROOT / "pyproject.toml")],
+        [command, str(ROOT / "pyproject.toml")],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

@@ -11,13 +11,20 @@ imports decode, plan, sources and io below it, never the runtime.
 
 from __future__ import annotations
 
-from prefetch.backends._base import Backend
-from prefetch.backends._options import MAX_REMOTE_READERS_PER_PROCESS, ProcessOptions
+from prefetch.backends._base import Backend, BatchOutcome, BatchTask, PendingBatch, Skipped, Slot
+from prefetch.backends._choose import choose_backend
+from prefetch.backends._options import (
+    BATCHES_AT_ONCE,
+    MAX_REMOTE_READERS_PER_PROCESS,
+    ProcessOptions,
+)
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._reader import SampleReader
+from prefetch.backends._ring import SlotRing, ring_capacity
+from prefetch.backends._shm import sweep_stale
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
-from prefetch.sources._remote import reads_over_network
+from prefetch.sources import reads_over_network
 
 
 def make_backend(
@@ -55,3 +62,27 @@ def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: in
     if reads_over_network(reader.source):
         return min(batch_size, MAX_REMOTE_READERS_PER_PROCESS)
     return 1
+
+
+__all__ = [
+    "BATCHES_AT_ONCE",
+    "MAX_REMOTE_READERS_PER_PROCESS",
+    "Backend",
+    "BatchOutcome",
+    "BatchTask",
+    "Coordinator",
+    "PendingBatch",
+    "ProcessBackend",
+    "ProcessOptions",
+    "SampleReader",
+    "Skipped",
+    "Slot",
+    "SlotRing",
+    "ThreadBackend",
+    "choose_backend",
+    "make_backend",
+    "reader_threads",
+    "reads_over_network",
+    "ring_capacity",
+    "sweep_stale",
+]

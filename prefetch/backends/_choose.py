@@ -33,9 +33,8 @@ import numpy as np
 
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._spawning import main_part, unguarded_main_code, unpicklable_part
-from prefetch.decode._decoders import decode_image, to_target_size
-from prefetch.sources._folders import is_file_source
-from prefetch.sources._remote import reads_over_network, source_scheme
+from prefetch.decode import decode_image, to_target_size
+from prefetch.sources import is_file_source, reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
 # two threads already lose about a fifth of their speed-up to the GIL (Amdahl), which the

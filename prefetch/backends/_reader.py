@@ -18,21 +18,30 @@ from typing import Any
 import numpy as np
 
 from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
-from prefetch.decode._decoders import (
+from prefetch.decode import (
     DecodeOptions,
     Decoder,
+    crop_image,
     decode_image,
+    decode_window,
     decoder_name,
+    flip_left_right,
     to_target_size,
 )
-from prefetch.decode._window import crop_image, decode_window, flip_left_right
 from prefetch.errors import add_note
-from prefetch.io._cache import ObjectCache
-from prefetch.io._members import Location, Member, place_of, spooled
-from prefetch.io._storage import RemoteOptions, filesystem_for, is_url, using
-from prefetch.plan._crops import Augment
-from prefetch.sources._folders import is_file_source
-from prefetch.sources._labels import check_label
+from prefetch.io import (
+    Location,
+    Member,
+    ObjectCache,
+    RemoteOptions,
+    filesystem_for,
+    is_url,
+    place_of,
+    spooled,
+    using,
+)
+from prefetch.plan import Augment
+from prefetch.sources import check_label, is_file_source
 
 # What a sample's read is doing (`_Step.name`), so that an error's note names what failed.
 FILE = "file"  # reading and decoding a file with prefetch's decoders: a bad file

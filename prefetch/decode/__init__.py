@@ -9,3 +9,56 @@ decoder reads through `read_image`, which refuses what no decoder should be give
 parity) or Pillow's antialiasing. Thread-safe throughout. Imports `prefetch.plan`,
 `prefetch.io` and the top level.
 """
+
+from prefetch.decode._choice import DECODER_NAMES, get_decoder
+from prefetch.decode._decoders import (
+    COLOR_MODES,
+    DecodeOptions,
+    Decoder,
+    decode_bytes,
+    decode_image,
+    decoder_name,
+    image_size_pair,
+    to_target_size,
+)
+from prefetch.decode._resize import METHODS
+from prefetch.decode._turbo import (
+    TurboDecoder,
+    available_decoders,
+    best_decoder,
+    decode_turbo,
+    fast_available,
+)
+from prefetch.decode._window import (
+    compiled_available,
+    crop_image,
+    decode_window,
+    entropy_decode_rows,
+    flip_left_right,
+    window_engine_name,
+)
+
+__all__ = [
+    "COLOR_MODES",
+    "DECODER_NAMES",
+    "METHODS",
+    "DecodeOptions",
+    "Decoder",
+    "TurboDecoder",
+    "available_decoders",
+    "best_decoder",
+    "compiled_available",
+    "crop_image",
+    "decode_bytes",
+    "decode_image",
+    "decode_turbo",
+    "decode_window",
+    "decoder_name",
+    "entropy_decode_rows",
+    "fast_available",
+    "flip_left_right",
+    "get_decoder",
+    "image_size_pair",
+    "to_target_size",
+    "window_engine_name",
+]

@@ -33,8 +33,7 @@ from PIL import Image
 
 from prefetch._messages import suggest_keywords
 from prefetch.decode import _resize as resize
-from prefetch.io._images import check_image_bytes, open_bytes, open_image
-from prefetch.io._members import Location
+from prefetch.io import Location, check_image_bytes, open_bytes, open_image
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.

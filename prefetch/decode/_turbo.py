@@ -54,8 +54,7 @@ from prefetch.decode._decoders import (
     resize_like_keras,
     to_target_size,
 )
-from prefetch.io._images import read_image
-from prefetch.io._members import Location
+from prefetch.io import Location, read_image
 
 # What `pip install` needs for this module's decoder.
 INSTALL_HINT = 'pip install "prefetch[fast]" (or: pip install simplejpeg opencv-python-headless)'

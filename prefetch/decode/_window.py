@@ -37,9 +37,8 @@ from PIL import Image
 from prefetch.decode._cv_resize import resize_antialiased, resize_no_antialias, write_into
 from prefetch.decode._decoders import DecodeOptions, convert_mode, to_target_size
 from prefetch.decode._turbo import turbo_modules
-from prefetch.io._images import open_bytes, read_image
-from prefetch.io._members import Location
-from prefetch.plan._crops import Box, Crop
+from prefetch.io import Location, open_bytes, read_image
+from prefetch.plan import Box, Crop
 
 
 def _compiled() -> ModuleType | None:

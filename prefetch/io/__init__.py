@@ -49,7 +49,14 @@ from prefetch.io._members import (
     spooled_name,
 )
 from prefetch.io._paths import PathArray, pack_chunks
-from prefetch.io._records import RECORD_OVERHEAD, corrupt_shard, frame_record, record_length
+from prefetch.io._records import (
+    RECORD_OVERHEAD,
+    corrupt_shard,
+    frame_record,
+    masked_crc32c,
+    record_data,
+    record_length,
+)
 from prefetch.io._remote_options import RemoteOptions, active_options, using
 from prefetch.io._storage import (
     beside,
@@ -83,6 +90,7 @@ __all__ = [
     "frame_record",
     "is_url",
     "local_path",
+    "masked_crc32c",
     "open_bytes",
     "open_image",
     "open_regular",
@@ -95,6 +103,7 @@ __all__ = [
     "read_location",
     "read_range",
     "read_small",
+    "record_data",
     "record_length",
     "spooled",
     "spooled_name",

@@ -34,9 +34,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import is_file_source
-from prefetch.sources._labels import label_spec
+from prefetch.runtime import Loader
+from prefetch.sources import is_file_source, label_spec
 
 
 class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]

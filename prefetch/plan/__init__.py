@@ -9,3 +9,21 @@ source's epoch order (this host's shards, then a shuffle buffer). `RandomResized
 the same seed gives the same plan for any worker count and backend. Imports `prefetch.sources`,
 `prefetch.io` and the top level.
 """
+
+from prefetch.plan._crops import AUGMENT_STREAM, Augment, Box, CenterCrop, Crop, RandomResizedCrop
+from prefetch.plan._epochs import Cursor, EpochPlan, epoch_order, fixed_grouping
+from prefetch.plan._stream_order import StreamingPlan
+
+__all__ = [
+    "AUGMENT_STREAM",
+    "Augment",
+    "Box",
+    "CenterCrop",
+    "Crop",
+    "Cursor",
+    "EpochPlan",
+    "RandomResizedCrop",
+    "StreamingPlan",
+    "epoch_order",
+    "fixed_grouping",
+]

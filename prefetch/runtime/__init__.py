@@ -15,3 +15,22 @@
 
 The layer imports the backends, plan, sources and io below it, never the frameworks above.
 """
+
+from prefetch.runtime._autoscale import available_memory_bytes, usable_cores
+from prefetch.runtime._loader import Batch, Loader, Stream
+from prefetch.runtime._options import Autotune, ErrorPolicy, LoaderOptions
+from prefetch.runtime._spool import ShardSpool
+from prefetch.runtime._stats import LoaderStats
+
+__all__ = [
+    "Autotune",
+    "Batch",
+    "ErrorPolicy",
+    "Loader",
+    "LoaderOptions",
+    "LoaderStats",
+    "ShardSpool",
+    "Stream",
+    "available_memory_bytes",
+    "usable_cores",
+]

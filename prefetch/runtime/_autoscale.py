@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefetch.backends._options import BATCHES_AT_ONCE
+from prefetch.backends import BATCHES_AT_ONCE
 
 GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01

@@ -20,22 +20,17 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from prefetch._messages import counted
-from prefetch.backends._base import Backend, BatchOutcome, Skipped
-from prefetch.backends._reader import SampleReader
-from prefetch.backends._ring import SlotRing
+from prefetch.backends import Backend, BatchOutcome, SampleReader, Skipped, SlotRing
 from prefetch.coordinator import Coordinator
-from prefetch.decode._choice import get_decoder
-from prefetch.decode._decoders import DecodeOptions, decoder_name
-from prefetch.decode._window import window_engine_name
+from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
-from prefetch.plan._epochs import Cursor, EpochPlan
+from prefetch.plan import Cursor, EpochPlan
 from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._options import Autotune, LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
-from prefetch.sources._labels import encode_labels
-from prefetch.sources._remote import cache_for
+from prefetch.sources import cache_for, encode_labels
 
 # skipped files are reported on the logger users already filter on
 log = logging.getLogger("prefetch.loader")

@@ -28,11 +28,11 @@ import numpy as np
 
 from prefetch._checks import check_shard
 from prefetch._messages import counted, moved_keywords, suggest_keywords
-from prefetch.backends._options import ProcessOptions
+from prefetch.backends import ProcessOptions
 from prefetch.coordinator import Coordinator
-from prefetch.decode._decoders import Decoder
-from prefetch.io._remote_options import RemoteOptions
-from prefetch.plan._crops import Augment
+from prefetch.decode import Decoder
+from prefetch.io import RemoteOptions
+from prefetch.plan import Augment
 from prefetch.runtime._epochs import make_epochs
 from prefetch.runtime._options import (
     MOVED,
@@ -47,8 +47,14 @@ from prefetch.runtime._options import (
 )
 from prefetch.runtime._stats import LoaderStats
 from prefetch.runtime._stream import Batch, Stream
-from prefetch.sources._folders import ImageFolder, Source, as_source, is_file_source, split_files
-from prefetch.sources._labels import check_label_mode
+from prefetch.sources import (
+    ImageFolder,
+    Source,
+    as_source,
+    check_label_mode,
+    is_file_source,
+    split_files,
+)
 
 __all__ = ["Batch", "Loader", "Stream"]
 

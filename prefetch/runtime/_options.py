@@ -19,13 +19,12 @@ import numpy as np
 
 from prefetch._checks import one_of, positive
 from prefetch._messages import suggest_keywords
-from prefetch.backends._options import ProcessOptions
-from prefetch.decode._decoders import COLOR_MODES, DecodeOptions, Decoder
-from prefetch.io._remote_options import RemoteOptions
-from prefetch.plan._crops import Augment
-from prefetch.sources._folders import SUBSETS, is_file_source
-from prefetch.sources._labels import LABEL_MODES
-from prefetch.sources.shards._sources import ShardSource
+from prefetch.backends import ProcessOptions
+from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder
+from prefetch.io import RemoteOptions
+from prefetch.plan import Augment
+from prefetch.sources import LABEL_MODES, SUBSETS, is_file_source
+from prefetch.sources.shards import ShardSource
 
 ON_ERROR = ("raise", "skip")
 # Thread workers per core that a loader of remote URLs starts with (then tuned): enough requests

@@ -20,15 +20,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from prefetch.io import _storage as storage
-from prefetch.io._cache import ObjectCache
-from prefetch.io._members import spooled_name
-from prefetch.plan._epochs import EpochPlan
-from prefetch.plan._stream_order import StreamingPlan
+import prefetch.io as storage
+from prefetch.io import ObjectCache, spooled_name
+from prefetch.plan import EpochPlan, StreamingPlan
 from prefetch.runtime._workers import forget_dummy_thread
-from prefetch.sources.shards._index import open_shard
-from prefetch.sources.shards._index_file import ShardIdentity, local_identity
-from prefetch.sources.shards._sources import ShardSource
+from prefetch.sources.shards import ShardIdentity, ShardSource, local_identity, open_shard
 
 # Shards fetched at once, and fetched ahead of the batches being decoded.
 FETCH_THREADS = 4

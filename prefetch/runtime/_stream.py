@@ -27,8 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends._base import Backend, BatchTask, PendingBatch, Slot
-from prefetch.backends._ring import SlotRing
+from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
 from prefetch.coordinator import POLL_S
 from prefetch.errors import ClosedError, SampleTimeoutError
 from prefetch.runtime._epochs import Epochs

@@ -15,13 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.backends import make_backend, reader_threads
-from prefetch.backends._base import Backend
-from prefetch.backends._choose import choose_backend
-from prefetch.backends._options import BATCHES_AT_ONCE
-from prefetch.backends._reader import SampleReader
-from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import sweep_stale
+from prefetch.backends import (
+    BATCHES_AT_ONCE,
+    Backend,
+    SampleReader,
+    SlotRing,
+    choose_backend,
+    make_backend,
+    reader_threads,
+    ring_capacity,
+    sweep_stale,
+)
 from prefetch.coordinator import Coordinator
 from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
 from prefetch.runtime._options import (
@@ -29,7 +33,7 @@ from prefetch.runtime._options import (
     REMOTE_READER_THREADS,
     LoaderOptions,
 )
-from prefetch.sources._remote import reads_over_network
+from prefetch.sources import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
 

@@ -21,13 +21,11 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
+import prefetch.io as remote_tree
+import prefetch.io as storage
 from prefetch._messages import counted, suggest_keywords
-from prefetch.io import _storage as storage
-from prefetch.io import _tree as remote_tree
-from prefetch.io._images import open_image
-from prefetch.io._members import Location
-from prefetch.io._paths import PathArray as PathArray
-from prefetch.io._paths import pack_chunks
+from prefetch.io import Location, open_image, pack_chunks
+from prefetch.io import PathArray as PathArray
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")

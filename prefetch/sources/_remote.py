@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 
-from prefetch.io._cache import ObjectCache
-from prefetch.io._members import place_of
-from prefetch.io._storage import url_scheme
+from prefetch.io import ObjectCache, place_of, url_scheme
 from prefetch.sources._folders import is_file_source
-from prefetch.sources.shards._sources import ShardSource
+from prefetch.sources.shards import ShardSource
 
 
 def source_scheme(source: object) -> str:

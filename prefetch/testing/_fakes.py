@@ -10,9 +10,8 @@ import time
 
 import numpy as np
 
-from prefetch.decode._choice import get_decoder
-from prefetch.decode._decoders import DecodeOptions, decode_bytes
-from prefetch.io._members import Location
+from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
+from prefetch.io import Location
 
 
 class SlowDecoder:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from prefetch.io._images import MAX_JPEG_SCANS
+from prefetch.io import MAX_JPEG_SCANS
 
 # Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
 # twice this. Spawned worker processes start with the default whatever the parent set.

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prefetch.io._records import frame_record
-from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example, length_field
+from prefetch.io import frame_record
+from prefetch.sources.shards import TAR_END, encode_example, length_field, tar_header, tar_padding
 
 
 def write_tar(

@@ -26,6 +26,7 @@ require(
 from prefetch.errors import DoesNotFitError
 from prefetch.tf._dataset import dataset, output_signature, restore_malloc_thresholds
 from prefetch.tf._device import device_memory_budget
+from prefetch.tf._device import resolve_device as resolve_device  # for prefetch.tools, not public
 from prefetch.tf._resident import ResidentDataset, resident
 from prefetch.tf._resident_stream import ResidentStream, resident_stream
 from prefetch.tf.callbacks import InputStatsCallback

@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch.errors import DoesNotFitError
-from prefetch.runtime._loader import Loader
-from prefetch.sources._labels import label_bytes
+from prefetch.runtime import Loader
+from prefetch.sources import label_bytes
 from prefetch.tf._device import device_memory_budget
 
 # Macro-batches of a stream on the device at once: the one being consumed, the next uploading.

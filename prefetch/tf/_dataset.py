@@ -39,9 +39,8 @@ import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
 from prefetch.errors import add_note
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import is_file_source
-from prefetch.sources._labels import label_spec
+from prefetch.runtime import Loader
+from prefetch.sources import is_file_source, label_spec
 from prefetch.tf._device import check_device
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from prefetch.runtime._autoscale import available_memory_bytes
+from prefetch.runtime import available_memory_bytes
 
 # The share of a device's free memory that the budget check allows by default; the rest is
 # left for the model, its activations and TensorFlow's own buffers.

@@ -16,8 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from prefetch.decode._decoders import image_size_pair
-from prefetch.decode._resize import METHODS
+from prefetch.decode import METHODS, image_size_pair
 from prefetch.errors import add_note
 
 # Keras's interpolation names (all of tf.image.resize's methods, reproduced by

@@ -27,8 +27,8 @@ import tensorflow as tf
 
 from prefetch._checks import positive
 from prefetch._messages import counted, suggest_keywords
-from prefetch.plan._epochs import EpochPlan, fixed_grouping
-from prefetch.runtime._loader import Loader
+from prefetch.plan import EpochPlan, fixed_grouping
+from prefetch.runtime import Loader
 from prefetch.tf._budget import check_budget, does_not_fit, nbytes, sample_bytes
 from prefetch.tf._device import resolve_device
 from prefetch.tf._resident_storage import DeviceStorage, GatherRows, take_rows

@@ -25,7 +25,7 @@ from prefetch._checks import positive
 from prefetch._messages import suggest_keywords
 from prefetch.background import Background
 from prefetch.coordinator import POLL_S
-from prefetch.runtime._loader import Loader
+from prefetch.runtime import Loader
 from prefetch.tf._budget import (
     STREAM_BUFFERS,
     check_budget,

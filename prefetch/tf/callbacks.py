@@ -6,8 +6,7 @@ from typing import Any
 
 import keras
 
-from prefetch.runtime._loader import Loader
-from prefetch.runtime._stats import LoaderStats
+from prefetch.runtime import Loader, LoaderStats
 
 
 class InputStatsCallback(keras.callbacks.Callback):  # type: ignore[misc]

@@ -36,13 +36,12 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
-from prefetch.decode._decoders import decode_image
-from prefetch.decode._turbo import decode_turbo, fast_available
-from prefetch.io._remote_options import RemoteOptions
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import (
+from prefetch.decode import decode_image, decode_turbo, fast_available
+from prefetch.io import RemoteOptions
+from prefetch.runtime import Loader
+from prefetch.sources import (
     IMAGE_EXTENSIONS,
-    SUBSETS,  # the two datasets of subset="both", in Keras's order
+    SUBSETS,
     FileList,
     PathArray,
     index_directory,

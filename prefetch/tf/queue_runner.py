@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
 from prefetch.coordinator import POLL_S
-from prefetch.runtime._loader import Loader
+from prefetch.runtime import Loader
 from prefetch.tf._dataset import output_signature
 
 log = logging.getLogger(__name__)

@@ -29,13 +29,10 @@ import tempfile
 from collections.abc import Collection, Mapping, Sequence
 
 from prefetch._checks import positive
-from prefetch.decode._decoders import DecodeOptions, Decoder
-from prefetch.decode._turbo import fast_available
-from prefetch.decode._window import compiled_available
-from prefetch.plan._crops import Crop
-from prefetch.runtime._autoscale import usable_cores
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import ImageFolder
+from prefetch.decode import DecodeOptions, Decoder, compiled_available, fast_available
+from prefetch.plan import Crop
+from prefetch.runtime import Loader, usable_cores
+from prefetch.sources import ImageFolder
 from prefetch.tools.bench_floor import (
     NO_ENTROPY_DECODER,
     entropy_decoder,

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 
-from prefetch.plan._crops import CenterCrop, Crop, RandomResizedCrop
+from prefetch.plan import CenterCrop, Crop, RandomResizedCrop
 from prefetch.tools import bench
 from prefetch.tools.bench_steady import SPAN_EPOCH_CAP, TIMED_EPOCHS
 from prefetch.tools.command_args import (

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from prefetch.decode import _window as window_decode
-from prefetch.decode._decoders import DecodeOptions
-from prefetch.io._members import read_location
-from prefetch.plan._crops import Augment, Crop
+import prefetch.decode as window_decode
+from prefetch.decode import DecodeOptions
+from prefetch.io import read_location
+from prefetch.plan import Augment, Crop
 
 EntropyDecoder = Callable[[bytes, int], int]
 JPEG_MAGIC = b"\xff\xd8\xff"

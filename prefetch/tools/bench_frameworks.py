@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from prefetch.decode._decoders import DecodeOptions, Decoder
-from prefetch.io import _storage as storage
-from prefetch.plan._crops import CenterCrop, Crop
-from prefetch.sources._folders import ImageFolder
+import prefetch.io as storage
+from prefetch.decode import DecodeOptions, Decoder
+from prefetch.plan import CenterCrop, Crop
+from prefetch.sources import ImageFolder
 
 if TYPE_CHECKING:
     from prefetch.tools.bench_loaders import Setup

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from prefetch.decode._turbo import fast_available
-from prefetch.runtime._autoscale import usable_cores
+from prefetch.decode import fast_available
+from prefetch.runtime import usable_cores
 
 if TYPE_CHECKING:
     from prefetch.tools.bench_report import DecoderRate

@@ -25,15 +25,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from prefetch.decode._decoders import DecodeOptions, Decoder
-from prefetch.decode._window import decode_window, flip_left_right
-from prefetch.io import _storage as storage
-from prefetch.io._members import Location
-from prefetch.plan._crops import Augment, CenterCrop, Crop
-from prefetch.plan._epochs import epoch_order
-from prefetch.runtime._autoscale import available_memory_bytes
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import ImageFolder
+import prefetch.io as storage
+from prefetch.decode import DecodeOptions, Decoder, decode_window, flip_left_right
+from prefetch.io import Location
+from prefetch.plan import Augment, CenterCrop, Crop, epoch_order
+from prefetch.runtime import Loader, available_memory_bytes
+from prefetch.sources import ImageFolder
 from prefetch.tools.bench_frameworks import (
     KerasContender,
     TfDataContender,

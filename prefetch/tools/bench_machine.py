@@ -13,12 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prefetch.decode._choice import get_decoder
-from prefetch.decode._decoders import Decoder, decode_image
-from prefetch.decode._decoders import decoder_name as short_decoder_name
-from prefetch.io import _storage as storage
-from prefetch.io._cache import ObjectCache
-from prefetch.runtime._autoscale import usable_cores
+import prefetch.io as storage
+from prefetch.decode import Decoder, decode_image, get_decoder
+from prefetch.decode import decoder_name as short_decoder_name
+from prefetch.io import ObjectCache
+from prefetch.runtime import usable_cores
 from prefetch.testing import SHAPES, write_image_folder
 
 # Typical ImageNet photo size, (width, height) in Pillow order, for generated sample folders.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefetch.io import _storage as storage
+import prefetch.io as storage
 from prefetch.tools.bench_chart import bench_figure, ratio_text
 from prefetch.tools.bench_hint import FastHint
 from prefetch.tools.bench_loaders import LOADER_NAMES

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefetch.decode._decoders import DecodeOptions, Decoder
-from prefetch.runtime._autoscale import usable_cores
+from prefetch.decode import DecodeOptions, Decoder
+from prefetch.runtime import usable_cores
 from prefetch.tools.bench_floor import EntropyDecoder, FloorSample, floor_rate
 from prefetch.tools.bench_hint import fast_hint
 from prefetch.tools.bench_loaders import LOADER_NAMES, Setup

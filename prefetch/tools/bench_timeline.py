@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 
 from prefetch._checks import positive
-from prefetch.decode._decoders import DecodeOptions, Decoder, decode_image
-from prefetch.runtime._autoscale import usable_cores
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import ImageFolder
+from prefetch.decode import DecodeOptions, Decoder, decode_image
+from prefetch.runtime import Loader, usable_cores
+from prefetch.sources import ImageFolder
 from prefetch.tools.bench_loaders import Setup, batch_sizes
 from prefetch.tools.timeline import TimedDecoder, Timeline
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from prefetch._checks import positive
-from prefetch.tf._device import resolve_device
+from prefetch.tf import resolve_device
 
 
 @dataclass(frozen=True)

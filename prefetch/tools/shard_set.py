@@ -25,8 +25,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prefetch.sources.shards._index import INDEX_SUFFIX
-from prefetch.sources.shards._manifest import (
+from prefetch.sources.shards import (
+    INDEX_SUFFIX,
     MAX_MANIFEST_BYTES,
     Manifest,
     manifest_name,

@@ -4,18 +4,15 @@
 samples once, cuts them into shards of `shard_size` samples and writes each shard, copying the
 image bytes as stored (nothing is re-encoded). Each image's header is read first (Pillow): an
 empty file or one that is not an image is skipped and reported (`on_skip`), or refused with
-`strict=True`. It runs in the calling thread, starts no thread or process, and owns only the
-files it writes in `out`.
+`strict=True`. It runs in the calling thread and owns only the files it writes in `out`.
 
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
-as a folder descriptor and every file is created under a fresh unpredictable name, never
-through a link (`prefetch.tools.out_folder`); all shards of the new set are written first,
-then committed together with a journal, and the manifest (`prefetch.sources.shards._manifest`:
-names,
-sizes, sample counts, SHA-256, class names) is written last (`prefetch.tools.shard_set`), so
-an interrupted or failed write leaves the old complete set or the new one, never a mix that
-reads as complete. The shards depend only on the folder's files, the order (`seed`,
-`shuffle`) and the options: tar headers carry mtime 0, so the same input gives the same bytes.
+as a folder descriptor, every file is created under a fresh unpredictable name, never through
+a link (`out_folder`); all shards are written first, committed together with a journal, and
+the manifest (names, sizes, sample counts, SHA-256, class names) last (`shard_set`): an
+interrupted or failed write leaves the old complete set or the new one, never a mixed set.
+The shards depend only on the files, the order (`seed`, `shuffle`) and the options (tar
+headers carry mtime 0): the same input gives the same bytes.
 
 Layouts (the names the readers expect):
 
@@ -43,14 +40,19 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 from PIL import Image
 
-from prefetch.io._members import read_location
-from prefetch.io._records import frame_record
-from prefetch.sources._folders import ImageFolder
-from prefetch.sources.shards._files import parse_class_names
-from prefetch.sources.shards._index import index_shard
-from prefetch.sources.shards._manifest import Manifest, ShardEntry, manifest_name
-from prefetch.sources.shards._tar import TAR_END, tar_header, tar_padding
-from prefetch.sources.shards._tfrecord import encode_example
+from prefetch.io import frame_record, read_location
+from prefetch.sources import ImageFolder
+from prefetch.sources.shards import (
+    TAR_END,
+    Manifest,
+    ShardEntry,
+    encode_example,
+    index_shard,
+    manifest_name,
+    parse_class_names,
+    tar_header,
+    tar_padding,
+)
 from prefetch.tools import fit_crop, shard_set
 from prefetch.tools.out_folder import OutFolder
 
@@ -65,9 +67,9 @@ MAX_CLASSES_BYTES = 16 << 20
 # `image/format` of a TFRecord example, by lower-cased file extension (TF's conventions).
 IMAGE_FORMATS = {"jpg": b"jpeg", "jpeg": b"jpeg", "png": b"png", "bmp": b"bmp", "gif": b"gif"}
 
-# What `write_shards` calls after each shard is written: `(path, samples, size in bytes)`.
+# What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
+# for each file it skips, `(path, reason)`.
 ShardCallback = Callable[[str, int, int], None]
-# What `write_shards` calls for each file it skips: `(path, reason)`.
 SkipCallback = Callable[[str, str], None]
 
 
@@ -392,8 +394,6 @@ def _extension(path: str) -> str:
 
 def _relative(path: str, top: str) -> str:
     """`path` relative to the listed folder `top`, with `/` separators."""
-    if path.startswith(top):
-        relative = path[len(top) :].lstrip("/" + os.sep)
-    else:
-        relative = os.path.relpath(path, top)
+    inside = path.startswith(top)
+    relative = path[len(top) :].lstrip("/" + os.sep) if inside else os.path.relpath(path, top)
     return relative.replace(os.sep, "/")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import prefetch.sources.shards as shard_manifest
 from prefetch._messages import counted
-from prefetch.sources.shards import _manifest as shard_manifest
 from prefetch.tools import shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.decode._decoders import DecodeOptions, Decoder
-from prefetch.io._members import Location
+from prefetch.decode import DecodeOptions, Decoder
+from prefetch.io import Location
 
 # Characters of the text rendering's time axis, unless asked otherwise.
 TEXT_WIDTH = 96

@@ -36,10 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefetch._checks import positive
-from prefetch.decode._decoders import Decoder
-from prefetch.runtime._autoscale import usable_cores
-from prefetch.runtime._loader import Loader
-from prefetch.sources._folders import ImageFolder
+from prefetch.decode import Decoder
+from prefetch.runtime import Loader, usable_cores
+from prefetch.sources import ImageFolder
 from prefetch.tools.tune_report import (
     SPREAD_PER_TOLERANCE,
     STEP_HOW_TO,

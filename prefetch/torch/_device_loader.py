@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from prefetch.runtime._loader import Batch, Loader
+from prefetch.runtime import Batch, Loader
 
 # Pinned host buffers per DeviceLoader: one being copied to the device while the next is filled.
 PINNED_BUFFERS = 2

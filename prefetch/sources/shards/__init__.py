@@ -8,3 +8,85 @@ the TFRecord, `tf.train.Example` and tar formats, read and written without Tenso
 only for the bytes it indexed); a shard set's manifest; and which files a source reads.
 Imports `prefetch.io`, `prefetch.sources` and the top level.
 """
+
+from prefetch.sources.shards._files import parse_class_names
+from prefetch.sources.shards._index import (
+    INDEX_SUFFIX,
+    index_folder,
+    index_shard,
+    load_or_build,
+    open_shard,
+)
+from prefetch.sources.shards._index_file import (
+    IndexRefused,
+    IndexSpec,
+    ShardIdentity,
+    ShardIndex,
+    decode_index,
+    edge_digest,
+    local_identity,
+)
+from prefetch.sources.shards._manifest import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    ShardEntry,
+    is_manifest_name,
+    manifest_name,
+    read_manifest,
+    shard_prefix,
+    verify,
+)
+from prefetch.sources.shards._sources import ShardSource, TarSource, TFRecordSource
+from prefetch.sources.shards._tar import (
+    TAR_END,
+    TarMember,
+    iter_tar_members,
+    sample_key,
+    tar_header,
+    tar_padding,
+)
+from prefetch.sources.shards._tfrecord import (
+    encode_example,
+    example_bytes_span,
+    example_feature,
+    iter_records,
+    length_field,
+)
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "MAX_MANIFEST_BYTES",
+    "TAR_END",
+    "IndexRefused",
+    "IndexSpec",
+    "Manifest",
+    "ShardEntry",
+    "ShardIdentity",
+    "ShardIndex",
+    "ShardSource",
+    "TFRecordSource",
+    "TarMember",
+    "TarSource",
+    "decode_index",
+    "edge_digest",
+    "encode_example",
+    "example_bytes_span",
+    "example_feature",
+    "index_folder",
+    "index_shard",
+    "is_manifest_name",
+    "iter_records",
+    "iter_tar_members",
+    "length_field",
+    "load_or_build",
+    "local_identity",
+    "manifest_name",
+    "open_shard",
+    "parse_class_names",
+    "read_manifest",
+    "sample_key",
+    "shard_prefix",
+    "tar_header",
+    "tar_padding",
+    "verify",
+]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.io._records import corrupt_shard
+from prefetch.io import corrupt_shard
 from prefetch.sources.shards._index_file import IndexSpec
 from prefetch.sources.shards._tfrecord import (
     feature_lists,

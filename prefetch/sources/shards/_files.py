@@ -18,8 +18,8 @@ import os
 import re
 from collections.abc import Sequence
 
-from prefetch.io import _storage as storage
-from prefetch.io import _tree as remote_tree
+import prefetch.io as remote_tree
+import prefetch.io as storage
 from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.sources.shards._manifest import is_manifest_name
 

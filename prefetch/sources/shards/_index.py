@@ -37,10 +37,7 @@ from typing import Any
 import numpy as np
 
 from prefetch.errors import CorruptShardError
-from prefetch.io._local_files import open_regular, read_capped
-from prefetch.io._paths import PathArray
-from prefetch.io._records import corrupt_shard
-from prefetch.io._storage import is_url, local_path
+from prefetch.io import PathArray, corrupt_shard, is_url, local_path, open_regular, read_capped
 from prefetch.sources.shards._examples import IMAGE_KEYS as IMAGE_KEYS
 from prefetch.sources.shards._examples import LABEL_KEYS as LABEL_KEYS
 from prefetch.sources.shards._examples import tfrecord_columns

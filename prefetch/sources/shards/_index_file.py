@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch.io._paths import PathArray
-from prefetch.io._records import RECORD_OVERHEAD
+from prefetch.io import RECORD_OVERHEAD, PathArray
 
 # Bumped whenever what an index holds changes: older indexes are rebuilt.
 INDEX_VERSION = 2

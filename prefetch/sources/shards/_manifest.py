@@ -25,8 +25,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from prefetch.io import _storage as storage
-from prefetch.io._local_files import open_regular
+import prefetch.io as storage
+from prefetch.io import open_regular
 
 # The version of the manifest's layout, its first key; a reader refuses a later one.
 MANIFEST_VERSION = 1

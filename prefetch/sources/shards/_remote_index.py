@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import tempfile
 
-from prefetch.io import _storage as storage
+import prefetch.io as storage
 from prefetch.sources.shards._index import (
     INDEX_SUFFIX,
     IndexSpec,

@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
+import prefetch.io as storage
 from prefetch._messages import counted, suggest_keywords
-from prefetch.io import _storage as storage
-from prefetch.io._members import Member, MemberTable
-from prefetch.io._paths import PathArray
+from prefetch.io import Member, MemberTable, PathArray
 from prefetch.sources._folders import FileList
 from prefetch.sources.shards import _manifest as shard_manifest
 from prefetch.sources.shards._files import CLASSES_FILE as CLASSES_FILE

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from prefetch.io._records import corrupt_shard
+from prefetch.io import corrupt_shard
 from prefetch.sources.shards._tfrecord import file_size
 
 _BLOCK = 512

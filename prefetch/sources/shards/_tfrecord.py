@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from prefetch.io._records import RECORD_OVERHEAD, corrupt_shard, record_length
+from prefetch.io import RECORD_OVERHEAD, corrupt_shard, record_length
 
 # ---------------------------------------------------------------- TFRecord
 
