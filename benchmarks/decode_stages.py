@@ -1,8 +1,9 @@
 """Benchmark: where one sample's time goes on the crop path, stage by stage, against the floor.
 
-For each JPEG of a folder (sample i of epoch 0, seed 0), the work `Loader(crop=...)` does for
-one sample is timed stage by stage, each stage over all images in turn (CPU time of this
-thread, so other processes on the machine count less; median of --rounds):
+For each JPEG of a folder (sample i of epoch 0, seed 0), the work
+`Loader(augment=Augment(crop=...))` does for one sample is timed stage by stage, each stage over
+all images in turn (CPU time of this thread, so other processes on the machine count less;
+median of --rounds):
 
   read          the file's bytes (`storage.read_location`; page cache warm)
   plan          the sample's generator, the JPEG header, the crop's box, the DCT scale, the flip
@@ -29,10 +30,11 @@ window alone (entropy to colour): the most any loader that makes these pixels wi
 libjpeg-turbo can reach.
 
 With --loader-epochs N, also one open default Loader (`Loader(files, batch_size=64,
-image_size=224, crop=..., flip=...)`, threads or processes as "auto" picks) on the same files:
-a warm-up epoch untimed, then N epochs timed; its images/s and CPU time per image (every
-thread of this process), against the entropy floor of the same epochs' windows (one thread,
-times the cores this process may use). On a busy machine the CPU-time fraction is the steadier.
+image_size=224, augment=Augment(crop=..., flip=...))`, threads or processes as "auto" picks)
+on the same files: a warm-up epoch untimed, then N epochs timed; its images/s and CPU time per
+image (every thread of this process), against the entropy floor of the same epochs' windows
+(one thread, times the cores this process may use).
+On a busy machine the CPU-time fraction is the steadier.
 
     python benchmarks/decode_stages.py --folder /tmp/photos [--images 300] [--crop center]
         [--loader-epochs 3]

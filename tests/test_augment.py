@@ -146,7 +146,7 @@ def test_bad_arguments_are_refused_at_construction_naming_the_range(
 def test_loader_refuses_what_cannot_go_with_a_crop(photos: Path) -> None:
     with pytest.raises(ValueError, match=r"crop must be None, prefetch\.RandomResizedCrop"):
         prefetch.Loader(photos, augment=prefetch.Augment(crop="random"))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="crop= replaces crop_to_aspect_ratio"):
+    with pytest.raises(ValueError, match=r"Augment\(crop=...\) replaces crop_to_aspect_ratio"):
         prefetch.Loader(
             photos, augment=prefetch.Augment(crop=CenterCrop()), crop_to_aspect_ratio=True
         )

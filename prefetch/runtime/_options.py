@@ -263,17 +263,19 @@ def check_validation_split(
 
 
 def check_crop(options: DecodeOptions, decoder: object) -> None:
-    """Refuse what cannot go with `crop=`: Keras's crop or padding (the crop replaces them) and
-    a decoder of your own (it decodes whole images; crops are decoded by prefetch's own)."""
+    """Refuse what cannot go with `Augment(crop=...)`: Keras's crop or padding (the crop
+    replaces them) and a decoder of your own (it decodes whole images; crops are decoded by
+    prefetch's own)."""
     if options.crop_to_aspect_ratio or options.pad_to_aspect_ratio:
         raise ValueError(
-            "crop= replaces crop_to_aspect_ratio and pad_to_aspect_ratio; leave them False "
-            "(CenterCrop keeps the target's aspect ratio)"
+            "Augment(crop=...) replaces crop_to_aspect_ratio and pad_to_aspect_ratio; leave them "
+            "False (CenterCrop keeps the target's aspect ratio)"
         )
     if decoder not in (None, "auto", "pillow", "turbo"):
         raise ValueError(
-            f"crop= decodes its window with prefetch's own decoders; decoder={decoder!r} decodes "
-            'whole images. Pass decoder="auto", "turbo" or "pillow", or crop inside your own '
+            "Augment(crop=...) decodes its window with prefetch's own decoders; "
+            f"decoder={decoder!r} decodes whole images. "
+            'Pass decoder="auto", "turbo" or "pillow", or crop inside your own '
             "Source's __getitem__"
         )
 
