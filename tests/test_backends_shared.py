@@ -182,7 +182,7 @@ def test_a_decoder_error_arrives_at_its_batch_with_its_type_traceback_and_a_note
     notes = all_notes(raised.value)
     assert str(failing) in notes and WORKER_NAMES[backend] in notes
     text = "".join(traceback.format_exception(raised.value))
-    decoder_file = os.path.join("prefetch", "testing", "__init__.py")  # where FailingDecoder lives
+    decoder_file = os.path.join("prefetch", "testing", "_fakes.py")  # where FailingDecoder lives
     assert decoder_file in text and "in __call__" in text, "the worker's traceback is kept"
 
 
