@@ -19,6 +19,8 @@ Each check walks prefetch/ with `ast` and names every offending file and line wi
     class of the same module also defines is that module's own business and passes, and so does
     a private name that no prefetch class defines (`sys._getframe`) or a named tuple's
     documented `_replace`, `_asdict`, `_make`, `_fields`.
+- no import cycle among prefetch's modules, inside packages too (grimp's graph, the one
+  import-linter reads; `if TYPE_CHECKING:` imports are types and left out);
 - the layers: `lint-imports` (import-linter) keeps the contracts in pyproject.toml: the layers
   along the data path, the package root imported only by tools and cli, private modules used
   only inside their package.
@@ -376,3 +378,59 @@ def test_the_layers_hold() -> None:
     )
     broken = done.stdout.partition("Broken contracts")[2] or done.stdout + done.stderr
     assert done.returncode == 0, f"lint-imports (contracts in pyproject.toml):\n{broken}"
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in sorted(edges[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle_among_prefetchs_modules() -> None:
+    """What runs at import time is acyclic, inside packages too (the layers contract sees only
+    imports between layers); imports under `if TYPE_CHECKING:` are types, not a circle."""
+    grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter: .[test]")
+    graph = grimp.build_graph(
+        "prefetch", include_external_packages=False, exclude_type_checking_imports=True
+    )
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+
+    cycles = import_cycles(edges)
+
+    assert not cycles, "import cycles (break each by moving the shared code down a module):\n" + (
+        "\n".join(" <-> ".join(group) for group in cycles)
+    )
+
+
+def test_the_cycle_finder_finds_a_circle_and_passes_a_chain() -> None:
+    chain = {"a": {"b"}, "b": {"c"}, "c": set()}
+    circle = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+    assert import_cycles(chain) == []
+    assert import_cycles(circle) == [["a", "b", "c"]]
