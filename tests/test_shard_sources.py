@@ -24,7 +24,6 @@ from PIL import Image
 
 import prefetch
 from prefetch.cli import main
-from prefetch.io import _storage as storage
 from prefetch.io._records import frame_record
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards import _index as shard_index
@@ -805,15 +804,16 @@ def test_remote_shards_without_an_index_are_indexed_by_downloading_them_once(
 
 @pytest.fixture
 def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The URLs `storage.download` fetches whole from now on."""
+    """The URLs `prefetch.io.download` fetches whole from now on (the shard layer calls it
+    through the io package)."""
     fetched: list[str] = []
-    real = storage.download
+    real = prefetch.io.download
 
     def counting(address: str, *args: object, **kwargs: object) -> int:
         fetched.append(address)
         return real(address, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(storage, "download", counting)
+    monkeypatch.setattr(prefetch.io, "download", counting)
     return fetched
 
 
