@@ -57,7 +57,7 @@ from prefetch.backends._base import BatchTask, Slot
 from prefetch.backends._reader import SampleReader
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions, decode_image
-from prefetch.io._members import read_location
+from prefetch.io import read_location
 from prefetch.plan._crops import Augment, Box, CenterCrop, Crop, RandomResizedCrop
 
 SIZE = (224, 224)

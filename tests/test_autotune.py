@@ -13,8 +13,8 @@ import prefetch
 from prefetch.runtime._autoscale import (
     IO_PROCESSES_PER_CORE,
     MAX_IO_WORKERS,
-    WINDOW_BATCHES,
-    WINDOW_S,
+    SPAN_BATCHES,
+    SPAN_S,
     WorkerTuner,
     connection_cap,
     tuner_for,
@@ -43,9 +43,9 @@ class Clock:
 def run_window(tuner: WorkerTuner, clock: Clock, waited: float, ready: int, blocked: float):
     """Feed one full window of batches; returns what the tuner decided at its end."""
     decision = None
-    for _ in range(WINDOW_BATCHES):
-        clock.now += WINDOW_S / WINDOW_BATCHES
-        decision = tuner.observe(waited * WINDOW_S / WINDOW_BATCHES, ready, 0.1, 0.1 * blocked)
+    for _ in range(SPAN_BATCHES):
+        clock.now += SPAN_S / SPAN_BATCHES
+        decision = tuner.observe(waited * SPAN_S / SPAN_BATCHES, ready, 0.1, 0.1 * blocked)
     return decision
 
 
@@ -86,7 +86,7 @@ def test_workers_blocked_on_io_get_company_even_on_a_busy_cpu() -> None:
     assert "blocked 90%" in tuner.decisions[0].reason
 
 
-def test_workers_far_ahead_of_the_consumer_shrink_after_two_calm_windows() -> None:
+def test_workers_far_ahead_of_the_consumer_shrink_after_two_calm_spans() -> None:
     clock = Clock()
     tuner = make_tuner(idle=1.0, clock=clock, start=3)
     assert run_window(tuner, clock, waited=0.0, ready=2, blocked=0.0) is None
@@ -105,12 +105,12 @@ def test_the_memory_budget_caps_the_worker_count() -> None:
 
 
 def io_window(tuner: WorkerTuner, clock: Clock, batches: int, blocked: float = 0.9) -> int | None:
-    """One window of `batches` batches in WINDOW_S, the consumer waiting half of it and the
+    """One span of `batches` batches in SPAN_S, the consumer waiting half of it and the
     workers blocked `blocked` of their busy time: storage-bound. Returns the tuner's decision."""
     decisions = []
     for _ in range(batches):
-        clock.now += WINDOW_S / batches + 1e-9  # the window closes at its last batch, not after
-        decisions.append(tuner.observe(0.5 * WINDOW_S / batches, 0, 0.1, 0.1 * blocked))
+        clock.now += SPAN_S / batches + 1e-9  # the span closes at its last batch, not after
+        decisions.append(tuner.observe(0.5 * SPAN_S / batches, 0, 0.1, 0.1 * blocked))
     return next((d for d in decisions if d is not None), None)
 
 
@@ -181,8 +181,8 @@ def test_no_window_is_judged_while_new_workers_are_starting() -> None:
     clock = Clock()
     tuner = make_io_tuner(clock, io_maximum=8)
     for _ in range(4):  # processes still importing: a slow, busy window is not judged
-        clock.now += WINDOW_S / 4
-        assert tuner.observe(0.5 * WINDOW_S / 4, 0, 0.1, 0.09, starting=True) is None
+        clock.now += SPAN_S / 4
+        assert tuner.observe(0.5 * SPAN_S / 4, 0, 0.1, 0.09, starting=True) is None
     assert io_window(tuner, clock, batches=4) == 8
     for _ in range(2):  # the 6 new ones starting: a window at a quarter of the rate ...
         clock.now += 1.0
@@ -258,7 +258,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # How long the loader below may take to make its first worker decision. Generous on purpose:
-# the tuner judges windows of real time (at least WINDOW_S and WINDOW_BATCHES batches, none
+# the tuner judges spans of real time (at least SPAN_S and SPAN_BATCHES batches, none
 # while spawned workers are still starting), so on a busy machine its first judged window can
 # come many epochs in. On a quiet 2-core machine it decides within the first epoch (threads)
 # or two (processes), and the test goes on only until it has.

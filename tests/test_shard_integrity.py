@@ -25,7 +25,7 @@ from PIL import Image
 
 import prefetch
 from prefetch.io import _storage as storage
-from prefetch.io._members import read_location
+from prefetch.io import read_location
 from prefetch.io._paths import PathArray
 from prefetch.io._records import frame_record
 from prefetch.plan._stream_order import StreamingPlan

@@ -158,7 +158,7 @@ class DecodeOptions:
 class Decoder(Protocol):
     """A picklable callable from a file's location to an array of `options.shape`, dtype
     uint8. The location is a path or URL (`str`), or for a sample of a shard a
-    `prefetch.io._members.Member` (`prefetch.io._members.read_location` reads either)."""
+    `prefetch.io.Member` (`prefetch.io.read_location` reads either)."""
 
     def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray: ...
 

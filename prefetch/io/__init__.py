@@ -23,7 +23,7 @@ imported only when a URL is read, so `import prefetch` imports none of them.
 Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded local reads),
 `_links` (URL resolution), `_retries` (retries, request errors), `_http` (one http(s)
 request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
-`_records` (a TFRecord record's framing), `_members` (locations and `read_location`),
+`_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
 `_images` (checked image bytes), `_paths` (`PathArray`), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
@@ -39,7 +39,7 @@ from prefetch.io._images import (
     read_image,
 )
 from prefetch.io._local_files import open_regular, read_capped, read_local
-from prefetch.io._members import (
+from prefetch.io._locations import (
     Location,
     Member,
     MemberTable,

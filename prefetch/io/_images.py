@@ -1,6 +1,6 @@
 """An image's bytes, read and checked before any decoder sees them; Pillow's open of them.
 
-`read_image(location)` is `read_location` (`prefetch.io._members`: a path, a URL or a shard's
+`read_image(location)` is `read_location` (`prefetch.io._locations`: a path, a URL or a shard's
 member, within the `RemoteOptions` bounds) followed by `check_image_bytes`; `open_image` is
 Pillow's `Image.open` of those bytes, its errors naming the file. Every decoder of prefetch's
 (`prefetch.decode`) and `FileList.__getitem__` read images through them.
@@ -23,7 +23,7 @@ import re
 
 from PIL import Image, UnidentifiedImageError
 
-from prefetch.io._members import Location, read_location
+from prefetch.io._locations import Location, read_location
 
 MAX_JPEG_SCANS = 500
 """The most scans (SOS markers) a progressive or arithmetic-coded JPEG may hold.

@@ -8,7 +8,7 @@ message names the URL; `read_range` reads a span of one, `download` writes one i
 Over http(s) each request is `prefetch.io._http`'s; local files are read by
 `prefetch.io._local_files`; `prefetch.io._tree.RemoteTree` lists a folder with one bulk listing
 (over http(s), one index page per folder). A sample's location (a path, a URL or a shard's
-member) is read by `prefetch.io._members.read_location`, through these.
+member) is read by `prefetch.io._locations.read_location`, through these.
 Nothing a store sends can make these block forever or take unbounded memory: every request
 has the deadlines of a `RemoteOptions` (connect, each read, the whole request), every body a
 size cap (`read_local` too: a `.jpg` that is /dev/zero is refused), every listing caps on

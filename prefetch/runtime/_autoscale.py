@@ -3,11 +3,11 @@
 workers="auto" grows or shrinks the worker count while the loader runs.
 
 `WorkerTuner` sees, per delivered batch, how long the consumer waited and how many batches were
-already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_BATCHES`, or
-`SLOW_WINDOW_S` and 2 batches when batches are slow) it decides:
+already decoded when it asked. Once per span (at least `SPAN_S` and `SPAN_BATCHES`, or
+`SLOW_SPAN_S` and 2 batches when batches are slow) it decides:
 
 - grow geometrically (up to `io_maximum`) when the consumer waited more than `GROW_WAIT` of
-  the window and the workers spent at least `IO_BLOCKED` of their busy time blocked (waiting
+  the span and the workers spent at least `IO_BLOCKED` of their busy time blocked (waiting
   for a remote store, a network mount or a disk, neither on a CPU nor waiting for one): the
   storage, not the CPU, limits the rate, and the count it needs (latency x rate) can be dozens.
   When at least `GROW_IDLE_CORES` of the machine sat idle (or idle is unknown) the step aims
@@ -15,22 +15,22 @@ already decoded when it asked. Once per window (at least `WINDOW_S` and `WINDOW_
   `workers + idle / (1 - blocked)`, at least x2 and at most x`MAX_IO_STEP` for threads (with
   20 ms reads and 2 idle cores that is x8 at once, not three doublings) and x2 for processes,
   which cost more each. On a busy CPU, whose extra share comes off other work, the step is
-  x1.5 (at least +1). The window after such a step is measured, not skipped (but no window is
+  x1.5 (at least +1). The span after such a step is measured, not skipped (but no span is
   judged while new workers are still starting, such as spawned processes importing): if the
-  throughput rose by less than `IO_RISE` (x1.1) over the window before the step, the count
+  throughput rose by less than `IO_RISE` (x1.1) over the span before the step, the count
   steps back to where it was and I/O growth never goes past it again; otherwise it steps
   again. The cap `io_maximum` is `MAX_IO_WORKERS`
   threads, fewer when the open-file limit is low (`connection_cap`: each read in flight holds
   a connection); `depth` processes, or `IO_PROCESSES_PER_CORE` per core when each has several
   reader threads (`tuner_for`); and always the memory budget;
-- grow by one worker when the consumer waited more than `GROW_WAIT` of the window, another
+- grow by one worker when the consumer waited more than `GROW_WAIT` of the span, another
   worker fits the memory budget and `maximum`, and there is CPU for it: at least
   `GROW_IDLE_CORES` of the machine sat idle, or the workers themselves spent more than
   `GROW_BLOCKED` of their busy time blocked, where more workers overlap more waiting;
 - shrink by one when the consumer never waited (below `SHRINK_WAIT`) and nearly all `depth`
-  batches were already waiting, for two windows in a row: the workers are ahead, and the
+  batches were already waiting, for two spans in a row: the workers are ahead, and the
   training step can have their CPU;
-- otherwise keep the count. A window after a change is skipped, so each change is measured.
+- otherwise keep the count. A span after a change is skipped, so each change is measured.
 
 Decisions that change the count are kept (`decisions`) with their reason and reported in
 `LoaderStats.worker_decisions`.
@@ -60,11 +60,12 @@ MAX_IO_WORKERS = 128
 # own open-file limit), and each reads a batch at a time, so at 80 ms a 2-core machine needed 8
 # processes of 32 readers to reach 84% of its 0 ms rate (docs/performance.md).
 IO_PROCESSES_PER_CORE = 4
-WINDOW_S = 1.0
-WINDOW_BATCHES = 4
+# The span the tuner measures before each decision: at least this long and this many batches.
+SPAN_S = 1.0
+SPAN_BATCHES = 4
 # Slow batches (high latency, few workers: 1.4 s a batch at 80 ms, 2 workers, 32 images) close a
-# window after this long and 2 batches, so that the first decisions do not take 4 batches each.
-SLOW_WINDOW_S = 2.0
+# span after this long and 2 batches, so that the first decisions do not take 4 batches each.
+SLOW_SPAN_S = 2.0
 # Memory one more worker costs, for the budget: a worker process holds its own interpreter,
 # numpy and Pillow (measured at 40-60 MiB here); a thread holds one image being decoded.
 PROCESS_WORKER_BYTES = 64 * 2**20
@@ -136,19 +137,19 @@ class WorkerTuner:
         self._clock = clock
         self._batches = 0
         self._settling = False
-        self._calm_windows = 0
+        self._calm_spans = 0
         self._io_before: tuple[int, float] | None = None  # (workers, rate) before an I/O step
         self._io_ceiling = self.io_maximum
-        self._open_window()
+        self._open_span()
 
-    def _open_window(self) -> None:
-        self._window_start = self._clock()
-        self._window_batches = 0
+    def _open_span(self) -> None:
+        self._span_start = self._clock()
+        self._span_batches = 0
         self._waited = 0.0
         self._ready = 0.0
         self._busy = 0.0
         self._blocked = 0.0
-        self._idle()  # the idle count restarts with the window
+        self._idle()  # the idle count restarts with the span
 
     def observe(
         self,
@@ -162,26 +163,26 @@ class WorkerTuner:
 
         `busy_s` is the workers' time on the batch, `blocked_s` the part of it they spent
         neither on a CPU nor waiting for one. While `starting` (some workers are not ready:
-        spawned processes still importing, which also take CPU), windows are not judged.
+        spawned processes still importing, which also take CPU), spans are not judged.
         """
         self._batches += 1
-        self._window_batches += 1
+        self._span_batches += 1
         self._waited += waited_s
         self._ready += ready_batches
         self._busy += busy_s
         self._blocked += blocked_s
-        elapsed = self._clock() - self._window_start
-        enough = self._window_batches >= WINDOW_BATCHES or (
-            elapsed >= SLOW_WINDOW_S and self._window_batches >= 2
+        elapsed = self._clock() - self._span_start
+        enough = self._span_batches >= SPAN_BATCHES or (
+            elapsed >= SLOW_SPAN_S and self._span_batches >= 2
         )
-        if elapsed < WINDOW_S or not enough:
+        if elapsed < SPAN_S or not enough:
             return None
         wait = self._waited / elapsed
-        ready = self._ready / self._window_batches
+        ready = self._ready / self._span_batches
         idle = self._idle()
         blocked = self._blocked / self._busy if self._busy > 0 else 0.0
-        rate = self._window_batches / elapsed
-        self._open_window()
+        rate = self._span_batches / elapsed
+        self._open_span()
         if self._settling or starting:
             self._settling = False
             return None
@@ -192,11 +193,11 @@ class WorkerTuner:
     ) -> int | None:
         doubled, self._io_before = self._io_before, None
         if wait > GROW_WAIT:
-            self._calm_windows = 0
+            self._calm_spans = 0
             cpu_free = idle is None or idle >= GROW_IDLE_CORES
             idle_text = "unknown" if idle is None else f"{idle:.1f}"
             reason = (
-                f"consumer waited {wait:.0%} of the window; {idle_text} cores idle, workers "
+                f"consumer waited {wait:.0%} of the span; {idle_text} cores idle, workers "
                 f"blocked {blocked:.0%} of their time"
             )
             if blocked >= IO_BLOCKED:
@@ -207,13 +208,13 @@ class WorkerTuner:
                 return None
             return self._change(self.workers + 1, reason)
         if wait < SHRINK_WAIT and ready >= self.depth - 0.5 and self.workers > 1:
-            self._calm_windows += 1
-            if self._calm_windows >= 2:
-                self._calm_windows = 0
+            self._calm_spans += 1
+            if self._calm_spans >= 2:
+                self._calm_spans = 0
                 reason = f"consumer never waited, {ready:.1f}/{self.depth} batches ready"
                 return self._change(self.workers - 1, reason)
             return None
-        self._calm_windows = 0
+        self._calm_spans = 0
         return None
 
     def _grow_for_io(

@@ -11,9 +11,9 @@ loader alone), over backend x depth x workers, in `repeats` rounds:
   that gets busier for a while slows every configuration alike; each configuration reports
   the median of its rounds and their spread, (max - min) / median;
 - each trial takes `trial_batches` batches after one warm-up batch (start-up and the first
-  window are not timed);
-- the candidate is the smallest configuration (fewest workers, then the shallowest window,
-  then threads before processes) within `tolerance` of the best median.
+  batches in flight are not timed);
+- the candidate is the smallest configuration (fewest workers, then the smallest `depth`, then
+  threads before processes) within `tolerance` of the best median.
 
 The candidate is always recommended, as the best answer the data supports; it is uncertain
 (`TuneReport.uncertain`, the reasons in `noise`) unless the machine's load average before the
@@ -106,7 +106,7 @@ def _trial(config: _Config, backend: str, workers: int, depth: int) -> tuple[flo
     waited = 0.0
     with loader:
         iterator = iter(loader)
-        next(iterator)  # warm-up: workers start, the window fills
+        next(iterator)  # warm-up: workers start, `depth` batches go in flight
         time.sleep(config.step_s)
         began = time.perf_counter()
         for _ in range(config.batches):

@@ -54,7 +54,7 @@ class Trial:
 
     @property
     def size(self) -> tuple[int, int, int]:
-        """What "smaller" means: fewer workers, then a shallower window, then threads."""
+        """What "smaller" means: fewer workers, then a smaller depth, then threads."""
         return (self.workers, self.depth, 0 if self.backend == "thread" else 1)
 
     @property

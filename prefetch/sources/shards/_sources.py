@@ -2,7 +2,7 @@
 (WebDataset tar shards), local paths or fsspec URLs.
 
 A shard source is a `FileList` whose samples are located by `Member` values
-(`prefetch.io._members`: the shard, the byte offset and length, the tar member's key) held
+(`prefetch.io._locations`: the shard, the byte offset and length, the tar member's key) held
 in a `MemberTable` and handed to the decoders by `location(i)`, so a `Loader` reads it as it
 reads a folder: both backends, the crops, `on_error`, `num_shards`, `state_dict`, the tf.data
 stage. Its `paths` only name the samples for people (`describe(i)`). Every shard is indexed
