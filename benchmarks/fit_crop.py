@@ -4,9 +4,9 @@ On an image folder ROOT/<class>/<image>.jpg (default /tmp/photos-large), into a 
 
 1. Bytes: the folder written as tar shards twice with `write_shards` (100 samples a shard,
    the same seed, so the same keys in the same shards), the originals and with
-   `fit_crop=224` (JPEGs re-encoded at `fit_crop_quality=--jpeg-quality`, default the
-   writer's, `prefetch.tools.fit_crop.DEFAULT_QUALITY`: 90); bytes on disk of each set
-   (shards, indexes, manifest) and their ratio.
+   `fit_crop=224` (JPEGs re-encoded at `--jpeg-quality`, passed as `fit_crop_quality`;
+   default the writer's, `prefetch.tools.fit_crop.DEFAULT_QUALITY`, 90); bytes on disk of
+   each set (shards, indexes, manifest) and their ratio.
 2. Speed at steady state, rows as in training_shape.py (its functions, imported): each row in
    a fresh process, one long-lived pipeline, `--warmup-epochs` untimed then `--epochs` timed,
    `--rounds` rounds with the rows' order reversed every other round; medians (min-max).
