@@ -4,7 +4,8 @@
 samples once, cuts them into shards of `shard_size` samples and writes each shard, copying the
 image bytes as stored (re-encoded only with `fit_crop`). Each image's header is read first
 (Pillow): an empty file or one that is not an image is skipped and reported (`on_skip`), or
-refused with `strict=True`. It runs in the calling thread and owns only the files it writes in `out`.
+refused with `strict=True`. It runs in the calling thread and owns only the files it writes
+in `out`.
 
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
 as a folder descriptor, every file is created under a fresh unpredictable name, never through
