@@ -4,8 +4,8 @@ On an image folder ROOT/<class>/<image>.jpg (default /tmp/photos-large), into a 
 
 1. Bytes: the folder written as tar shards twice with `write_shards` (100 samples a shard,
    the same seed, so the same keys in the same shards), the originals and with
-   `fit_crop=224` (JPEGs re-encoded at the writer's quality, 95; `--jpeg-quality Q` is a
-   what-if that sets `prefetch.tools.fit_crop.JPEG_QUALITY` for this run); bytes on disk of
+   `fit_crop=224` (JPEGs re-encoded at `--jpeg-quality`, passed as `fit_crop_quality`;
+   default the writer's, `prefetch.tools.fit_crop.DEFAULT_QUALITY`, 90); bytes on disk of
    each set (shards, indexes, manifest) and their ratio.
 2. Speed at steady state, rows as in training_shape.py (its functions, imported): each row in
    a fresh process, one long-lived pipeline, `--warmup-epochs` untimed then `--epochs` timed,
@@ -130,7 +130,9 @@ def main() -> None:
     parser.add_argument(
         "--jpeg-quality",
         type=int,
-        help="what-if: re-encode at this quality (default: the writer's)",
+        default=fit_crop.DEFAULT_QUALITY,
+        help="the writer's fit_crop_quality, --fit-crop-quality (default: the writer's, "
+        f"{fit_crop.DEFAULT_QUALITY})",
     )
     parser.add_argument("--shards", help=argparse.SUPPRESS)  # a row's process: the temp dir
     parser.add_argument("--one-row", type=int, help=argparse.SUPPRESS)
@@ -141,14 +143,13 @@ def main() -> None:
         os._exit(0)  # TensorFlow's threads end with the process (the Loader is closed)
     print(f"$ python {' '.join(sys.argv)}")
     print(f"{usable_cores()} cores; load average (1 min) {os.getloadavg()[0]:.2f}")
-    if args.jpeg_quality:  # a what-if: the writer reads this module constant when it encodes
-        fit_crop.JPEG_QUALITY = args.jpeg_quality
-    print(f"--fit-crop re-encodes JPEGs at quality {fit_crop.JPEG_QUALITY}")
+    print(f"--fit-crop re-encodes JPEGs at --fit-crop-quality {args.jpeg_quality}")
     with tempfile.TemporaryDirectory() as temp:
         shards = Path(temp)
-        for name, fit in (("originals", None), ("fit-crop", SIZE)):
+        fitted = {"fit_crop": SIZE, "fit_crop_quality": args.jpeg_quality}
+        for name, options in (("originals", {}), ("fit-crop", fitted)):
             began = time.perf_counter()
-            write_shards(args.folder, shards / name, format="tar", shard_size=100, fit_crop=fit)
+            write_shards(args.folder, shards / name, format="tar", shard_size=100, **options)
             print(f"wrote {name} shards in {time.perf_counter() - began:.1f} s")
         sizes = {name: disk_bytes(shards / name) for name in ("originals", "fit-crop")}
         print(f"folder: {disk_bytes(Path(args.folder)) / 2**20:.1f} MiB")

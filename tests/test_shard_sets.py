@@ -5,29 +5,23 @@ and what `TarSource` / `TFRecordSource` check against the manifest."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 import prefetch
 from prefetch.cli import main
 from prefetch.testing import serve_folder, write_bad_files, write_image_folder
 from prefetch.tools import out_folder
-from prefetch.tools.fit_crop import fitted_size
 from prefetch.tools.shard_writer import write_shards
 
 COUNT = 24  # 3 classes of 8 images
@@ -402,75 +396,6 @@ def test_files_that_are_not_images_are_skipped_and_named_or_refused_with_strict(
     error = capsys.readouterr().err
     assert "bad_" in error and "without --strict" in error
     assert os.listdir(strict) == []
-
-
-# ---------------------------------------------------------------- --fit-crop
-
-
-@pytest.mark.parametrize("size", [(1000, 1000), (4000, 3000), (3000, 4000), (6000, 1000)])
-def test_fitted_sizes_keep_every_crop_window_at_least_the_target_and_are_the_smallest(
-    size: tuple[int, int],
-) -> None:
-    width, height = size
-    fitted = fitted_size(width, height, 224)
-    assert fitted is not None
-    fitted_width, fitted_height = fitted
-    assert abs((fitted_width / fitted_height) / (width / height) - 1) < 0.01  # proportions
-    rng = np.random.default_rng(0)
-    crop = prefetch.RandomResizedCrop()
-    boxes = [crop.box(fitted_height, fitted_width, (224, 224), rng) for _ in range(4000)]
-    assert min(min(box.height, box.width) for box in boxes) >= 224
-    # the smallest: one pixel less on each side lets the recipe's smallest window under 224
-    smallest_area = 0.08 * (fitted_width - 1) * (fitted_height - 1)
-    assert math.sqrt(smallest_area * 3 / 4) < 224
-    assert fitted_size(fitted_width, fitted_height, 224) is None  # fitted once is fitted
-
-
-def test_fit_crop_resizes_large_images_keeps_small_ones_byte_for_byte_and_records_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    images = write_image_folder(tmp_path / "images", per_class=2)  # 48x40: kept as they are
-    rng = np.random.default_rng(1)
-    large = {
-        "circle/large.jpg": ((1200, 1000), "JPEG"),
-        "square/wide.png": ((1800, 500), "PNG"),
-    }
-    for name, ((width, height), kind) in large.items():
-        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(images / name, kind)
-    out = tmp_path / "out"
-    argv = ["shards", "write", str(images), str(out), "--fit-crop", "224", "--no-shuffle"]
-    assert main(argv) == 0
-    assert "--fit-crop 224: 2 images re-encoded smaller (lossy)" in capsys.readouterr().out
-    originals = {
-        path.relative_to(images).as_posix(): path.read_bytes() for path in images.rglob("*.*")
-    }
-    stored = {}
-    with tarfile.open(out / "shard-000000.tar") as archive:
-        members = archive.getmembers()
-        for image in members[::2]:
-            file = archive.extractfile(image)
-            assert file is not None
-            stored[image.name] = file.read()
-    listing = prefetch.ImageFolder(images)
-    for number, path in enumerate(listing.paths.tolist()):
-        name = Path(path).relative_to(images).as_posix()
-        data = stored[f"{number:09d}{Path(path).suffix.lower()}"]
-        if name in large:
-            (width, height), kind = large[name]
-            with Image.open(io.BytesIO(data)) as image:
-                assert image.format == kind
-                assert image.size == fitted_size(width, height, 224)
-        else:
-            assert data == originals[name]
-    manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["options"]["fit_crop"] == {
-        "size": 224,
-        "scale": [0.08, 1.0],
-        "ratio": [0.75, 4 / 3],
-        "jpeg_quality": 95,
-        "resized": 2,
-    }
 
 
 def test_a_damaged_manifest_is_refused_naming_it_and_replaced_by_overwrite(

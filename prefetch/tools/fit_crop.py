@@ -8,11 +8,13 @@ both are still at least the target's: any window drawn from the smaller image is
 least the target on each side, so the loader still scales it down (never up). The windows
 are fractions of the image, so the same draws give the same windows, in proportion.
 
-`fit_image(data, target)` returns the bytes to store: the image's own bytes, unchanged, when
-it is already no larger than that (or is not a JPEG or PNG), else the image resized (Pillow,
-Lanczos, after a DCT-scaled JPEG decode that keeps at least the size) and encoded again in its
-own format: JPEG at `JPEG_QUALITY` (lossy: a second compression), PNG losslessly. EXIF and ICC
-profile data are kept. Pure functions; thread-safe.
+`fit_image(data, target, quality)` returns the bytes to store: the image's own bytes, unchanged,
+when it is already no larger than that (or is not a JPEG or PNG), else the image resized
+(Pillow, Lanczos, after a DCT-scaled JPEG decode that keeps at least the size) and encoded
+again in its own format: JPEG at `quality` (default `DEFAULT_QUALITY`; lossy: a second
+compression), PNG losslessly. EXIF and ICC profile data are kept. `check_options` validates
+the writer's two options and `recorded` is what the shard set's manifest says of them. Pure
+functions; thread-safe.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ from PIL import Image
 # The RandomResizedCrop recipe the sizes are fitted to (torchvision's and prefetch's defaults).
 DEFAULT_SCALE = (0.08, 1.0)
 DEFAULT_RATIO = (3 / 4, 4 / 3)
-# The quality of a JPEG encoded again (Pillow's 0-100 scale).
-JPEG_QUALITY = 95
+# The quality of a JPEG encoded again (Pillow's scale), unless the writer is given one
+# (`--fit-crop-quality`). 90, the fast default: on 2 MP photos (docs/performance.md, "Recipe-
+# resolution shards") it kept 0.31 of the original bytes against 0.48 at 95, and read 3.04x
+# tf.data's recipe against 2.17x, for a mean crop difference of 1.09 levels of 255 against 0.89.
+DEFAULT_QUALITY = 90
+# The qualities accepted (Pillow's scale; above 95 files grow for little gain, but are allowed).
+QUALITIES = range(1, 101)
 # Formats encoded again; others are kept as they are.
 _FORMATS = ("JPEG", "PNG")
 
@@ -49,8 +56,45 @@ def fitted_size(
     return None if fitted[0] >= width or fitted[1] >= height else fitted
 
 
-def fit_image(data: bytes, target: int) -> tuple[bytes, bool]:
-    """`(bytes to store, whether they were resized)` for the image `data` (module docstring)."""
+def check_options(size: int | None, quality: int) -> None:
+    """Raise ValueError, naming the bad value and the fix, unless `size` is None or an int >= 1
+    and `quality` an int in 1..100 (and left at `DEFAULT_QUALITY` when `size` is None)."""
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(f"fit_crop must be None or an int >= 1 (pixels), got {size!r}")
+    problem = quality_problem(quality)
+    if problem is not None:
+        raise ValueError(f"fit_crop_quality {problem}")
+    if size is None and quality != DEFAULT_QUALITY:
+        raise ValueError(
+            f"fit_crop_quality={quality} without fit_crop does nothing (nothing is re-encoded): "
+            "pass fit_crop=SIZE too (--fit-crop SIZE), or leave fit_crop_quality out"
+        )
+
+
+def quality_problem(quality: object) -> str | None:
+    """Why `quality` is not a JPEG quality for `fit_image` (an int in 1..100), with the fix;
+    None when it is one."""
+    if not isinstance(quality, bool) and isinstance(quality, int) and quality in QUALITIES:
+        return None
+    return (
+        f"must be an int from 1 to 100 (JPEG quality), got {quality!r}: pass {DEFAULT_QUALITY} "
+        "(the default: smaller and faster) or 95 (closer to the original pixels)"
+    )
+
+
+def recorded(size: int | None, quality: int, resized: int) -> dict[str, object]:
+    """The manifest's `options` entry for these options: `{"fit_crop": {...}}` with the target
+    `size`, the recipe, the JPEG `quality` and how many images were `resized`; `{}` when `size`
+    is None. Readers take none of it as required (an older writer's lacks `jpeg_quality`)."""
+    if size is None:
+        return {}
+    fit = {"size": size, "scale": list(DEFAULT_SCALE), "ratio": list(DEFAULT_RATIO)}
+    return {"fit_crop": {**fit, "jpeg_quality": quality, "resized": resized}}
+
+
+def fit_image(data: bytes, target: int, quality: int = DEFAULT_QUALITY) -> tuple[bytes, bool]:
+    """`(bytes to store, whether they were resized)` for the image `data`; a JPEG resized is
+    encoded at `quality` (module docstring)."""
     with Image.open(io.BytesIO(data)) as image:
         if image.format not in _FORMATS:
             return data, False
@@ -65,7 +109,7 @@ def fit_image(data: bytes, target: int) -> tuple[bytes, bool]:
         resized = loaded.resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()
     if kind == "JPEG":
-        resized.save(out, "JPEG", quality=JPEG_QUALITY, **info)
+        resized.save(out, "JPEG", quality=quality, **info)
     else:
         resized.save(out, "PNG", **info)
     return out.getvalue(), True

@@ -14,7 +14,7 @@ import os
 
 import prefetch.sources.shards as shard_manifest
 from prefetch._messages import counted
-from prefetch.tools import shard_set, shard_writer
+from prefetch.tools import fit_crop, shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder
 
@@ -47,13 +47,13 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="pack an image folder (FOLDER/<class>/<image>) into shards in OUT",
         description=(
             "Pack the images of FOLDER (one subfolder per class, listed with Keras's rules) "
-            "into shards in OUT, copying the image bytes as stored (no re-encode). tar: "
-            "WebDataset layout, "
-            "PREFIX-000000.tar, ..., sample k as the members <k:09d>.<ext> (the image) and "
-            "<k:09d>.cls (its label). tfrecord: PREFIX-00000-of-0000N.tfrecord, ..., one "
-            "tf.train.Example per sample (image/encoded, image/class/label, image/format, "
-            f"image/filename). {_SHUFFLE_WHY} Each image's header is read: an empty file or one "
-            "that is not an image is skipped and named in the summary (--strict: refused). "
+            "into shards in OUT, copying the image bytes as stored (re-encoded only with "
+            "--fit-crop). tar: WebDataset layout, PREFIX-000000.tar, ..., sample k as the "
+            "members <k:09d>.<ext> (the image) and <k:09d>.cls (its label). tfrecord: "
+            "PREFIX-00000-of-0000N.tfrecord, ..., one tf.train.Example per sample "
+            f"(image/encoded, image/class/label, image/format, image/filename). {_SHUFFLE_WHY} "
+            "Each image's header is read: an empty file or one that is not an image is "
+            "skipped and named in the summary (--strict: refused). "
             "Every shard is written under a temporary name, then the set is put in place "
             "together and its manifest (OUT/PREFIX-FORMAT.manifest.json: names, sizes, "
             "sample counts, SHA-256, class names) written last, so an interrupted or failed "
@@ -110,8 +110,17 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="re-encode each image larger than needed at the smallest size at which every "
         "RandomResizedCrop window (scale 0.08-1, ratio 3/4-4/3) is still at least SIZE "
         "pixels on each side; smaller images are kept byte for byte. Lossy (JPEGs are "
-        "compressed again, quality 95): not for evaluation data, other crop recipes or a "
-        "larger image size later (default: off, every image copied as stored)",
+        "compressed again, at --fit-crop-quality): not for evaluation data, other crop "
+        "recipes or a larger image size later (default: off, every image copied as stored)",
+    )
+    write.add_argument(
+        "--fit-crop-quality",
+        type=_jpeg_quality,
+        default=None,
+        metavar="Q",
+        help="JPEG quality (1-100) of the images --fit-crop re-encodes (default "
+        f"{fit_crop.DEFAULT_QUALITY}: fewer bytes and faster reads; 95 keeps the crops closer "
+        "to the original pixels); needs --fit-crop",
     )
     write.set_defaults(handler=run_shards_write, parser=write)
     verify = actions.add_parser(
@@ -139,6 +148,13 @@ def run_shards_write(args: argparse.Namespace) -> int:
         totals["bytes"] += size
         print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
 
+    if args.fit_crop_quality is not None and args.fit_crop is None:
+        parser.error(
+            f"--fit-crop-quality {args.fit_crop_quality} needs --fit-crop SIZE (it is the "
+            "quality of the images --fit-crop re-encodes): add --fit-crop 224, or leave "
+            "--fit-crop-quality out"
+        )
+    quality = fit_crop.DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
     try:
         paths = shard_writer.write_shards(
             args.folder,
@@ -151,6 +167,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             strict=args.strict,
             fit_crop=args.fit_crop,
+            fit_crop_quality=quality,
             on_shard=report,
             on_skip=lambda path, reason: skipped.append((path, reason)),
         )
@@ -171,8 +188,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
     if written is not None and args.fit_crop is not None:
         resized = written[0].options.get("fit_crop", {}).get("resized", 0)
         print(
-            f"  --fit-crop {args.fit_crop}: {resized} images re-encoded smaller (lossy), the "
-            "others stored as they were"
+            f"  --fit-crop {args.fit_crop}: {resized} images re-encoded smaller (lossy, JPEG "
+            f"quality {quality}), the others stored as they were"
         )
     for path, reason in skipped[:_SKIPS_SHOWN]:
         print(f"  skipped {path}: {reason}")
@@ -235,6 +252,19 @@ def _verify_all(folder: str) -> tuple[bool, int]:
                 samples = sum(entry.samples for entry in manifest.shards)
                 print(f"{out.where(name)}: {len(manifest.shards)} shards, {samples} samples: OK")
     return failed, found
+
+
+def _jpeg_quality(text: str) -> int:
+    """Parse --fit-crop-quality: an int from 1 to 100 (`fit_crop.quality_problem`)."""
+    try:
+        value: int | str = int(text)
+    except ValueError:
+        value = text
+    problem = fit_crop.quality_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    assert isinstance(value, int)
+    return value
 
 
 # Skipped files named one by one in the summary (the manifest lists them all).
