@@ -206,8 +206,9 @@ def main() -> None:
         paths = [str(p) for p in sorted(Path(root).rglob("*.jp*g"))][:200]
         print(f"$ python {' '.join(sys.argv)}")
         what = args.folder or f"generated JPEGs of {PHOTO_SIZE[0]}x{PHOTO_SIZE[1]}"
+        size = f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}"
         print(
-            f"{len(prefetch.ImageFolder(root))} images ({what}) -> {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}; "
+            f"{len(prefetch.ImageFolder(root))} images ({what}) -> {size}; "
             f"{usable_cores()} cores; load average (1 min) {os.getloadavg()[0]:.2f}"
         )
         print("\n1. decode_image on one thread (ms per image, median of repeats)")

@@ -234,7 +234,7 @@ def measure_rounds(
 
 
 def median_range(values: Sequence[float], digits: int = 0) -> str:
-    """"median (min-max)" of a row's rounds ("median" alone for one round), `digits` after
+    """ "median (min-max)" of a row's rounds ("median" alone for one round), `digits` after
     the point."""
     middle = f"{statistics.median(values):.{digits}f}"
     if len(values) < 2:
