@@ -30,7 +30,7 @@ from prefetch.tools.bench_report import (
     LoaderResult,
     Measurement,
 )
-from prefetch.tools.bench_steady import RowFailed, RowResult, Span, measure_row
+from prefetch.tools.bench_steady import RowFailed, RowResult, Span, alternated, measure_row
 from prefetch.tools.bench_timeline import record_setup_timeline
 from prefetch.tools.timeline import Timeline
 
@@ -128,7 +128,7 @@ def measure(plan: Plan, progress: Progress | None, on_measured: OnMeasured | Non
             measured(number, FLOOR_KEY, FLOOR_NAME, rate)
         # Alternate the order of the rows from round to round: no row always runs first.
         keys = [key for key in plan.keys if key not in failed]
-        for key in keys if round_index % 2 == 0 else keys[::-1]:
+        for key in alternated(keys, round_index):
             label = f"round {number}/{repeats}: {LOADER_NAMES[key]}"
             step_s = plan.step_ms / 1000
             try:

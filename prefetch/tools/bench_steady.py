@@ -6,7 +6,11 @@ iterator, one open `prefetch.Loader`. So a row here is one long-lived pipeline (
 ramp, the shuffle buffer, the window filling, the page cache), then a timed span of images
 (`Span`). By default each row runs in a fresh spawned process (`measure_row`), so that no row
 inherits another's threads, TensorFlow runtime or memory, and a row that fails says so in one
-line (`RowFailed`) instead of ending the run.
+line (`RowFailed`) instead of ending the run. `measure_rounds` runs rows round after round,
+their order reversed every other round (`alternated`), and `median_range` prints a row's rounds.
+A benchmark script measures its own rows with the same machinery by passing `measure_row` its
+own `make(key, setup)` (a module-level function of the script, so that the spawned row can
+unpickle it).
 
 The warm-up's rate, counted from the pipeline's construction (by default its first epoch), is
 kept as the row's "cold start": what a short job, or one that rebuilds its pipeline every
@@ -18,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import queue as queue_module
+import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefetch.tools.bench_loaders import Setup, make_contender
+from prefetch.tools.bench_loaders import Contender, Setup, make_contender
 
 # Default span: one epoch of warm-up, then three timed, for folders up to this many images;
 # a larger folder is measured on this many warm-up images and three times as many timed ones
@@ -67,12 +72,21 @@ class RowFailed(RuntimeError):
     """A row could not be measured (its message is one line: the error and where)."""
 
 
+MakeContender = Callable[[str, Setup], Contender]
+"""`make(key, setup)`: the contender of row `key` (`prefetch bench`'s: `make_contender`)."""
+
+
 def measure_stream(
-    key: str, setup: Setup, span: Span, step_s: float, tick: Callable[[], None]
+    key: str,
+    setup: Setup,
+    span: Span,
+    step_s: float,
+    tick: Callable[[], None],
+    make: MakeContender = make_contender,
 ) -> RowResult:
-    """Open contender `key` once, take `span.warmup` images untimed, then time `span.timed`;
-    the consumer sleeps `step_s` after each batch (a simulated training step)."""
-    contender = make_contender(key, setup)
+    """Open contender `make(key, setup)` once, take `span.warmup` images untimed, then time
+    `span.timed`; the consumer sleeps `step_s` after each batch (a simulated training step)."""
+    contender = make(key, setup)
     with contextlib.ExitStack() as stack:
         began = time.perf_counter()
         contender.open(stack)
@@ -124,18 +138,23 @@ def measure_row(
     tick: Callable[[], None],
     *,
     isolate: bool = True,
+    make: MakeContender = make_contender,
 ) -> RowResult:
     """`measure_stream`, in a fresh spawned process when `isolate` (`tick` is still called
-    here, once per batch). Raises `RowFailed` with a one-line reason when the row fails."""
+    here, once per batch). Raises `RowFailed` with a one-line reason when the row fails.
+    `make` must be picklable when `isolate`: a module-level function (a script's own, under
+    its `if __name__ == "__main__":` guard, is: the spawned process imports the script)."""
     if not isolate:
         try:
-            return measure_stream(key, setup, span, step_s, tick)
+            return measure_stream(key, setup, span, step_s, tick, make)
         except Exception as error:
             raise RowFailed(_one_line(error)) from error
     context = multiprocessing.get_context("spawn")
     messages: Any = context.Queue()
     child = context.Process(
-        target=_child, args=(key, setup, span, step_s, messages), name=f"prefetch-bench-{key}"
+        target=_child,
+        args=(key, setup, span, step_s, messages, make),
+        name=f"prefetch-bench-{key}",
     )
     child.start()
     try:
@@ -166,10 +185,14 @@ def measure_row(
         messages.join_thread()
 
 
-def _child(key: str, setup: Setup, span: Span, step_s: float, messages: Any) -> None:
+def _child(
+    key: str, setup: Setup, span: Span, step_s: float, messages: Any, make: MakeContender
+) -> None:
     """A spawned row: measure, send a tick per batch, then ("done", result) or ("error", why)."""
     try:
-        result = measure_stream(key, setup, span, step_s, lambda: messages.put(("tick", None)))
+        result = measure_stream(
+            key, setup, span, step_s, lambda: messages.put(("tick", None)), make
+        )
     except Exception as error:
         messages.put(("error", _one_line(error)))
     else:
@@ -177,6 +200,46 @@ def _child(key: str, setup: Setup, span: Span, step_s: float, messages: Any) -> 
     finally:
         messages.close()
         messages.join_thread()
+
+
+def alternated(keys: Sequence[str], round_index: int) -> list[str]:
+    """`keys` in order in even rounds (0, 2, ...), reversed in odd ones: no row always runs
+    first, so a machine that slows down or warms up over a run hits every row alike."""
+    return list(keys) if round_index % 2 == 0 else list(keys)[::-1]
+
+
+def measure_rounds(
+    keys: Sequence[str],
+    rounds: int,
+    measure: Callable[[str], RowResult],
+    on_row: Callable[[int, str, RowResult | str], None] = lambda number, key, result: None,
+) -> tuple[dict[str, list[RowResult]], dict[str, str]]:
+    """`rounds` rounds of `measure(key)` for every key, in `alternated` order. A row that
+    raises `RowFailed` is left out of later rounds. `on_row(round number from 1, key, result
+    or why it failed)` after each row. Returns (key -> one result per round it was measured,
+    key -> "failed in round N: why")."""
+    results: dict[str, list[RowResult]] = {key: [] for key in keys}
+    failed: dict[str, str] = {}
+    for round_index in range(rounds):
+        for key in alternated([key for key in keys if key not in failed], round_index):
+            try:
+                result = measure(key)
+            except RowFailed as error:
+                failed[key] = f"failed in round {round_index + 1}: {error}"
+                on_row(round_index + 1, key, failed[key])
+                continue
+            results[key].append(result)
+            on_row(round_index + 1, key, result)
+    return results, failed
+
+
+def median_range(values: Sequence[float], digits: int = 0) -> str:
+    """ "median (min-max)" of a row's rounds ("median" alone for one round), `digits` after
+    the point."""
+    middle = f"{statistics.median(values):.{digits}f}"
+    if len(values) < 2:
+        return middle
+    return f"{middle} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def _one_line(error: BaseException) -> str:
