@@ -16,7 +16,7 @@ from PIL import Image
 
 from prefetch import DecodeOptions, decode_image
 from prefetch.decode import _resize as resize
-from prefetch.decode._decoders import resize_like_keras
+from prefetch.decode._decoders import SAME_SIZE_IDENTITY, resize_like_keras, to_target_size
 from prefetch.testing import draw_shape
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,3 +161,49 @@ def test_both_routes_match_tensorflow(channels: int, method: str) -> None:
             difference = np.abs(result - expected)
             assert difference.max() <= (0 if method == "nearest" else 1), (height, width, size)
             assert difference.mean() < 0.01
+
+
+INTERPOLATIONS_KERAS = [
+    "bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian", "mitchellcubic"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS_KERAS)
+@pytest.mark.parametrize(
+    "layout", [{}, {"crop_to_aspect_ratio": True}, {"pad_to_aspect_ratio": True}]
+)
+def test_an_array_already_at_the_target_size_gets_the_pixels_of_the_full_conversion(
+    interpolation: str, layout: dict[str, bool]
+) -> None:
+    """A Source that stores images at the target size skips the conversion (no resize, no
+    copy) only where the conversion would give back the same pixels."""
+    rng = np.random.default_rng(7)
+    array = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    options = DecodeOptions(image_size=(48, 64), interpolation=interpolation, **layout)
+
+    converted = to_target_size(array, options)
+    through_pillow = to_target_size(Image.fromarray(array), options)  # the full conversion
+
+    np.testing.assert_array_equal(converted, through_pillow)
+    assert (converted is array) == (interpolation in SAME_SIZE_IDENTITY)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "lanczos3", "hamming"])
+def test_the_antialiased_path_returns_an_array_at_the_target_size_as_it_is(
+    interpolation: str,
+) -> None:
+    array = np.random.default_rng(8).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    options = DecodeOptions(image_size=(30, 40), interpolation=interpolation, antialias=True)
+
+    assert to_target_size(array, options) is array
+    np.testing.assert_array_equal(to_target_size(Image.fromarray(array), options), array)
+
+
+def test_an_array_of_another_size_or_layout_is_still_converted() -> None:
+    options = DecodeOptions(image_size=(20, 20))
+    grey = np.full((20, 20), 7, np.uint8)  # the right size, without its channels
+    larger = np.zeros((40, 40, 3), np.uint8)
+
+    assert to_target_size(grey, options).shape == (20, 20, 3)
+    assert (to_target_size(grey, options) == 7).all()
+    assert to_target_size(larger, options).shape == (20, 20, 3)

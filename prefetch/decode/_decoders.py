@@ -238,9 +238,18 @@ def to_target_size(image: Image.Image | np.ndarray, options: DecodeOptions) -> n
     """Convert a Pillow image or an HxW[xC] array to `options.shape` uint8.
 
     Modes are converted like `tf.io.decode_image`: palette images through RGBA (so transparency
-    is honoured), 16-bit images scaled to 8 bits, CMYK to RGB, alpha dropped for "rgb".
+    is honoured), 16-bit images scaled to 8 bits, CMYK to RGB, alpha dropped for "rgb". A uint8
+    array already of `options.shape` is returned as it is (not a copy) where resizing to the
+    same size would change nothing: an in-memory source that stores images at the target size
+    pays no conversion per sample.
     """
     if isinstance(image, np.ndarray):
+        if (
+            image.dtype == np.uint8
+            and image.shape == options.shape
+            and _same_size_is_identity(options)
+        ):
+            return image
         image = _array_to_pil(image)
     image = convert_mode(image, _PIL_MODES[options.channels])
     if not options.antialias:
@@ -309,6 +318,16 @@ def _pad_with_pillow(image: Image.Image, options: DecodeOptions) -> np.ndarray:
     inner = np.asarray(image).reshape(inner_h, inner_w, options.channels)
     padded[top : top + inner_h, left : left + inner_w] = inner
     return padded
+
+
+# Interpolations whose resize to the same size returns every pixel unchanged (their kernels are
+# zero at whole-pixel distances; Pillow's antialiased resize returns a copy at the same size).
+# TensorFlow's "gaussian" and "mitchellcubic" blur even then.
+SAME_SIZE_IDENTITY = frozenset({"bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5"})
+
+
+def _same_size_is_identity(options: DecodeOptions) -> bool:
+    return options.antialias or options.interpolation in SAME_SIZE_IDENTITY
 
 
 def _array_to_pil(array: np.ndarray) -> Image.Image:
