@@ -29,8 +29,8 @@ DEFAULT_SCALE = (0.08, 1.0)
 DEFAULT_RATIO = (3 / 4, 4 / 3)
 # The quality of a JPEG encoded again (Pillow's scale), unless the writer is given one
 # (`--fit-crop-quality`). 90, the fast default: on 2 MP photos (docs/performance.md, "Recipe-
-# resolution shards") it kept 0.31 of the original bytes against 0.48 at 95, and read 3.04x
-# tf.data's recipe against 2.17x, for a mean crop difference of 1.09 levels of 255 against 0.89.
+# resolution shards") it kept 0.31 of the original bytes against 0.48 at 95, and read 2.74x
+# tf.data's recipe against 2.14x, for a mean crop difference of 1.09 levels of 255 against 0.89.
 DEFAULT_QUALITY = 90
 # The qualities accepted (Pillow's scale; above 95 files grow for little gain, but are allowed).
 QUALITIES = range(1, 101)
