@@ -6,8 +6,11 @@ epoch's batches (`plan`, which `Loader.shard` and `load_state_dict` replace betw
 the `cursor` of where iteration stands, the skip counter, the stats recorder, the worker set
 (`workers`) and, for a streamed shard source, the `spool` that fetches its shards ahead. It
 starts the workers when the first stream begins (or at `with loader:`, `enter`) and closes them
-when the last stream ends unless a `with` block owns them. Thread-safe where a stream is
-iterated on one thread and `stats()` or `close()` run on another.
+when the last stream ends unless a `with` block owns them. While a `with` block owns them, an
+ending epoch's stream has the next epoch's first batches submitted ahead (`look_ahead`,
+prefetch.runtime._lookahead), which the next stream takes over; replacing the `plan` or
+closing discards them. Thread-safe where a stream is iterated on one thread and `stats()` or
+`close()` run on another.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_eng
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan
 from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime._lookahead import Lookahead, Submitted
 from prefetch.runtime._options import Autotune, LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
@@ -70,13 +74,15 @@ class Reading(Protocol):
 
 class Begun(NamedTuple):
     """What a stream gets when it begins: its epoch, the batch it starts at, the batches still
-    to come, and the running backend and its slot ring."""
+    to come, the running backend and its slot ring, and the batches already submitted ahead
+    (those that follow `position`, before `batches`)."""
 
     epoch: int
     position: int
     batches: list[np.ndarray]
     backend: Backend
     ring: SlotRing
+    submitted: list[Submitted]
 
 
 class Epochs:
@@ -97,7 +103,9 @@ class Epochs:
         spool: ShardSpool | None,
         num_classes: int,
     ) -> None:
-        self.plan = plan
+        self._ahead: Lookahead | None = None
+        self._lock = threading.Lock()
+        self._plan = plan
         self.options = options
         self.workers = workers
         self.spool = spool
@@ -105,10 +113,19 @@ class Epochs:
         self.cursor = Cursor()
         self.stats = StatsRecorder()
         self.skips = SkipCounter(options.on_error.max_skipped)
-        self._lock = threading.Lock()
         self._entered = 0
         self._streams = 0
         self._running: weakref.WeakSet[Reading] = weakref.WeakSet()
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The plan that draws each epoch's batches; replacing it discards the lookahead."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: EpochPlan) -> None:
+        self._plan = plan
+        self.discard_lookahead()
 
     @property
     def coordinator(self) -> Coordinator:
@@ -151,9 +168,13 @@ class Epochs:
 
     def close(self) -> None:
         """Stop the fetching and the workers; raise a worker error nobody received. Idempotent."""
+        self.discard_lookahead()
         if self.spool is not None:
             self.spool.end()  # its folder goes with the loader (the Loader's finalizer)
-        self.workers.close()
+        try:
+            self.workers.close()
+        finally:
+            self.discard_lookahead()  # one a stream made meanwhile, on another thread
 
     # ---- one epoch, as a stream drives it ------------------------------------------------
 
@@ -163,9 +184,45 @@ class Epochs:
             self._streams += 1
             self._running.add(stream)
         epoch, position = self.cursor.begin()
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.fits(self.plan, epoch, position, self.workers.backend):
+            return Begun(
+                epoch, position, list(ahead.todo), ahead.backend, ahead.ring, [*ahead.submitted]
+            )
+        if ahead is not None:
+            ahead.discard(self.workers.owns(ahead.backend))
         batches = self.plan.batches(epoch, position)
         backend, ring = self.start(epoch, position, batches)
-        return Begun(epoch, position, batches, backend, ring)
+        return Begun(epoch, position, batches, backend, ring, [])
+
+    def look_ahead(self, room: int) -> None:
+        """The running stream has submitted its epoch's last batch and leaves `room` batches
+        free in flight: submit the next epoch's first batches into it, if a `with` block keeps
+        the workers running and this is the only stream (not for streamed shard sources, whose
+        spool fetches one epoch at a time)."""
+        if room <= 0 or self.spool is not None:
+            return
+        with self._lock:
+            backend, ring = self.workers.backend, self.workers.ring
+            if self._entered == 0 or self._streams != 1 or backend is None or ring is None:
+                return
+            if self._ahead is None:
+                epoch, position = self.cursor.next_epoch, self.cursor.next_position
+                self._ahead = Lookahead(self.plan, epoch, position, backend, ring)
+            self._ahead.extend(room)
+
+    def discard_lookahead(self) -> None:
+        """Cancel the batches submitted ahead, if any, and return their slots."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.discard(self.workers.owns(ahead.backend))
+
+    def ready_ahead(self) -> int:
+        """Batches submitted ahead for the next epoch that are already decoded."""
+        ahead = self._ahead
+        return ahead.ready() if ahead is not None else 0
 
     def in_flight(self) -> int:
         """The batches an epoch keeps submitted (`Workers.in_flight`)."""
@@ -242,7 +299,9 @@ class Epochs:
 
     def reads_in_flight(self) -> int:
         """Samples that workers are reading right now, over the running streams."""
-        return sum(stream.reads_in_flight() for stream in list(self._running))
+        ahead = self._ahead
+        reads = ahead.reads() if ahead is not None else 0
+        return reads + sum(stream.reads_in_flight() for stream in list(self._running))
 
 
 def make_epochs(

@@ -5,7 +5,10 @@ part of the loader it uses. It begins at the first `next()`: it takes its epoch 
 position from the cursor and starts the workers unless `with loader:` owns them. It then
 keeps up to `depth` batches in flight, submitted to the backend (more for many thread workers:
 `Workers.in_flight`), each into a slot of the ring, and yields them in order as
-`Batch(images, labels)`.
+`Batch(images, labels)`. Once it has submitted its epoch's last batch, the room left in flight
+goes to the next epoch's first batches (`Epochs.look_ahead`: only while `with loader:` keeps
+the workers running), which the next stream takes over, so the workers do not idle at an
+epoch boundary.
 
 A delivered batch is a view of its slot; the ring reuses the slot once the consumer asked for
 the next batch and nothing holds the view. When the consumer keeps more than the ring's kept
@@ -14,7 +17,8 @@ number costs memory only (never a slot, a shared-memory segment or its file desc
 
 `close()` (also at exhaustion, on an error, and when the stream is dropped) cancels the batches
 still queued and waits for those being decoded within one deadline (`DRAIN_S`), then returns
-their slots: a worker is never left writing a slot that the ring reuses, and none is killed.
+their slots (`settle`, prefetch.runtime._lookahead): a worker is never left writing a slot
+that the ring reuses, and none is killed.
 If no `with` block owns the loader, the last stream to end closes it.
 """
 
@@ -31,9 +35,7 @@ from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
 from prefetch.coordinator import POLL_S
 from prefetch.errors import ClosedError, SampleTimeoutError
 from prefetch.runtime._epochs import Epochs
-
-# How long an ended epoch waits, in all, for the batches its workers are still decoding.
-DRAIN_S = 5.0
+from prefetch.runtime._lookahead import Submitted, settle
 
 
 class Batch(NamedTuple):
@@ -67,7 +69,7 @@ class Stream:
         self._backend: Backend | None = None
         self._ring: SlotRing | None = None
         self._todo: deque[np.ndarray] = deque()
-        self._in_flight: deque[tuple[Slot, PendingBatch, np.ndarray]] = deque()
+        self._in_flight: deque[Submitted] = deque()
         self._closed = False
         self._delivered_at: float | None = None  # when the latest batch was handed out
 
@@ -82,6 +84,7 @@ class Stream:
                 begun = self._epochs.begin(self)
                 self.epoch, self.position = begun.epoch, begun.position
                 self._todo = deque(begun.batches)
+                self._in_flight = deque(begun.submitted)
                 self._backend, self._ring = begun.backend, begun.ring
             elif self._delivered_at is not None:  # the consumer's time with the last batch
                 self._epochs.stats.elapsed_s += time.perf_counter() - self._delivered_at
@@ -102,7 +105,9 @@ class Stream:
             epochs.ready(self.position + len(self._in_flight))
             slot = ring.acquire()
             task = BatchTask(self._todo.popleft(), self.epoch, epochs.plan.seed)
-            self._in_flight.append((slot, backend.submit(task, slot), task.indices))
+            self._in_flight.append(Submitted(slot, backend.submit(task, slot), task.indices))
+        if not self._todo:  # the epoch's last batch is submitted: the rest of the room
+            epochs.look_ahead(epochs.in_flight() - len(self._in_flight))
 
     def _next_batch(self) -> Batch | None:
         """The next non-empty batch, or None at the epoch's end."""
@@ -113,6 +118,7 @@ class Stream:
             slot, pending, indices = self._in_flight.popleft()
             stats.requests += 1
             ready = pending.done() + sum(p.done() for _, p, _ in self._in_flight)
+            ready += epochs.ready_ahead()
             stats.ready_sum += ready
             self._wait(slot, pending, indices)
             try:
@@ -218,15 +224,8 @@ class Stream:
         in_flight, self._in_flight = self._in_flight, deque()
         self._todo.clear()
         if self._backend is not None:
-            for _, pending, _ in in_flight:
-                pending.cancel()
             running = self._epochs.owns(self._backend)  # else nothing writes any more
-            deadline = time.monotonic() + (DRAIN_S if running else 0.0)
-            for slot, pending, _ in in_flight:
-                if pending.wait(max(deadline - time.monotonic(), 0.0)):
-                    self._ring_of().release(slot)
-                else:  # a worker may still write rows: forget the slot rather than reuse it
-                    self._backend.forget_slot(slot)
+            settle(in_flight, self._backend, self._ring_of(), running)
         if self.epoch is not None:
             self._epochs.end()
 
