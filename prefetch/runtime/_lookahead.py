@@ -83,8 +83,9 @@ class Lookahead:
         return self.plan is plan and same_place and self.backend is backend
 
     def ready(self) -> int:
-        """Batches already decoded."""
-        return sum(item.pending.done() for item in list(self.submitted))
+        """Batches already decoded (a process backend's answers received first: from the
+        thread that iterates)."""
+        return sum(item.pending.wait(0.0) for item in list(self.submitted))
 
     def reads(self) -> int:
         """Samples that workers are reading right now."""

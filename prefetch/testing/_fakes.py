@@ -114,6 +114,30 @@ class RendezvousDecoder:
         return get_decoder("auto")(path, options)
 
 
+class RecordingDecoder:
+    """The default decoder, after appending the sample's location to the file `log`, one line
+    per sample as it starts: which samples the workers began, and in which order, in thread
+    and process workers alike (each line is one append). `starts()` reads them back."""
+
+    releases_gil = True
+
+    def __init__(self, log: str | os.PathLike[str]) -> None:
+        self.log = os.fspath(log)
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        with open(self.log, "a", encoding="utf-8") as log:
+            log.write(f"{path}\n")
+        return get_decoder("auto")(path, options)
+
+    def starts(self) -> list[str]:
+        """The locations started so far, in the order they started ([] before any)."""
+        try:
+            with open(self.log, encoding="utf-8") as log:
+                return log.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+
 def _first_time(once_flag: str | None) -> bool:
     """True without a flag file; with one, True only for the call that creates it."""
     if once_flag is None:
