@@ -8,9 +8,11 @@ the only part of it that the `Stream` of each epoch uses. Contract:
 - Batches come in epoch order; at most `depth` batches are in flight at once (with many
   thread workers, enough batches for two rows per worker: `Workers.in_flight`), each into a
   preallocated slot, so memory is bounded by `ring_capacity` of that many batches.
-- `with loader:` owns the workers across epochs; without it, each epoch starts them and stops
-  them when it ends or is dropped. `close()` is idempotent. A loader that is dropped, or still
-  open when the interpreter exits, is closed quietly (`weakref.finalize`, an exit hook).
+- `with loader:` owns the workers across epochs, and the next epoch's first batches are
+  submitted as the current epoch's last are consumed (`Epochs.look_ahead`); without it, each
+  epoch starts them and stops them when it ends or is dropped. `close()` is idempotent. A
+  loader that is dropped, or still open when the interpreter exits, is closed quietly
+  (`weakref.finalize`, an exit hook).
 - An error in a worker is raised at the batch where it happened, with its original type and
   traceback and a note naming the file. Errors that TensorFlow swallowed are re-raised by
   `close()` and by leaving the `with` block.
@@ -66,14 +68,16 @@ class Loader:
 
     Iterating a loader gives a `Stream` of `Batch(images, labels)` for one epoch; each iteration
     is the next epoch. `images` is uint8 `(N, height, width, channels)`; `labels` follows
-    `label_mode`. `with loader:` keeps the workers running across epochs and closes them at
-    the end of the block. The keywords mirror Keras's `image_dataset_from_directory` where it
-    has them and stay flat; options that travel together come as one option object
-    (`augment=Augment(...)`, `on_error=ErrorPolicy(...)`, `workers=Autotune(...)`,
-    `backend=ProcessOptions(...)`, `remote=RemoteOptions(...)`). `loader.options` reads them
-    all back (`LoaderOptions`). The API guide (docs/api.md, "The Loader's options and
-    behaviour") explains each at length, with batch lifetime, determinism, transforms and
-    errors.
+    `label_mode`. `with loader:` keeps the workers running across epochs and closes them at the
+    end of the block; meanwhile each epoch's last batches overlap the next epoch's first (the
+    same batches, within the in-flight bound), so a loader iterated only once decodes at most
+    `depth` batches (`stats().in_flight`) that it never delivers and `close()` cancels. The
+    keywords mirror Keras's `image_dataset_from_directory` where it has them and stay flat;
+    options that travel together come as one option object (`augment=Augment(...)`,
+    `on_error=ErrorPolicy(...)`, `workers=Autotune(...)`, `backend=ProcessOptions(...)`,
+    `remote=RemoteOptions(...)`). `loader.options` reads them all back (`LoaderOptions`). The
+    API guide (docs/api.md, "The Loader's options and behaviour") explains each at length, with
+    batch lifetime, determinism, transforms and errors.
 
     Parameters:
 
