@@ -52,15 +52,16 @@ def epochs(
     loader: Loader, count: int, between: object = None
 ) -> tuple[list[np.ndarray], list[LoaderStats]]:
     """`count` epochs' images (each concatenated) and statistics; `between()` runs after the
-    first epoch."""
+    first epoch. Each epoch on its own (no `with loader:`): an open loader reads the next
+    epoch's first batches ahead, during this one, which would blur what each epoch read from
+    storage and from the copies."""
     images, stats = [], []
-    with loader:
-        for number in range(count):
-            images.append(np.concatenate([batch.images.copy() for batch in loader]))
-            stats.append(loader.stats())
-            loader.reset_stats()
-            if number == 0 and callable(between):
-                between()
+    for number in range(count):
+        images.append(np.concatenate([batch.images.copy() for batch in loader]))
+        stats.append(loader.stats())
+        loader.reset_stats()
+        if number == 0 and callable(between):
+            between()
     return images, stats
 
 

@@ -571,11 +571,13 @@ def test_a_bad_first_answer_is_not_kept_and_the_next_epoch_reads_and_keeps_the_o
             shuffle=False,
             decoder="pillow",
         )
-        first = epoch_images(loader)
+        # Each epoch on its own (no `with loader:`): an open loader would read the next
+        # epoch's batch ahead, during this one, and keep the object a whole epoch early.
+        first = np.concatenate([batch.images.copy() for batch in loader])
         assert loader.stats().skipped_paths == (url + "cat/1.jpg",)
         assert len(first) == 2 and len(list(cache_dir.iterdir())) == 2
         loader.reset_stats()
-        second = epoch_images(loader)
+        second = np.concatenate([batch.images.copy() for batch in loader])
         assert loader.stats().skipped == 0 and len(second) == 3
         assert (loader.stats().cache_hits, loader.stats().cache_misses) == (2, 1)
     # the server is gone: every sample comes from a kept copy, and equals the real object
