@@ -27,6 +27,7 @@ from prefetch.cli import main
 from prefetch.io._records import frame_record
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards import _index as shard_index
+from prefetch.sources.shards import _remote_index as remote_index
 from prefetch.sources.shards._index import INDEX_SUFFIX, index_folder
 from prefetch.sources.shards._tar import tar_header, tar_padding
 from prefetch.sources.shards._tfrecord import encode_example
@@ -804,16 +805,16 @@ def test_remote_shards_without_an_index_are_indexed_by_downloading_them_once(
 
 @pytest.fixture
 def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The URLs `prefetch.io.download` fetches whole from now on (the shard layer calls it
-    through the io package)."""
+    """The URLs the shard layer downloads whole (to index them) from now on: `download` where
+    `prefetch.sources.shards._remote_index` calls it."""
     fetched: list[str] = []
-    real = prefetch.io.download
+    real = remote_index.download
 
     def counting(address: str, *args: object, **kwargs: object) -> int:
         fetched.append(address)
         return real(address, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(prefetch.io, "download", counting)
+    monkeypatch.setattr(remote_index, "download", counting)
     return fetched
 
 

@@ -20,8 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-import prefetch.io as storage
-from prefetch.io import ObjectCache, spooled_name
+from prefetch.io import ObjectCache, RemoteOptions, download, is_url, spooled_name, using
 from prefetch.plan import EpochPlan, StreamingPlan
 from prefetch.runtime._workers import forget_dummy_thread
 from prefetch.sources.shards import ShardIdentity, ShardSource, local_identity, open_shard
@@ -57,7 +56,7 @@ class ShardSpool:
     right size is not fetched again), else a private temporary folder removed by `close()`.
     Not thread-safe: one epoch's stream drives it at a time."""
 
-    def __init__(self, source: Any, folder: str | None, remote: storage.RemoteOptions) -> None:
+    def __init__(self, source: Any, folder: str | None, remote: RemoteOptions) -> None:
         self.source = source
         self.keep = folder is not None
         self.folder = folder or tempfile.mkdtemp(prefix="prefetch-spool-")
@@ -128,7 +127,7 @@ class ShardSpool:
 
     def _copy(self, shard: int) -> None:
         url, index = self.source.shards[shard], self.source.indexes[shard]
-        if not storage.is_url(url):
+        if not is_url(url):
             return  # a local shard streamed (streaming=True) is read where it lies
         final = self.path(shard)
         with contextlib.suppress(OSError):
@@ -136,8 +135,8 @@ class ShardSpool:
                 return  # kept from an earlier epoch or run, and the bytes indexed
         handle, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
         try:
-            with os.fdopen(handle, "w+b") as file, storage.using(self.remote):
-                storage.download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
+            with os.fdopen(handle, "w+b") as file, using(self.remote):
+                download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
                 file.flush()
                 index.check_copy(url, _identity_of(file.fileno()))
             os.replace(partial, final)
@@ -189,7 +188,7 @@ def streaming_parts(
     source: Any,
     plan: EpochPlan,
     cache_dir: str | os.PathLike[str] | None,
-    remote: storage.RemoteOptions,
+    remote: RemoteOptions,
 ) -> tuple[EpochPlan, ShardSpool | None]:
     """A Loader's plan and spool for `source`: a `StreamingPlan` and a `ShardSpool` (in
     `cache_dir` when given) for a streamed shard source, else `plan` as it is and None.

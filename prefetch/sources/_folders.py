@@ -21,10 +21,16 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
-import prefetch.io as remote_tree
-import prefetch.io as storage
 from prefetch._messages import counted, suggest_keywords
-from prefetch.io import Location, open_image, pack_chunks
+from prefetch.io import (
+    Location,
+    RemoteOptions,
+    RemoteTree,
+    is_url,
+    local_path,
+    open_image,
+    pack_chunks,
+)
 from prefetch.io import PathArray as PathArray
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
@@ -174,14 +180,14 @@ class ImageFolder(FileList):
         class_names: Sequence[str] | None = None,
         follow_links: bool = False,
         *,
-        remote: storage.RemoteOptions | None = None,
+        remote: RemoteOptions | None = None,
         on_error: str = "raise",
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be one of ('raise', 'skip'), got {on_error!r}")
         self.remote = remote
-        at_url = storage.is_url(root)
-        self.root: str | Path = str(root) if at_url else Path(storage.local_path(os.fspath(root)))
+        at_url = is_url(root)
+        self.root: str | Path = str(root) if at_url else Path(local_path(os.fspath(root)))
         missing = (
             f"image folder {str(self.root)!r} does not exist or is not a directory; "
             "pass the folder that holds one subfolder per class"
@@ -225,7 +231,7 @@ def index_directory(
     infer_labels: bool = True,
     class_names: Sequence[str] | None = None,
     follow_links: bool = False,
-    remote: storage.RemoteOptions | None = None,
+    remote: RemoteOptions | None = None,
     on_error: str = "raise",
 ) -> tuple[PathArray, np.ndarray, list[str]]:
     """List image files exactly as Keras's `image_dataset_from_directory` does, unshuffled.
@@ -241,17 +247,17 @@ def index_directory(
     string Keras puts in `file_paths` for the same argument. A missing `directory` raises
     `os.listdir`'s own OSError when labels are inferred, as in Keras.
 
-    A URL `directory` (`storage.is_url`) is listed once with the filesystem's bulk listing
-    (`remote_tree.RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
+    A URL `directory` (`is_url`) is listed once with the filesystem's bulk listing
+    (`RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
     page is left out) and then walked by the same code, giving URL paths; a missing one
     raises FileNotFoundError naming it. A `file://` directory is listed as the local path.
     """
     top = os.fspath(directory)
     tree: Any = _LOCAL_TREE
-    if storage.is_url(top):
-        tree = remote_tree.RemoteTree(top, options=remote, skip_errors=on_error == "skip")
-    if not storage.is_url(top):
-        top = storage.local_path(top)
+    if is_url(top):
+        tree = RemoteTree(top, options=remote, skip_errors=on_error == "skip")
+    if not is_url(top):
+        top = local_path(top)
     if infer_labels:
         subdirs = [
             name
@@ -289,7 +295,7 @@ def index_directory(
 
 
 class _LocalTree:
-    """The local filesystem, with the methods of `remote_tree.RemoteTree` that the lister uses."""
+    """The local filesystem, with the methods of `RemoteTree` that the lister uses."""
 
     listdir = staticmethod(os.listdir)
     isdir = staticmethod(os.path.isdir)
@@ -376,9 +382,7 @@ def split_files(
     )
 
 
-def as_source(
-    source: Any, remote: storage.RemoteOptions | None = None, on_error: str = "raise"
-) -> Source:
+def as_source(source: Any, remote: RemoteOptions | None = None, on_error: str = "raise") -> Source:
     """`source` as a Source: a folder path becomes an ImageFolder (listed with `remote` and
     `on_error`); TypeError or ValueError for what has no samples to load."""
     if isinstance(source, (str, os.PathLike)):

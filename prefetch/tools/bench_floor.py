@@ -20,27 +20,23 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-import prefetch.decode as window_decode
-from prefetch.decode import DecodeOptions
+from prefetch.decode import DecodeOptions, compiled_available, entropy_decode_rows
 from prefetch.io import read_location
 from prefetch.plan import Augment, Crop
 
 EntropyDecoder = Callable[[bytes, int], int]
 JPEG_MAGIC = b"\xff\xd8\xff"
 NO_ENTROPY_DECODER = (
-    "this build has no entropy-only decoder (prefetch.decode._window.entropy_decode_rows, "
+    "this build has no entropy-only decoder (prefetch.decode.entropy_decode_rows, "
     "from the C extension)"
 )
 
 
 def entropy_decoder() -> EntropyDecoder | None:
-    """`prefetch.decode._window.entropy_decode_rows(data, last_row)` when this build has it
+    """`prefetch.decode.entropy_decode_rows(data, last_row)` when this build has it
     (the compiled extension's entropy decoding of the MCU rows down to pixel row `last_row`),
     else None."""
-    decode = getattr(window_decode, "entropy_decode_rows", None)
-    if decode is None or not window_decode.compiled_available():
-        return None
-    return decode  # type: ignore[no-any-return]
+    return entropy_decode_rows if compiled_available() else None
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import prefetch.io as storage
 from prefetch.decode import DecodeOptions, Decoder
+from prefetch.io import is_url, local_path
 from prefetch.plan import CenterCrop, Crop
 from prefetch.sources import ImageFolder
 
@@ -81,9 +81,9 @@ class TfDataContender:
 def is_jpeg(path: str) -> bool:
     """Whether the file at `path` is a JPEG (what `decode_and_crop_jpeg` reads): a local file
     by its first bytes, a URL by its extension (not read twice)."""
-    if storage.is_url(path):
+    if is_url(path):
         return path.lower().endswith((".jpg", ".jpeg"))
-    with open(storage.local_path(path), "rb") as file:
+    with open(local_path(path), "rb") as file:
         return file.read(3) == b"\xff\xd8\xff"
 
 

@@ -25,9 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-import prefetch.io as storage
 from prefetch.decode import DecodeOptions, Decoder, decode_window, flip_left_right
-from prefetch.io import Location
+from prefetch.io import Location, is_url
 from prefetch.plan import Augment, CenterCrop, Crop, epoch_order
 from prefetch.runtime import Loader, available_memory_bytes
 from prefetch.sources import ImageFolder
@@ -243,7 +242,7 @@ def unavailable(keys: Sequence[str], setup: Setup, step_ms: float) -> dict[str, 
         skipped["keras"] = "image_dataset_from_directory has no crop of the original image"
     root = str(setup.folder.root)
     tensorflow_rows = [key for key in ("tf.data", "keras") if key in keys and key not in skipped]
-    if tensorflow_rows and storage.is_url(root):
+    if tensorflow_rows and is_url(root):
         reason = tensorflow_cannot_read(root)
         if reason is not None:
             skipped.update(dict.fromkeys(tensorflow_rows, reason))

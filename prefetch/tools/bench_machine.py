@@ -13,10 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import prefetch.io as storage
 from prefetch.decode import Decoder, decode_image, get_decoder
 from prefetch.decode import decoder_name as short_decoder_name
-from prefetch.io import ObjectCache
+from prefetch.io import ObjectCache, is_url, local_path
 from prefetch.runtime import usable_cores
 from prefetch.testing import SHAPES, write_image_folder
 
@@ -140,8 +139,8 @@ def local_sample(paths: Sequence[str], folder: str) -> list[str]:
     (`SAMPLE_READERS` at a time) into `folder` by an `ObjectCache`, keeping their extensions,
     so that a single-core decode rate measures the CPU, not the storage."""
     paths = [str(path) for path in paths]
-    if not any(storage.is_url(path) for path in paths):
-        return [storage.local_path(path) for path in paths]
+    if not any(is_url(path) for path in paths):
+        return [local_path(path) for path in paths]
     cache = ObjectCache.open(folder)
     with ThreadPoolExecutor(SAMPLE_READERS, thread_name_prefix="prefetch-bench-sample") as pool:
         return [path for path, _ in pool.map(cache.local_copy, paths)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import prefetch.io as storage
+from prefetch.io import is_url
 from prefetch.tools.bench_chart import bench_figure, ratio_text
 from prefetch.tools.bench_hint import FastHint
 from prefetch.tools.bench_loaders import LOADER_NAMES
@@ -261,7 +261,7 @@ class BenchReport:
             f"Python {m['python']}, {m['platform']}",
             "",
             f"{'single-core rate (1 core)':36s} {'images/s':>9s}"
-            + ("  (local copies of the sample)" if storage.is_url(c.root) else ""),
+            + ("  (local copies of the sample)" if is_url(c.root) else ""),
         ]
         lines += [f"decode + resize, {r.name:20s} {r.images_per_s:9.0f}" for r in self.decoders]
         if self.floor is not None:

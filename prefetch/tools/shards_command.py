@@ -12,8 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 
-import prefetch.sources.shards as shard_manifest
 from prefetch._messages import counted
+from prefetch.sources.shards import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    is_manifest_name,
+    read_manifest,
+)
+from prefetch.sources.shards import verify as verify_manifest
 from prefetch.tools import fit_crop, shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder
@@ -179,7 +185,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
         f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
         + (f", skipped {len(skipped)}:" if skipped else "")
     )
-    written = shard_manifest.read_manifest(paths[:1], args.format)
+    written = read_manifest(paths[:1], args.format)
     if written is not None and shard_set.classes_text(written[0].class_names) is None:
         print(
             f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
@@ -230,12 +236,12 @@ def _verify_all(folder: str) -> tuple[bool, int]:
     found = 0
     with OutFolder(folder) as out:
         for name in sorted(out.names()):
-            if not shard_manifest.is_manifest_name(name):
+            if not is_manifest_name(name):
                 continue
             found += 1
             try:
-                data = out.read_small(name, shard_manifest.MAX_MANIFEST_BYTES)
-                manifest = shard_manifest.Manifest.from_bytes(data or b"", out.where(name))
+                data = out.read_small(name, MAX_MANIFEST_BYTES)
+                manifest = Manifest.from_bytes(data or b"", out.where(name))
             except (ValueError, OSError) as error:
                 print(f"{out.where(name)}: {error}")
                 failed = True
@@ -244,7 +250,7 @@ def _verify_all(folder: str) -> tuple[bool, int]:
                 print(f"{out.where(name)}: an interrupted write (run the write again)")
                 failed = True
                 continue
-            problems = shard_manifest.verify(folder, manifest)
+            problems = verify_manifest(folder, manifest)
             for problem in problems:
                 print(f"{out.where(problem)}")  # "<shard>: what differs"
             failed = failed or bool(problems)

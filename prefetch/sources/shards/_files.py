@@ -2,7 +2,7 @@
 
 `find_shards(files, format)` turns what a user passes to `TFRecordSource` / `TarSource` into the
 shard files in order: a file, a folder (local or a URL ending in `/`, listed once with the
-bounded listing of `remote_tree.RemoteTree`), a pattern (wildcards in the last part), WebDataset's
+bounded listing of `RemoteTree`), a pattern (wildcards in the last part), WebDataset's
 brace notation (`shard-{000000..000009}.tar`, `{a,b}`, expanded here as `braceexpand` does,
 locally and for URLs), or a list. A path that exists is taken as it is, braces and all.
 `class_names_beside(shard)` reads `classes.txt` beside a shard: UTF-8, one name per line,
@@ -18,8 +18,7 @@ import os
 import re
 from collections.abc import Sequence
 
-import prefetch.io as remote_tree
-import prefetch.io as storage
+from prefetch.io import RemoteTree, beside, is_url, local_path, read_small
 from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.sources.shards._manifest import is_manifest_name
 
@@ -60,7 +59,7 @@ def resolve(
             raise ValueError("files is an empty list: pass the shard files, or a pattern")
         return ShardFiles(found, None)
     name = os.fspath(files)
-    if "{" in name and not (not storage.is_url(name) and os.path.exists(storage.local_path(name))):
+    if "{" in name and not (not is_url(name) and os.path.exists(local_path(name))):
         names = expand_braces(name)
         if len(names) > 1:
             return ShardFiles(_expanded(names, format), None)
@@ -69,14 +68,14 @@ def resolve(
 
 def _one(name: str, format: str) -> ShardFiles:
     selects: str | None = None
-    if storage.is_url(name):
+    if is_url(name):
         if name.endswith("/"):
             found, selects = _remote_matches(name + "*", format), "*"
         else:
             found = _remote_matches(name, format)
             selects = name.rpartition("/")[2] if _PATTERN_CHARS & set(name) else None
-    elif os.path.isdir(storage.local_path(name)):
-        folder = storage.local_path(name)
+    elif os.path.isdir(local_path(name)):
+        folder = local_path(name)
         found = sorted(
             os.path.join(folder, entry)
             for entry in os.listdir(folder)
@@ -84,10 +83,10 @@ def _one(name: str, format: str) -> ShardFiles:
         )
         selects = "*"
     elif _PATTERN_CHARS & set(name):
-        found = sorted(path for path in glob.glob(storage.local_path(name)) if _not_index(path))
+        found = sorted(path for path in glob.glob(local_path(name)) if _not_index(path))
         selects = os.path.basename(name)
     else:
-        found = [name] if os.path.exists(storage.local_path(name)) else []
+        found = [name] if os.path.exists(local_path(name)) else []
     if not found:
         raise FileNotFoundError(
             f"no {format} shards at {name!r}: pass a shard file, a folder of them, a pattern "
@@ -199,14 +198,14 @@ def _not_index(path: str) -> bool:
 
 def _remote_matches(url: str, format: str) -> list[str]:
     """The URLs a URL pattern names, from one listing of its folder (bounded as any
-    listing: `remote_tree.RemoteTree`); a URL without a pattern is taken as is. The pattern
+    listing: `RemoteTree`); a URL without a pattern is taken as is. The pattern
     `*` of a folder URL (`.../shards/`) takes the files that are shards of `format`."""
     folder, _, pattern = url.rpartition("/")
     if not _PATTERN_CHARS & set(pattern):
         return [url]
     if _PATTERN_CHARS & set(folder):
         raise ValueError(f"{url!r}: a URL pattern may have wildcards in its last part only")
-    tree = remote_tree.RemoteTree(folder)
+    tree = RemoteTree(folder)
     names = [name for name in tree.listdir(folder) if not tree.isdir(f"{folder}/{name}")]
     if pattern == "*":
         names = [name for name in names if _is_shard_name(name, format)]
@@ -218,9 +217,9 @@ def _remote_matches(url: str, format: str) -> list[str]:
 def class_names_beside(shard: str) -> list[str] | None:
     """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
     there is none (or none readable)."""
-    place = storage.beside(shard, CLASSES_FILE)
+    place = beside(shard, CLASSES_FILE)
     try:
-        data = storage.read_small(place, MAX_CLASSES_BYTES)
+        data = read_small(place, MAX_CLASSES_BYTES)
     except OSError:  # none (or none readable): the labels' numbers name the classes
         return None
     return parse_class_names(data, place) or None

@@ -25,8 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import prefetch.io as storage
-from prefetch.io import open_regular
+from prefetch.io import beside, is_url, open_regular, read_small
 
 # The version of the manifest's layout, its first key; a reader refuses a later one.
 MANIFEST_VERSION = 1
@@ -163,7 +162,7 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     (place,) = places
     assert place is not None
     try:
-        data = storage.read_small(place, MAX_MANIFEST_BYTES)
+        data = read_small(place, MAX_MANIFEST_BYTES)
     except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place
@@ -256,11 +255,11 @@ def _sha256(path: str) -> tuple[str, int]:
 
 def _beside(shard: str, format: str) -> str | None:
     prefix = shard_prefix(_basename(shard), format)
-    return None if prefix is None else storage.beside(shard, manifest_name(format, prefix))
+    return None if prefix is None else beside(shard, manifest_name(format, prefix))
 
 
 def _basename(shard: str) -> str:
-    return shard.rpartition("/")[2] if storage.is_url(shard) else os.path.basename(shard)
+    return shard.rpartition("/")[2] if is_url(shard) else os.path.basename(shard)
 
 
 def _shown(names: Sequence[str]) -> str:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import tempfile
 
-import prefetch.io as storage
+from prefetch.io import download, read_range, read_small
 from prefetch.sources.shards._index import (
     INDEX_SUFFIX,
     IndexSpec,
@@ -42,7 +42,7 @@ def remote_index(url: str, spec: IndexSpec, check: bool = True) -> ShardIndex:
         return found
     beside = url + INDEX_SUFFIX
     try:
-        data = storage.read_small(beside, MAX_INDEX_BYTES)
+        data = read_small(beside, MAX_INDEX_BYTES)
     except OSError:  # none beside it (or none readable): build one
         data = None
     found = None
@@ -62,7 +62,7 @@ def remote_index(url: str, spec: IndexSpec, check: bool = True) -> ShardIndex:
 def _edges_match(url: str, index: ShardIndex) -> bool:
     """Whether the shard at `url` has the size and the edges' digest `index` was built for."""
     try:
-        digest = edge_digest(lambda offset, n: storage.read_range(url, offset, n), index.size)
+        digest = edge_digest(lambda offset, n: read_range(url, offset, n), index.size)
     except OSError:  # shorter than it was, or gone: index it again (or fail doing so)
         return False
     return digest == index.identity.digest
@@ -72,7 +72,7 @@ def _index_copy(url: str, spec: IndexSpec) -> ShardIndex:
     """The index of a whole copy of the shard at `url`, fetched now into a private temporary
     file (then deleted); errors name the URL, never the copy."""
     with tempfile.NamedTemporaryFile(prefix="prefetch-shard-") as copy:
-        size = storage.download(url, copy)  # type: ignore[arg-type]
+        size = download(url, copy)  # type: ignore[arg-type]
         copy.flush()
         built = build_index(copy.name, spec, name=url)
     return dataclasses.replace(built, identity=ShardIdentity(size, built.identity.digest))

@@ -27,9 +27,17 @@ from typing import Any
 
 import numpy as np
 
-import prefetch.io as storage
 from prefetch._messages import counted, suggest_keywords
-from prefetch.io import Member, MemberTable, PathArray
+from prefetch.io import (
+    Member,
+    MemberTable,
+    PathArray,
+    RemoteOptions,
+    active_options,
+    is_url,
+    local_path,
+    using,
+)
 from prefetch.sources._folders import FileList
 from prefetch.sources.shards import _manifest as shard_manifest
 from prefetch.sources.shards._files import CLASSES_FILE as CLASSES_FILE
@@ -60,7 +68,7 @@ class ShardSource(FileList):
         class_names: Sequence[str] | None,
         streaming: bool | None,
         shuffle_buffer: int,
-        remote: storage.RemoteOptions | None,
+        remote: RemoteOptions | None,
     ) -> None:
         if (
             isinstance(shuffle_buffer, bool)
@@ -70,10 +78,10 @@ class ShardSource(FileList):
             raise ValueError(f"shuffle_buffer must be an int >= 1, got {shuffle_buffer!r}")
         self.spec = spec
         self.remote = remote
-        with storage.using(remote):
+        with using(remote):
             found = resolve(files, spec.format)
             self.shards = found.shards
-            at_url = storage.is_url(self.shards[0])
+            at_url = is_url(self.shards[0])
             self.streaming = at_url if streaming is None else bool(streaming)
             self.shuffle_buffer = shuffle_buffer
             manifest = shard_manifest.read_manifest(self.shards, spec.format)
@@ -192,7 +200,7 @@ class TFRecordSource(ShardSource):
         class_names: Sequence[str] | None = None,
         streaming: bool | None = None,
         shuffle_buffer: int = SHUFFLE_BUFFER,
-        remote: storage.RemoteOptions | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
         spec = IndexSpec("tfrecord", image_key=image_key, label_key=label_key)
         super().__init__(
@@ -238,7 +246,7 @@ class TarSource(ShardSource):
         class_names: Sequence[str] | None = None,
         streaming: bool | None = None,
         shuffle_buffer: int = SHUFFLE_BUFFER,
-        remote: storage.RemoteOptions | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
         extensions = (image_ext,) if isinstance(image_ext, str) else tuple(image_ext)
         spec = IndexSpec(
@@ -260,13 +268,13 @@ def _index_all(shards: list[str], spec: IndexSpec, check_urls: bool) -> list[Sha
     """The index of every shard, several at once (local: built or loaded; URLs: see
     `remote_index`, which checks a kept index's edges with `check_urls`), within the calling
     thread's remote options."""
-    options = storage.active_options()
+    options = active_options()
 
     def one(shard: str) -> ShardIndex:
-        with storage.using(options):
-            if storage.is_url(shard):
+        with using(options):
+            if is_url(shard):
                 return remote_index(shard, spec, check_urls)
-            return load_or_build(storage.local_path(shard), spec)
+            return load_or_build(local_path(shard), spec)
 
     if len(shards) == 1:
         return [one(shards[0])]
