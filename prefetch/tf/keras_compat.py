@@ -37,13 +37,12 @@ import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
 from prefetch.decode import decode_image, decode_turbo, fast_available
-from prefetch.io import RemoteOptions
+from prefetch.io import PathArray, RemoteOptions
 from prefetch.runtime import Loader
 from prefetch.sources import (
     IMAGE_EXTENSIONS,
     SUBSETS,
     FileList,
-    PathArray,
     index_directory,
     keras_split,
 )
