@@ -18,6 +18,7 @@ Keras `fit` images/s from `prefetch.keras.dataset` under `KERAS_BACKEND=tensorfl
 the same model fed the same batches from memory: the backend's own ceiling on this model.
 
     python benchmarks/torch_loop.py --root /tmp/photos [--epochs 2] [--keras]
+    python benchmarks/torch_loop.py --root /tmp/photos --skip-torch --keras --keras-model linear
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from PIL import Image
 
@@ -162,16 +164,33 @@ def train(batches: Any, classes: int, epochs: int) -> dict[str, float]:
     return {"images_s": images_seen / elapsed, "wait_share": wait / elapsed, "s": elapsed}
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its living children (DataLoader's worker
+    processes, prefetch's when its backend is processes)."""
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def read(batches: Any, classes: int, epochs: int) -> dict[str, float]:
-    """The pipeline alone, no model: one untimed epoch, then `epochs` timed: images/s."""
-    images_seen, start = 0, 0.0
+    """The pipeline alone, no model: one untimed epoch, then `epochs` timed: images/s, and the
+    CPU time it spent per image (all its threads and processes): while the cores are the limit,
+    the ratio of two pipelines' CPU per image bounds the ratio of their images/s in training."""
+    images_seen, start, cpu = 0, 0.0, 0.0
     for epoch in range(epochs + 1):
         if epoch == 1:
-            images_seen, start = 0, time.perf_counter()
+            images_seen, start, cpu = 0, time.perf_counter(), cpu_seconds()
         for _, labels in batches():
             images_seen += len(labels)
     elapsed = time.perf_counter() - start
-    return {"images_s": images_seen / elapsed, "wait_share": 1.0, "s": elapsed}
+    cpu_ms = 1000 * (cpu_seconds() - cpu) / images_seen
+    return {"images_s": images_seen / elapsed, "wait_share": 1.0, "s": elapsed, "cpu_ms": cpu_ms}
 
 
 def torch_rows(
@@ -204,9 +223,11 @@ def torch_rows(
 # ---- Keras fit under one backend (run in a subprocess) -------------------------------------
 
 
-def keras_fit(root: Path, epochs: int, workers: int) -> dict[str, float]:
+def keras_fit(root: Path, epochs: int, workers: int, model_name: str) -> dict[str, float]:
     """Keras fit images/s under this process's backend: from `prefetch.keras.dataset`, and the
-    same model on the same batches held in memory (the backend's own ceiling)."""
+    same model on the same batches held in memory (the backend's own ceiling). `model_name`:
+    "conv" (two conv layers: the backend's own speed shows) or "linear" (pooling and a dense
+    layer, a step of a few milliseconds: the data path is the limit under every backend)."""
     import keras
 
     import prefetch.keras
@@ -226,12 +247,15 @@ def keras_fit(root: Path, epochs: int, workers: int) -> dict[str, float]:
 
     def images_s(data: Any) -> float:
         keras.utils.set_random_seed(0)
+        convolutions = [
+            keras.layers.Conv2D(16, 5, strides=4, padding="same", activation="relu"),
+            keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+        ]
         model = keras.Sequential(
             [
                 keras.Input((SIZE, SIZE, 3)),
                 keras.layers.Rescaling(1 / 255),
-                keras.layers.Conv2D(16, 5, strides=4, padding="same", activation="relu"),
-                keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+                *(convolutions if model_name == "conv" else []),
                 keras.layers.GlobalAveragePooling2D(),
                 keras.layers.Dense(len(loader.class_names)),
             ]
@@ -249,10 +273,32 @@ def keras_fit(root: Path, epochs: int, workers: int) -> dict[str, float]:
         model.fit(data, epochs=epochs + 1, verbose=0, callbacks=[Clock()])
         return epochs * len(loader.source) / (times[-1] - times[1])  # epochs after the first
 
+    def data_path_images_s(data: Any) -> float:
+        """What `fit` iterates under this backend, with no model: Keras's own data adapter
+        (an internal of Keras, the one `fit` builds) over `data`, epochs after the first."""
+        from keras.src.trainers.data_adapters import get_data_adapter
+
+        adapter = get_data_adapter(data)
+        iterate = {
+            "tensorflow": adapter.get_tf_dataset,
+            "torch": adapter.get_torch_dataloader,
+            "jax": adapter.get_jax_iterator,
+        }[keras.backend.backend()]
+        images, start = 0, 0.0
+        for epoch in range(epochs + 1):
+            if epoch == 1:
+                images, start = 0, time.perf_counter()
+            adapter.on_epoch_begin()
+            for _, labels in iterate():
+                images += len(labels)
+            adapter.on_epoch_end()
+        return images / (time.perf_counter() - start)
+
     with loader:
         fed = images_s(prefetch.keras.dataset(loader))
+        alone = data_path_images_s(prefetch.keras.dataset(loader))
         held = InMemory([(x.copy(), y.copy()) for x, y in loader])
-    return {"images_s": fed, "memory_images_s": images_s(held)}
+    return {"images_s": fed, "memory_images_s": images_s(held), "data_path_images_s": alone}
 
 
 def main() -> int:
@@ -262,11 +308,18 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="the Loader's workers")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the three loops")
     parser.add_argument("--keras", action="store_true", help="also Keras fit per backend")
+    parser.add_argument(
+        "--keras-model",
+        choices=("conv", "linear"),
+        default="conv",
+        help="conv: two conv layers (each backend's own speed shows); linear: pooling and a "
+        "dense layer (the data path is the limit under every backend)",
+    )
     parser.add_argument("--keras-backend", help=argparse.SUPPRESS)  # the subprocess's own run
     parser.add_argument("--skip-torch", action="store_true", help="only the Keras rows")
     args = parser.parse_args()
     if args.keras_backend:
-        print(json.dumps(keras_fit(args.root, args.epochs, args.workers)))
+        print(json.dumps(keras_fit(args.root, args.epochs, args.workers, args.keras_model)))
         return 0
     print(
         f"torch_loop: {args.root} ({len(prefetch.ImageFolder(args.root))} files), {SIZE}px, "
@@ -280,37 +333,69 @@ def main() -> int:
                 results.setdefault(name, []).append(row)
             for name, row in torch_rows(args.root, args.epochs, args.workers, read):
                 results.setdefault(f"{name}, no model", []).append(row)
-        print(f"{'loop':<26} {'images/s':>9} {'waiting':>8}  (median of {args.repeats}; each run)")
+        print(
+            f"{'loop':<26} {'images/s':>9} {'waiting':>8} {'CPU ms/image':>13}"
+            f"  (median of {args.repeats}; each run)"
+        )
         for name, rows in results.items():
             speed = statistics.median(r["images_s"] for r in rows)
-            wait = statistics.median(r["wait_share"] for r in rows)
-            each = " ".join(f"{r['images_s']:.0f}/{r['wait_share']:.0%}" for r in rows)
-            print(f"{name:<26} {speed:9.1f} {wait:8.0%}  {each}")
+            if "cpu_ms" in rows[0]:  # a pipeline alone: its CPU per image, no waiting share
+                wait, cpu = "", f"{statistics.median(r['cpu_ms'] for r in rows):.2f}"
+                each = " ".join(f"{r['images_s']:.0f}/{r['cpu_ms']:.2f}ms" for r in rows)
+            else:
+                wait, cpu = f"{statistics.median(r['wait_share'] for r in rows):.0%}", ""
+                each = " ".join(f"{r['images_s']:.0f}/{r['wait_share']:.0%}" for r in rows)
+            print(f"{name:<26} {speed:9.1f} {wait:>8} {cpu:>13}  {each}")
     if args.keras:
-        print(f"{'Keras backend':<16} {'images/s':>9} {'from memory':>12} {'ratio':>6}")
-        for backend in ("tensorflow", "torch"):
-            command = [
-                sys.executable,
-                __file__,
-                "--root",
-                str(args.root),
-                "--epochs",
-                str(args.epochs),
-                "--workers",
-                str(args.workers),
-                "--keras-backend",
-                backend,
-            ]
-            environment = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-            result = subprocess.run(command, env=environment, capture_output=True, text=True)
-            if result.returncode != 0:
-                print(f"{backend:<16} failed: {result.stderr[-2000:]}")
-                continue
-            row = json.loads(result.stdout.strip().splitlines()[-1])
-            ratio = row["images_s"] / row["memory_images_s"]
-            print(
-                f"{backend:<16} {row['images_s']:9.1f} {row['memory_images_s']:12.1f} {ratio:6.0%}"
-            )
+        keras_rows: dict[str, list[dict[str, float]]] = {}
+        for repeat in range(args.repeats):  # the backends take turns, as the loops do
+            backends = ("tensorflow", "torch")
+            for backend in backends if repeat % 2 == 0 else backends[::-1]:
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--root",
+                    str(args.root),
+                    "--epochs",
+                    str(args.epochs),
+                    "--workers",
+                    str(args.workers),
+                    "--keras-model",
+                    args.keras_model,
+                    "--keras-backend",
+                    backend,
+                ]
+                environment = {
+                    **os.environ,
+                    "KERAS_BACKEND": backend,
+                    "TF_CPP_MIN_LOG_LEVEL": "2",
+                }
+                result = subprocess.run(command, env=environment, capture_output=True, text=True)
+                if result.returncode != 0:
+                    print(f"{backend:<16} failed: {result.stderr[-2000:]}")
+                    continue
+                row = json.loads(result.stdout.strip().splitlines()[-1])
+                keras_rows.setdefault(backend, []).append(row)
+        print(
+            f"{'Keras backend':<16} {'images/s':>9} {'from memory':>12} {'ratio':>6}"
+            f" {'data path alone':>16}  (model {args.keras_model}; median of {args.repeats};"
+            " each run: fit, data path)"
+        )
+        for backend, rows in keras_rows.items():
+            fed = statistics.median(r["images_s"] for r in rows)
+            held = statistics.median(r["memory_images_s"] for r in rows)
+            alone = statistics.median(r["data_path_images_s"] for r in rows)
+            each = " ".join(f"{r['images_s']:.0f}/{r['data_path_images_s']:.0f}" for r in rows)
+            print(f"{backend:<16} {fed:9.1f} {held:12.1f} {fed / held:6.0%} {alone:16.1f}  {each}")
+        if len(keras_rows) == 2:
+            for column, what in (
+                ("images_s", "fit from a Loader"),
+                ("data_path_images_s", "data path alone"),
+            ):
+                ratio = statistics.median(r[column] for r in keras_rows["torch"]) / (
+                    statistics.median(r[column] for r in keras_rows["tensorflow"])
+                )
+                print(f"torch backend / tensorflow backend, {what}: {ratio:.2f}x")
     return 0
 
 

