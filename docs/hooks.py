@@ -28,18 +28,25 @@ def _help(parser: argparse.ArgumentParser) -> str:
             os.environ["COLUMNS"] = before
 
 
-def cli_help_markdown() -> str:
-    """Markdown for the help of `prefetch` and of each subcommand, in registration order."""
-    from prefetch.cli import build_parser
-
-    parser = build_parser()
-    parts = ["## `prefetch`", "", "```text", _help(parser).rstrip(), "```"]
+def _sections(parser: argparse.ArgumentParser, command: str, level: int, below: int) -> list[str]:
+    """The help of `command` under a heading of `level`, then that of each of its
+    subcommands under headings of level `below` (and theirs one level further down: `prefetch
+    shards write`), in registration order."""
+    parts = [f"{'#' * level} `{command}`", "", "```text", _help(parser).rstrip(), "```"]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, subparser in action.choices.items():
-                parts += ["", f"## `prefetch {name}`", "", "```text", _help(subparser).rstrip()]
-                parts += ["```"]
-    return "\n".join(parts) + "\n"
+                deeper = min(below + 1, 6)
+                parts += ["", *_sections(subparser, f"{command} {name}", below, deeper)]
+    return parts
+
+
+def cli_help_markdown() -> str:
+    """Markdown for the help of `prefetch` and of each subcommand, at every depth: `prefetch`
+    and its commands as sections, their own subcommands as subsections."""
+    from prefetch.cli import build_parser
+
+    return "\n".join(_sections(build_parser(), "prefetch", 2, 2)) + "\n"
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:

@@ -144,3 +144,34 @@ def test_every_public_name_of_prefetch_tf_has_a_docstring() -> None:
     assert sorted(prefetch.tf.__all__) == sorted(tf_public_names())
     missing = [n for n in prefetch.tf.__all__ if not has_own_docstring(getattr(prefetch.tf, n))]
     assert not missing, f"prefetch.tf names without a docstring: {missing}"
+
+
+def test_the_cli_reference_shows_the_help_of_every_command_at_every_depth() -> None:
+    # docs/hooks.py replaces a marker on docs/reference/cli.md with the parser's help: a
+    # nested command (`prefetch shards write`) and its flags must be there too.
+    import argparse
+
+    from prefetch.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = hooks.on_page_markdown((REFERENCE / "cli.md").read_text(encoding="utf-8"))
+
+    def commands(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, list[str]]]:
+        flags = [flag for action in parser._actions for flag in action.option_strings]
+        found = [(name, flags)]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child, subparser in action.choices.items():
+                    found += commands(subparser, f"{name} {child}")
+        return found
+
+    every = commands(build_parser(), "prefetch")
+    assert "prefetch shards write" in [name for name, _ in every]
+    for name, flags in every:
+        assert f"`{name}`" in page, name
+        section = page.split(f"`{name}`", 1)[1]
+        for flag in flags:
+            assert flag in section, (name, flag)
