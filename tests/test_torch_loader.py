@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,27 @@ def test_kept_tensors_are_never_overwritten_by_later_batches(shapes: Path) -> No
             (x.clone(), y.clone()) for x, y in prefetch.torch.DeviceLoader(loader, dtype=dtype)
         ]
         assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, expected, strict=True))
+
+
+def converter_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("prefetch-torch-convert")]
+
+
+def test_on_a_cpu_device_the_next_batch_is_converted_in_a_thread_that_ends_with_the_epoch(
+    shapes: Path,
+) -> None:
+    loader = prefetch.Loader(shapes, **OPTIONS)
+    device_loader = prefetch.torch.DeviceLoader(loader, mean=0.5, std=0.5)
+    with loader:
+        epoch = iter(device_loader)
+        first = next(epoch)
+        # While the consumer holds batch 0, batch 1 is being (or has been) converted there.
+        assert len(converter_threads()) == 1
+        assert first[0].shape == (16, 3, 24, 24)
+        epoch.close()  # the consumer stops early: the thread ends with the epoch
+        assert converter_threads() == []
+        assert len(list(device_loader)) == 4  # a whole epoch after that, then no thread left
+        assert converter_threads() == []
 
 
 def test_bad_options_are_refused_naming_the_fix(shapes: Path) -> None:

@@ -12,8 +12,9 @@ Contract:
   normalisation), one batch ahead: the copy of batch k+1 runs while step k runs. The
   consumer's stream waits for an event before it uses the batch, and each tensor is recorded on
   that stream for PyTorch's caching allocator. A pinned buffer is refilled only after the copy
-  that read it has finished. On a CPU device the same conversion runs when the batch is read,
-  without pinning.
+  that read it has finished. On a CPU device the same conversion runs one batch ahead in a
+  background thread of the epoch (torch's operations release the GIL), without pinning, so it
+  overlaps the step; the thread ends with the epoch, or when its iteration is closed.
 - Under `torch.distributed` (initialized, world size > 1) the loader is sharded by rank with
   `Loader.shard` when the DeviceLoader is made, as `prefetch.tf.dataset` does for tf.distribute.
 - An error of batch k+1, met while reading ahead, is raised when the consumer asks for batch
@@ -24,6 +25,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -194,22 +196,30 @@ class DeviceLoader:
 
     def _epoch(self) -> Generator[Any, None, None]:
         stream = self._stream = iter(self.loader)
+        converter = None
+        if not self._cuda:
+            converter = ThreadPoolExecutor(1, thread_name_prefix="prefetch-torch-convert")
         try:
-            ahead = self._read(stream)
+            ahead = self._read(stream, converter)
             while ahead is not None:
                 if isinstance(ahead, BaseException):
                     raise ahead
                 current = ahead
-                ahead = self._read(stream)  # issues the next copy before this step runs
+                ahead = self._read(stream, converter)  # the next copy, before this step runs
                 yield self._hand_out(current)
         finally:
             self._ahead = False
+            if converter is not None:
+                converter.shutdown(wait=True, cancel_futures=True)
             stream.close()
             if self._stream is stream:
                 self._stream = None
 
-    def _read(self, stream: Iterator[Batch]) -> _Ready | BaseException | None:
-        """The next batch sent towards the device, the error reading it raised, or None."""
+    def _read(
+        self, stream: Iterator[Batch], converter: ThreadPoolExecutor | None
+    ) -> _Ready | Future[_Ready] | BaseException | None:
+        """The next batch sent towards the device (on a CPU device, a future of it being
+        converted in `converter`), the error reading it raised, or None."""
         self._ahead = False
         try:
             batch = next(stream)
@@ -217,11 +227,16 @@ class DeviceLoader:
             return None
         except Exception as error:  # raised when the consumer asks for this batch
             return error
-        ready = self._send_cuda(batch) if self._cuda else self._convert_cpu(batch)
+        if converter is not None:
+            ready: _Ready | Future[_Ready] = converter.submit(self._convert_cpu, batch)
+        else:
+            ready = self._send_cuda(batch)
         self._ahead = True
         return ready
 
-    def _hand_out(self, ready: _Ready) -> Any:
+    def _hand_out(self, ready: _Ready | Future[_Ready]) -> Any:
+        if isinstance(ready, Future):
+            ready = ready.result()  # a conversion error is raised here, at its own batch
         if ready.event is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(ready.event)
