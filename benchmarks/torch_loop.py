@@ -12,10 +12,12 @@ model on the CPU), a steady state of `--epochs` timed epochs after one untimed w
   is not installed here), what a PyTorch user writes today.
 
 Per loop: images/s and the share of the time the loop waited for data; then each pipeline
-alone, iterated without a model (its ceiling on this machine). Then, with `--keras`,
-Keras `fit` images/s from `prefetch.keras.dataset` under `KERAS_BACKEND=tensorflow` and
-`torch` (each in a subprocess of this script), steady state (epochs after the first), beside
-the same model fed the same batches from memory: the backend's own ceiling on this model.
+alone, iterated without a model (its ceiling on this machine), with its CPU time per image.
+Then, with `--keras`, Keras `fit` images/s from `prefetch.keras.dataset` under
+`KERAS_BACKEND=tensorflow` and `torch` (each in a subprocess of this script), steady state
+(epochs after the first), beside the same model fed the same batches from memory (the
+backend's own ceiling on this model) and Keras's own data path for the backend iterated with
+no model (what the adapter delivers); `--keras-model linear` makes the model's step small.
 
     python benchmarks/torch_loop.py --root /tmp/photos [--epochs 2] [--keras]
     python benchmarks/torch_loop.py --root /tmp/photos --skip-torch --keras --keras-model linear
@@ -227,7 +229,7 @@ def keras_fit(root: Path, epochs: int, workers: int, model_name: str) -> dict[st
     """Keras fit images/s under this process's backend: from `prefetch.keras.dataset`, and the
     same model on the same batches held in memory (the backend's own ceiling). `model_name`:
     "conv" (two conv layers: the backend's own speed shows) or "linear" (pooling and a dense
-    layer, a step of a few milliseconds: the data path is the limit under every backend)."""
+    layer: the smallest step; the data path alone is timed beside it, with no model)."""
     import keras
 
     import prefetch.keras
@@ -313,7 +315,7 @@ def main() -> int:
         choices=("conv", "linear"),
         default="conv",
         help="conv: two conv layers (each backend's own speed shows); linear: pooling and a "
-        "dense layer (the data path is the limit under every backend)",
+        "dense layer (the smallest step; Keras's data path alone is timed beside it)",
     )
     parser.add_argument("--keras-backend", help=argparse.SUPPRESS)  # the subprocess's own run
     parser.add_argument("--skip-torch", action="store_true", help="only the Keras rows")
