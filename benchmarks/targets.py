@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ import prefetch
 from prefetch.testing import GilHoldingTransform
 from prefetch.tools.bench import write_sample_folder
 from prefetch.tools.bench_frameworks import TfDataContender
-from prefetch.tools.bench_loaders import Contender, Setup, batch_sizes, make_contender
+from prefetch.tools.bench_loaders import Contender, OpenLoader, Setup, make_contender
 from prefetch.tools.bench_steady import (
     RowFailed,
     RowResult,
@@ -74,7 +74,7 @@ class Run:
     rounds: int
 
 
-class TransformLoader:
+class TransformLoader(OpenLoader):
     """`prefetch.Loader` with the GIL-holding transform, on `backend` with `workers`."""
 
     def __init__(self, setup: Setup, backend: str, workers: int) -> None:
@@ -88,17 +88,6 @@ class TransformLoader:
             depth=max(2, workers),
             seed=0,
         )
-
-    def open(self, stack: contextlib.ExitStack) -> None:
-        stack.enter_context(self.loader)
-
-    def stream(self) -> Generator[int, None, None]:
-        while True:
-            yield from batch_sizes(self.loader)
-
-    def describe(self) -> dict[str, Any]:
-        stats = self.loader.stats()
-        return {"note": f"{stats.backend}, {stats.workers} workers"}
 
 
 class PyFunctionTfData(TfDataContender):

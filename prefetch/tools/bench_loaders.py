@@ -7,7 +7,8 @@ threads and processes), and, where installed, tf.data AUTOTUNE, Keras
 one; `open(stack)` enters what it owns into the caller's ExitStack, so everything it starts is
 closed with the stack; `stream()` is then one long-lived pipeline, as a training job iterates
 it (tf.data and Keras: `.repeat()` and one iterator; prefetch: one open Loader, epoch after
-epoch). TensorFlow, Keras and torch are imported only in `open`.
+epoch). TensorFlow, Keras and torch are imported only in `open`. `OpenLoader` is the prefetch
+rows' contender, which a benchmark script subclasses for a Loader of its own.
 """
 
 from __future__ import annotations
@@ -160,7 +161,26 @@ class _ByHand:
         return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
 
 
-class _PrefetchLoader:
+class OpenLoader:
+    """A contender that is one `prefetch.Loader` (`self.loader`, set by the subclass), open for
+    the whole row (`with loader:`), read epoch after epoch; `describe()` gives its backend and
+    workers. Benchmark scripts subclass it for a Loader of their own."""
+
+    loader: Loader
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(self.loader)
+
+    def stream(self) -> Generator[int, None, None]:
+        while True:
+            yield from batch_sizes(self.loader)
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.loader.stats()
+        return {"note": f"{stats.backend}, {stats.workers} workers"}
+
+
+class _PrefetchLoader(OpenLoader):
     """`prefetch.Loader`, owned for all rounds (`with loader:`): with the bench's settings and
     `backend`, or (`backend=None`) as a user gets it, with no tuning arguments."""
 
@@ -183,13 +203,6 @@ class _PrefetchLoader:
             **tuning,
         )
         self.by_default = backend is None
-
-    def open(self, stack: contextlib.ExitStack) -> None:
-        stack.enter_context(self.loader)
-
-    def stream(self) -> Generator[int, None, None]:
-        while True:
-            yield from batch_sizes(self.loader)
 
     def describe(self) -> dict[str, Any]:
         stats = self.loader.stats()
