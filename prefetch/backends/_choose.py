@@ -1,27 +1,35 @@
-"""backend="auto": choose threads or processes from a short measurement of the per-sample work.
+"""backend="auto": choose threads or processes from the source, the machine and a short measurement.
 
-Worker threads run in parallel only while the work releases the GIL. Pillow's decode and resize
-release it; a Python transform (and a source's own `__getitem__`, or a decoder written in Python)
-holds it, so threads serialise on it and also slow the training loop's own Python. The choice
-times the stages of a few samples on the calling thread:
+A loader's consumer runs Python: a training loop launches its model's kernels from Python, and
+Keras, tf.data's generator thread and prefetch.torch's conversion thread run Python beside it.
+Worker threads run in parallel only while their work releases the GIL, and after every C call
+(a decode, a resize) a worker needs the GIL back: a busy Python thread gives it up only at the
+interpreter's switch interval (5 ms), so thread workers stall behind a training loop (the
+convoy effect: one worker thread fell to 0.04 of its rate beside a pure-Python thread, where a
+worker process kept all of it, docs/performance.md "Many cores"). Their own per-sample Python
+(the share measured below) also runs one thread at a time, which bends the thread curve on many
+cores. Processes pay neither: each decodes on its own core and writes its rows of every batch
+straight into shared memory; they cost a start-up (about a second) and a pipe message per
+worker and batch (microseconds of the parent's CPU per image).
 
-- time spent in stages known to release the GIL: the built-in decoder `decode_image`, and any
-  decoder whose `releases_gil` attribute is True;
-- time spent in everything else (the transform, a source's `__getitem__`, other decoders).
+So the choice is:
 
-If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
-otherwise threads, which start faster and copy nothing. Remote URLs (`reads_over_network`) go
-to processes whatever the share when the worker count is tuned (the default on URLs): reading
-them costs CPU in fsspec's event-loop thread, which the measurement does not see and which all
-threads of one process share (on a loopback server, processes read about 1.4x the images/s of
-threads, docs/performance.md). A fixed worker count keeps the measured choice: sized for
-threads, it would start that many processes. Processes also need the decoder,
-transform and source to pickle; when one does not (a lambda, a local function), the choice is
-threads and the reason says which part kept it there; so it is when a part lives in a main script
-whose loader runs outside `if __name__ == "__main__":` (workers would run the script again,
-`spawning.unguarded_main_code`). The measurement runs in the training
-process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
-thread workers would.
+- file sources (folders, file lists, shards, URLs: `is_file_source`): processes, on any number
+  of cores;
+- any other source (a `Source` with its own `__getitem__`, which may hold its data in this
+  process): the stages of a few samples are timed on the calling thread, the time spent in
+  stages known to release the GIL (the built-in decoder `decode_image`, any decoder whose
+  `releases_gil` attribute is True) against everything else (the transform, the source's
+  `__getitem__`, other decoders); processes if the second share is at least `PROCESS_SHARE`,
+  else threads, which start at once and copy nothing; remote URLs go to processes whatever the
+  share when the worker count is tuned (fsspec's event loop is one per process).
+
+Processes then need the decoder, transform and source to pickle; when one does not (a lambda,
+a local function), the choice is threads and the reason says which part kept it there; so it is
+for memory:// files (they exist in this process only), when a part lives in a main script whose
+loader runs outside `if __name__ == "__main__":` (workers would run the script again,
+`spawning.unguarded_main_code`), and when the shared-memory folder cannot hold the slots (the
+runtime checks that, `prefetch.runtime._workers`).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prefetch._machine import usable_cores
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._spawning import main_part, unguarded_main_code, unpicklable_part
 from prefetch.decode import decode_image, to_target_size
@@ -70,6 +79,7 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
     """
     free_s = held_s = 0.0
     samples = 0
+    files = is_file_source(reader.source)
     began = time.perf_counter()
     for index in indices[:MAX_SAMPLES]:
         try:
@@ -86,16 +96,26 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
         if time.perf_counter() - began > BUDGET_S:
             break
     total = free_s + held_s
-    if samples == 0 or total <= 0:
+    if (samples == 0 or total <= 0) and not files:
         return BackendChoice(
             "thread", 0.0, 0.0, samples, "auto: thread (nothing could be measured)"
         )
+    total = max(total, 1e-9)
+    samples = max(samples, 1)
     share = held_s / total
-    name = "process" if share >= PROCESS_SHARE else "thread"
-    reason = (
-        f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
-        f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
+    measured = (
+        f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per sample over "
+        f"{samples} samples"
     )
+    if files:
+        name = "process"
+        reason = (
+            f"files are decoded in worker processes, one per core of {usable_cores()}, so "
+            "that no Python of the training thread's shares their GIL; " + measured
+        )
+    else:
+        name = "process" if share >= PROCESS_SHARE else "thread"
+        reason = f"{measured}; processes from {PROCESS_SHARE:.0%}"
     if name == "thread" and tuned and reads_over_network(reader.source):
         name = "process"
         reason += (
