@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -396,25 +397,32 @@ def main() -> None:
         )
         sys.stdout.flush()
 
+    def guarded(part: str, make: Callable[[], list[Row]]) -> None:
+        """Run one part of the table; a failure is one line, and the rest still runs."""
+        try:
+            for row in make():
+                show(row)
+        except Exception as error:  # a benchmark reports and goes on
+            print(f"{part}: failed: {type(error).__name__}: {error}")
+        if args.json:  # rewritten after each part: what was measured survives a time limit
+            with open(args.json + ".part", "w") as out:
+                json.dump({"cores": cores, "gil_share": share, "rows": rows}, out, indent=1)
+            os.replace(args.json + ".part", args.json)
+
     share = gil_share(args)
     print(f"GIL held for {share:.1%} of a thread worker's sample")
+    guarded("default", lambda: [prefetch_row(args, "default")])
     for backend in ("thread", "process"):
-        if backend in args.skip:
-            continue
-        for n in powers_of_two(args.max_workers):
-            show(prefetch_row(args, f"{backend} {n}", workers=n, backend=backend))
-    show(prefetch_row(args, "default"))
+        if backend not in args.skip:
+            for n in powers_of_two(args.max_workers):
+                name = f"{backend} {n}"
+                row = functools.partial(prefetch_row, args, name, workers=n, backend=backend)
+                guarded(name, lambda row=row: [row()])
     if "torch" not in args.skip:
-        for row in torch_rows(args, args.max_workers):
-            show(row)
+        guarded("torch rows", lambda: torch_rows(args, args.max_workers))
     if "feed" not in args.skip:
-        for row in feeding_rows(args, args.max_workers):
-            show(row)
-    for row in model(rows, share, args.max_workers):
-        show(row)
-    if args.json:
-        with open(args.json, "x") as out:
-            json.dump({"cores": cores, "gil_share": share, "rows": rows}, out, indent=1)
+        guarded("feeding rows", lambda: feeding_rows(args, args.max_workers))
+    guarded("model", lambda: model(rows, share, args.max_workers))
 
 
 if __name__ == "__main__":
