@@ -242,9 +242,10 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
         loss.backward()
         optimizer.step()
 
-    def train(batches: Iterator[tuple[Any, Any]]) -> tuple[float, float]:
-        """(images/s, share of the time spent waiting for a batch) after a warm-up."""
-        for _ in range(args.feed_warmup_steps):
+    def train(batches: Iterator[tuple[Any, Any]], warmup: int) -> tuple[float, float]:
+        """(images/s, share of the time spent waiting for a batch) after `warmup` steps (an
+        epoch's worth where the last batch is smaller: cuDNN tunes each new shape once)."""
+        for _ in range(warmup):
             step(*next(batches))
         torch.cuda.synchronize()
         images, waited, began = 0, 0.0, time.perf_counter()
@@ -271,25 +272,26 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
         while True:
             yield resident
 
-    rate, wait = train(endless_resident())
+    rate, wait = train(endless_resident(), args.feed_warmup_steps)
     rows.append({"row": "feed resident batch", "images_per_s": rate, "wait_share": wait})
-    with make_loader(args) as loader:
-        device_loader = DeviceLoader(loader, device="cuda", dtype=torch.float32)
+    variants: list[tuple[str, dict[str, Any]]] = [("feed prefetch.torch", {})]
+    if args.feed_variants:
+        variants += [
+            (f"feed prefetch.torch, {workers} processes", {"workers": workers}),
+            ("feed prefetch.torch, threads", {"backend": "thread"}),
+        ]
+    for name, tuning in variants:
+        with make_loader(args, **tuning) as loader:
+            device_loader = DeviceLoader(loader, device="cuda", dtype=torch.float32)
 
-        def endless_prefetch() -> Iterator[tuple[Any, Any]]:
-            while True:
-                yield from device_loader
+            def endless_prefetch(device_loader: Any = device_loader) -> Iterator[tuple[Any, Any]]:
+                while True:
+                    yield from device_loader
 
-        rate, wait = train(endless_prefetch())
-        stats = loader.stats()
-    rows.append(
-        {
-            "row": "feed prefetch.torch",
-            "images_per_s": rate,
-            "wait_share": wait,
-            "note": f"{stats.backend}, {stats.workers} workers",
-        }
-    )
+            rate, wait = train(endless_prefetch(), len(device_loader) + args.feed_warmup_steps)
+            stats = loader.stats()
+        note = f"{stats.backend}, {stats.workers} workers"
+        rows.append({"row": name, "images_per_s": rate, "wait_share": wait, "note": note})
     torch_data = _torch_feed(args, workers)
     if torch_data is not None:
 
@@ -299,7 +301,7 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
                     images = images.cuda(non_blocking=True).float().div_(255)
                     yield images.contiguous(memory_format=torch.channels_last), labels.cuda()
 
-        rate, wait = train(endless_torch())
+        rate, wait = train(endless_torch(), args.feed_warmup_steps)
         rows.append({"row": "feed torch decode_jpeg", "images_per_s": rate, "wait_share": wait})
     return rows
 
@@ -372,7 +374,14 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--feed-warmup-steps", type=int, default=15)
-    parser.add_argument("--skip", nargs="*", default=[], help="thread, process, torch, feed")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="parts to leave out: thread, process, torch, feed"
+    )
+    parser.add_argument(
+        "--feed-variants",
+        action="store_true",
+        help="also feed the GPU from all cores' worth of processes, and from threads",
+    )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     cores = usable_cores()

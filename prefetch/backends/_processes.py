@@ -6,15 +6,18 @@ there, so a script's `import tensorflow` does not load TensorFlow in every worke
 
 Each worker has its own pipe (prefetch.backends._process_worker lists the messages). The parent
 passes every slot's segment to every worker as a file descriptor when the slot is created (and
-to a new worker when it starts), then sends (batch id, task, slot name); the worker fills the
-slot with `SampleReader.read_into` and answers (batch id, outcome) or (batch id, error). No
-pixels cross a pipe. `ProcessPending.wait` returns once that batch is settled (or the timeout
-passed); `cancel` makes a worker skip the batch if it has not begun it (both handles, the
-pending batch and the worker, are in _process_pending.py).
+to a new worker when it starts). A batch's rows are shared among the workers: `submit` splits
+them into one contiguous part per live worker (the least busy first, `split_rows`) and sends
+each (part id, task, slot name, rows); the worker fills its rows with `SampleReader.read_into`
+and answers (part id, outcome) or (part id, error). No pixels cross a pipe, and the parent's
+work per batch is one message to and from each worker. `ProcessPending.wait` returns once every
+part of that batch is settled (or the timeout passed); `cancel` makes workers skip its parts
+they have not begun (both handles, the pending batch and the worker, are in
+_process_pending.py).
 
 The consumer thread drives everything from `pump()`, which waits on the pipes and on the
 processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
-re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
+parts re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
 /dev/shm full says so). Workers ignore SIGINT and exit when their parent dies, unlinking the
 segments.
 """
@@ -262,8 +265,11 @@ class ProcessBackend:
         try:
             while worker.conn.poll(0):
                 part_id, outcome, error = worker.conn.recv()
-                batch_id, number, _ = worker.in_flight.pop(part_id)
                 worker.answered += 1
+                item = worker.in_flight.pop(part_id, None)
+                if item is None:  # settled already: timed out, its answer sent as it was killed
+                    continue
+                batch_id, number, _ = item
                 pending = self._pending.get(batch_id)
                 if pending is None:
                     continue

@@ -119,14 +119,14 @@ class Loader:
     - `decoder`: how files are decoded: `"auto"` (the `fast` extra's libjpeg-turbo decoder
       when installed, else Pillow), `"pillow"`, `"turbo"`, or your own
       `decoder(path, options) -> array`. Used for file sources only.
-    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core
-      (tuned on remote URLs); `"auto"` to grow or shrink the count while it runs, or
+    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core,
+      less one from 4 cores on (tuned on remote URLs); `"auto"` to grow or shrink the count while it runs, or
       `Autotune(memory_budget=...)` to do so within that many bytes.
     - `depth`: the most batches in flight at once (being decoded, or decoded and waiting for
       the consumer), an int >= 1.
-    - `backend`: how workers run: `"auto"` (threads or processes, chosen from a short
-      measurement), `"thread"`, `"process"`, or a `ProcessOptions` (processes, with their
-      restarts, start method and reader threads).
+    - `backend`: how workers run: `"auto"` (processes for files; for another source, threads
+      or processes chosen from a short measurement), `"thread"`, `"process"`, or a
+      `ProcessOptions` (processes, with their restarts, start method and reader threads).
     - `on_error`: `"raise"`: a sample that fails to load raises at its batch, with a note
       naming it; `"skip"`: it is dropped, logged and counted in `stats()`; or an
       `ErrorPolicy("skip", max_skipped=..., sample_timeout_s=...)`: with a cap on skipped
