@@ -1,4 +1,4 @@
-"""backend="auto": choose threads or processes from the source, the machine and a short measurement.
+"""backend="auto": threads or processes, from the kind of source (and a short measurement of it).
 
 A loader's consumer runs Python: a training loop launches its model's kernels from Python, and
 Keras, tf.data's generator thread and prefetch.torch's conversion thread run Python beside it.
@@ -6,16 +6,18 @@ Worker threads run in parallel only while their work releases the GIL, and after
 (a decode, a resize) a worker needs the GIL back: a busy Python thread gives it up only at the
 interpreter's switch interval (5 ms), so thread workers stall behind a training loop (the
 convoy effect: one worker thread fell to 0.04 of its rate beside a pure-Python thread, where a
-worker process kept all of it, docs/performance.md "Many cores"). Their own per-sample Python
-(the share measured below) also runs one thread at a time, which bends the thread curve on many
-cores. Processes pay neither: each decodes on its own core and writes its rows of every batch
-straight into shared memory; they cost a start-up (about a second) and a pipe message per
-worker and batch (microseconds of the parent's CPU per image).
+worker process kept all of it, docs/performance.md "Many cores"). Their own per-sample
+Python (14% to 26% of a sample, `benchmarks/scaling.py`) also runs one thread at a time,
+which bends the thread curve on many cores. Processes pay neither: each decodes on its own
+core and writes its rows of every batch straight into shared memory; they cost a start-up
+(about a second) and a pipe message per worker and batch (microseconds of the parent's CPU
+per image).
 
 So the choice is:
 
 - file sources (folders, file lists, shards, URLs: `is_file_source`): processes, on any number
-  of cores;
+  of cores; but threads for remote URLs with a fixed worker count (sized for threads, it would
+  start that many processes, each with a reader thread per row);
 - any other source (a `Source` with its own `__getitem__`, which may hold its data in this
   process): the stages of a few samples are timed on the calling thread, the conversion to the
   target size (which releases the GIL) against the rest (`__getitem__`, the transform);
@@ -72,7 +74,16 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
     URLs go to processes when the worker count is `tuned` (a fixed count, sized for threads,
     would start that many processes).
     """
-    if is_file_source(reader.source):
+    if is_file_source(reader.source) and reads_over_network(reader.source) and not tuned:
+        choice = BackendChoice(
+            "thread",
+            0.0,
+            0.0,
+            0,
+            "remote URLs with a fixed worker count: a count sized for threads would start that "
+            "many processes, each with a reader thread per row",
+        )
+    elif is_file_source(reader.source):
         choice = BackendChoice(
             "process",
             0.0,
@@ -82,7 +93,7 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
             "none waits for the GIL while the training thread runs Python",
         )
     else:
-        choice = _measured(reader, indices, tuned)
+        choice = _measured(reader, indices)
     name, reason = choice.name, choice.reason
     if name == "process":
         unpicklable = unpicklable_part(reader)
@@ -101,7 +112,7 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
     return replace(choice, name=name, reason=f"auto: {name} ({reason})")
 
 
-def _measured(reader: SampleReader, indices: np.ndarray, tuned: bool) -> BackendChoice:
+def _measured(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
     """The choice for a source that is not a file source, from the GIL share of its samples
     (the reason without its "auto: name" prefix)."""
     free_s = held_s = 0.0
@@ -130,12 +141,6 @@ def _measured(reader: SampleReader, indices: np.ndarray, tuned: bool) -> Backend
         f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
         f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
     )
-    if name == "thread" and tuned and reads_over_network(reader.source):
-        name = "process"
-        reason += (
-            "; but remote URLs read faster from processes: each runs its own HTTP client "
-            "(fsspec's event loop), where threads share one"
-        )
     return BackendChoice(name, share, total / samples, samples, reason)
 
 
