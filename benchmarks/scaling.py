@@ -107,6 +107,38 @@ def prefetch_row(args: argparse.Namespace, name: str, **tuning: Any) -> Row:
     }
 
 
+def beside_python_rows(args: argparse.Namespace) -> list[Row]:
+    """The default loader drained by a thread of its own (as prefetch.torch and Keras drain it)
+    while this thread runs pure Python (the worst training loop): images/s alone and beside it,
+    and the Python thread's own rate beside the loader as a share of its rate alone."""
+
+    def drain(loader: Loader, seconds: float, out: list[float]) -> None:
+        out.append(timed(loader_sizes(loader), 0.0, seconds)[0])
+
+    def spin(seconds: float) -> float:
+        count, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            count += 1
+        return count / seconds
+
+    with make_loader(args) as loader:
+        timed(loader_sizes(loader), args.warmup_s, 0.0)
+        alone: list[float] = []
+        drain(loader, args.seconds, alone)
+        solo = spin(args.seconds / 2)
+        beside: list[float] = []
+        thread = threading.Thread(target=drain, args=(loader, args.seconds, beside))
+        thread.start()
+        spun = spin(args.seconds)
+        thread.join()
+        stats = loader.stats()
+    note = f"{stats.backend}, {stats.workers} workers; the Python thread kept {spun / solo:.0%}"
+    return [
+        {"row": "default, drained alone", "images_per_s": alone[0], "note": ""},
+        {"row": "default, beside Python", "images_per_s": beside[0], "note": note},
+    ]
+
+
 def gil_share(args: argparse.Namespace, samples: int = 48) -> float:
     """The share of a thread worker's sample that holds the GIL: one thread reads `samples`
     samples (the loader's own per-sample code) while this thread counts spins of a pure-Python
@@ -375,7 +407,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--feed-warmup-steps", type=int, default=15)
     parser.add_argument(
-        "--skip", nargs="*", default=[], help="parts to leave out: thread, process, torch, feed"
+        "--skip",
+        nargs="*",
+        default=[],
+        help="parts to leave out: thread, process, beside, torch, feed",
     )
     parser.add_argument(
         "--feed-variants",
@@ -427,6 +462,8 @@ def main() -> None:
                 name = f"{backend} {n}"
                 row = functools.partial(prefetch_row, args, name, workers=n, backend=backend)
                 guarded(name, lambda row=row: [row()])
+    if "beside" not in args.skip:
+        guarded("beside Python", lambda: beside_python_rows(args))
     if "torch" not in args.skip:
         guarded("torch rows", lambda: torch_rows(args, args.max_workers))
     if "feed" not in args.skip:

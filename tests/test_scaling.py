@@ -52,7 +52,7 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
     then decodes; a worker thread would wait for the GIL after each (the convoy effect)."""
     folder = write_image_folder(tmp_path / "images", per_class=40)
     loader = Loader(
-        folder, batch_size=4, image_size=(16, 16), workers=1, decoder=SlowDecoder(0.003)
+        folder, batch_size=16, image_size=(16, 16), workers=1, decoder=SlowDecoder(0.003)
     )
     phase_s = 1.0
 

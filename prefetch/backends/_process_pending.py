@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from prefetch.backends._answers import AnswerReader
 from prefetch.backends._base import (
     BatchOutcome,
     BatchTask,
@@ -140,6 +141,7 @@ class WorkerHandle:
         self.index = index
         self.process = process
         self.conn = conn
+        self.answers = AnswerReader(conn.fileno())
         self.in_flight: OrderedDict[int, InFlight] = OrderedDict()
         self.answered = 0
         self.retiring = False  # sent a stop by set_workers: it leaves after its parts

@@ -6,7 +6,8 @@ Over its own duplex pipe a worker receives, in order:
   never opens a segment by name, so nobody who can create files in /dev/shm can hand it theirs.
 - `Task(part_id, task, slot_name, start, stop)`: fill rows [start, stop) of the slot (a part of
   a batch whose other rows other workers fill), answer (part id, outcome, None) or (part id,
-  None, (error, traceback text)).
+  None, (error, traceback text)). Answers are frames of our own (`_answers.send_answer`),
+  which the parent reads many at a time.
 - `Cancel(part_id)`: if that part is still queued here, drop it and answer (part id,
   `Cancelled()`, None) at once.
 - `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
@@ -35,6 +36,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import NamedTuple
 
+from prefetch.backends._answers import send_answer
 from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.backends._options import BATCHES_AT_ONCE
 from prefetch.backends._reader import SampleReader
@@ -134,12 +136,30 @@ def worker_main(
                 continue
             _run(reader, message, segments.get(message.slot_name), conn, name)
     except (_ParentGone, EOFError, BrokenPipeError, ConnectionResetError):
-        # The parent is gone and cannot unlink its segments: do it for it.
-        for _, path, identity in segments.values():
+        # The parent is gone and cannot unlink its segments: do it for it, those it sent but
+        # this worker had not read yet too (a worker busy with its part when the parent died
+        # learns of it writing the answer, before it read the newest segment).
+        owned = [(path, identity) for _, path, identity in segments.values()]
+        for path, identity in owned + _unread_segments(conn):
             unlink_if_same(path, identity)
     finally:
         if pool is not None:
             pool.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _unread_segments(conn: Connection) -> list[tuple[str, FileId]]:
+    """The segments among the messages still in the pipe from a parent that is gone."""
+    found = []
+    with contextlib.suppress(EOFError, OSError):
+        while conn.poll(0):
+            message = conn.recv()
+            if isinstance(message, Segment):
+                fd = recv_handle(conn)
+                try:
+                    found.append((message.path, FileId.of(os.fstat(fd))))
+                finally:
+                    os.close(fd)
+    return found
 
 
 class _Running(NamedTuple):
@@ -173,7 +193,7 @@ def _pipeline(
             queued.popleft()
             segment = segments.get(message.slot_name)
             if segment is None:  # forgotten: nobody waits for it
-                conn.send((message.part_id, Cancelled(), None))
+                send_answer(conn.fileno(), (message.part_id, Cancelled(), None))
                 continue
             running.append(_Running(message, _start_batch(reader, message, segment[0], name, pool)))
             continue
@@ -209,7 +229,7 @@ def _read_arrived(
             for task in queued:
                 if isinstance(task, Task) and task.part_id == message.part_id:
                     queued.remove(task)
-                    conn.send((task.part_id, Cancelled(), None))
+                    send_answer(conn.fileno(), (task.part_id, Cancelled(), None))
                     break
         else:
             queued.append(message)
@@ -223,7 +243,7 @@ def _run(
     name: str,
 ) -> None:
     if segment is None:  # forgotten: nobody waits for it
-        conn.send((message.part_id, Cancelled(), None))
+        send_answer(conn.fileno(), (message.part_id, Cancelled(), None))
         return
     slot, start, stop = segment[0], message.start, message.stop
     _answer(message, lambda: reader.read_into(message.task, slot, start, stop, name), conn)
@@ -242,9 +262,9 @@ def _answer(message: Task, outcome_of: Callable[[], ChunkOutcome], conn: Connect
             Skipped(s.position, s.path, portable(s.error))  # type: ignore[arg-type]
             for s in outcome.skipped
         ]
-        conn.send((message.part_id, outcome, None))
+        send_answer(conn.fileno(), (message.part_id, outcome, None))
     except Exception as error:
-        conn.send((message.part_id, None, with_traceback_text(error)))
+        send_answer(conn.fileno(), (message.part_id, None, with_traceback_text(error)))
 
 
 class _Readers:

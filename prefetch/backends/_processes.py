@@ -262,9 +262,10 @@ class ProcessBackend:
                     self._handle_death(worker)
 
     def _receive(self, worker: WorkerHandle) -> None:
+        """Take the answers that arrived from `worker` (one read of its pipe)."""
         try:
-            while worker.conn.poll(0):
-                part_id, outcome, error = worker.conn.recv()
+            answers, _ = worker.answers.read()
+            for part_id, outcome, error in answers:
                 worker.answered += 1
                 item = worker.in_flight.pop(part_id, None)
                 if item is None:  # settled already: timed out, its answer sent as it was killed

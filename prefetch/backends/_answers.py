@@ -1,0 +1,56 @@
+"""A worker process's answers to its parent, framed by us on the worker's own pipe.
+
+Parent to worker, the pipe carries `multiprocessing` messages (`Connection.send`, and file
+descriptors). Worker to parent, it carries only answers (part id, outcome, error): each is one
+frame, an 8-byte big-endian length and a pickle, written whole by `send_answer`.
+`AnswerReader.read` takes every byte that has arrived in ONE `os.read` and returns the complete
+answers in it, keeping a partial frame for the next read.
+
+Why not `Connection.recv`: the parent's thread that drains the loader (prefetch.torch's, Keras's,
+tf.data's) runs beside a training thread that runs Python, and every system call it makes
+releases the GIL, which it then waits for behind the training thread (up to the interpreter's
+5 ms switch interval). `poll` + `recv` cost about four system calls per answer; one read per
+wake-up, however many answers it brings, costs one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from typing import Any
+
+_LENGTH = struct.Struct("!Q")
+# The most bytes one read takes from a worker's pipe; what is left is read at the next wake-up.
+READ_BYTES = 1 << 20
+
+
+def send_answer(fd: int, answer: Any) -> None:
+    """Write `answer` (a picklable value) to the pipe `fd` as one frame."""
+    payload = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_LENGTH.pack(len(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class AnswerReader:
+    """The parent's end of one worker's answers: `read()` after its pipe became readable."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+
+    def read(self) -> tuple[list[Any], bool]:
+        """(the complete answers that arrived, whether the worker's end is closed). One read;
+        call it only when the pipe is readable (or the worker is gone), or it blocks."""
+        data = os.read(self._fd, READ_BYTES)
+        self._buffer += data
+        answers = []
+        while len(self._buffer) >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self._buffer)
+            end = _LENGTH.size + length
+            if len(self._buffer) < end:
+                break
+            answers.append(pickle.loads(self._buffer[_LENGTH.size : end]))
+            del self._buffer[:end]
+        return answers, not data
