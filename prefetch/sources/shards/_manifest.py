@@ -7,11 +7,16 @@ list (any name, line breaks included, round-trips exactly), the image extensions
 the writer's options. While a write is being committed the same file says `"complete": false`
 and lists the renames still to do, so that an interrupted write is never read as a set.
 
-Readers (`check_shards`, `check_indexes`) use it when it is beside the shards: an incomplete
-manifest is refused; a set whose files disagree with it (a shard missing, an extra shard of its
-names, another size or sample count) is refused naming the difference. Full checksums are
-checked on request only (`verify`, `prefetch shards verify OUT`). Everything here is a pure
-function of the bytes read; nothing is kept between calls.
+A manifest is the set. Where the folder a source reads (or the folder of its pattern) holds a
+manifest of its format, `choose_set` makes the source read exactly the manifest's shards (those
+the pattern selects); other files are named in one log line and left alone; two manifests of
+the format, or a journal (an unfinished write), are an error naming them. Readers
+(`check_shards`, `check_sizes`, `check_indexes`, `check_class_names`) then refuse a set whose
+files disagree with it (a shard missing, an extra shard of its own names, another size or
+sample count, a `classes.txt` naming other classes) naming the difference. `verify` (`prefetch
+shards verify OUT`) makes every one of these checks, sizes before anything is hashed, then
+every shard's SHA-256. Everything here is a pure function of the bytes read; nothing is kept
+between calls.
 """
 
 from __future__ import annotations
@@ -20,19 +25,29 @@ import dataclasses
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
+import stat
 from collections.abc import Sequence
 from typing import Any
 
 from prefetch.io import beside, is_url, open_regular, read_small
+from prefetch.sources.shards._index import IndexSpec, load_or_build
+
+log = logging.getLogger("prefetch.loader")
 
 # The version of the manifest's layout, its first key; a reader refuses a later one.
 MANIFEST_VERSION = 1
 # The key that holds the version (it also tells a manifest from any other JSON).
 VERSION_KEY = "prefetch_shards_manifest"
-# The most bytes read of a manifest (about 150 bytes a shard: millions of shards).
-MAX_MANIFEST_BYTES = 64 << 20
+# The most bytes read of a manifest: about 150 bytes a shard, so 100,000 shards. Parsed, JSON
+# costs up to about 20 bytes of memory per byte (`[{},{},...]`): at most about 350 MB.
+MAX_MANIFEST_BYTES = 16 << 20
+# The file beside the shards that names the classes, one per line (the writer leaves one).
+CLASSES_FILE = "classes.txt"
+# The most bytes read of a class list.
+MAX_CLASSES_BYTES = 16 << 20
 # Bytes hashed at a time by `verify`.
 _HASH_CHUNK = 4 << 20
 # The shard names the writer gives, by format: (prefix, the rest).
@@ -168,6 +183,85 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     return Manifest.from_bytes(data, place), place
 
 
+@dataclasses.dataclass(frozen=True)
+class ChosenSet:
+    """The set a folder's manifest makes of it: the `manifest`, `where` it is, and the `names`
+    of its shards to read (those the folder or pattern selects), in the manifest's order."""
+
+    manifest: Manifest
+    where: str
+    names: list[str]
+
+
+def manifests_of(names: Sequence[str], format: str) -> list[str]:
+    """The names among `names` that are manifests of `format` shards, sorted."""
+    suffix = f"-{format}.manifest.json"
+    return sorted(name for name in names if name.endswith(suffix) and len(name) > len(suffix))
+
+
+def choose_set(
+    folder: str, names: Sequence[str], selected: Sequence[str], selects: str, format: str
+) -> ChosenSet | None:
+    """The set the manifest in `folder` (a path or a URL without its trailing "/") makes of
+    it, or None when it holds no manifest of `format` that applies. `names` are every file of
+    the folder, `selected` those the folder (`selects` "*") or a pattern (`selects`) picks.
+
+    A folder read whole is its manifest's set; a pattern is, when it picks a shard of a
+    manifest's prefix. More than one such manifest, a journal (an unfinished write), a shard
+    of the manifest that the pattern selects but that is missing, or a file of the set's own
+    names that the manifest does not list are errors naming them. Other files the folder or
+    pattern picks are named in one line of the log and not read."""
+    manifests = manifests_of(names, format)
+    if selects != "*":
+        prefixes = {shard_prefix(name, format) for name in selected} - {None}
+        manifests = [name for name in manifests if _prefix_of(name, format) in prefixes]
+    if not manifests:
+        return None
+    if len(manifests) > 1:
+        raise ValueError(
+            f"{folder!r} holds {len(manifests)} manifests of {format} shards "
+            f"({_shown(manifests)}): one folder holds one set of a format. Move each set to a "
+            "folder of its own, or pass the shards of one as a list"
+        )
+    where = _join(folder, manifests[0])
+    manifest = Manifest.from_bytes(read_small(where, MAX_MANIFEST_BYTES), where)
+    if manifest.format != format or manifest_name(format, manifest.prefix) != manifests[0]:
+        raise ValueError(
+            f"{where!r} describes {manifest.format} shards named {manifest.prefix!r}-..., not "
+            "the set its name says: write the shards again"
+        )
+    listed = [entry.name for entry in manifest.shards]
+    check_shards(manifest, where, [n for n in selected if n in set(listed)], None)
+    extra = [n for n in selected if n not in set(listed)]
+    own = [n for n in extra if shard_prefix(n, format) == manifest.prefix]
+    if own:
+        check_shards(manifest, where, own, None)  # raises, naming them
+    present = set(names)
+    chosen = [name for name in listed if fnmatch.fnmatchcase(name, selects)]
+    missing = [name for name in chosen if name not in present]
+    if missing:
+        raise ValueError(
+            f"the set of {where!r} is missing {_shown(missing)}: copy "
+            f"{'it' if len(missing) == 1 else 'them'} back, or write the shards again"
+        )
+    if extra:
+        log.warning(
+            "prefetch: reading the %d shards that %r lists; left alone (not in it): %s",
+            len(chosen),
+            where,
+            _shown(extra),
+        )
+    return ChosenSet(manifest, where, chosen)
+
+
+def _prefix_of(manifest: str, format: str) -> str:
+    return manifest[: -len(f"-{format}.manifest.json")]
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if is_url(folder) else os.path.join(folder, name)
+
+
 def check_shards(
     manifest: Manifest, where: str, shards: Sequence[str], selects: str | None
 ) -> None:
@@ -200,6 +294,38 @@ def check_shards(
             )
 
 
+def check_sizes(manifest: Manifest, where: str, shards: Sequence[str]) -> None:
+    """Refuse (ValueError naming the shard and `where`) a local shard of `shards` whose size
+    on disk is not the manifest's: a `stat`, before anything of it is read or indexed (URLs
+    are compared when indexed)."""
+    local = [shard for shard in shards if not is_url(shard)]
+    sizes = []
+    for shard in local:
+        try:
+            sizes.append(os.stat(shard).st_size)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{shard!r} of the set of {where!r} is missing: copy it back, or write the "
+                "shards again"
+            ) from None
+    check_indexes(manifest, where, local, sizes, None)
+
+
+def check_class_names(manifest: Manifest, where: str) -> None:
+    """Refuse (ValueError naming both) a `classes.txt` beside the manifest at `where` that
+    names other classes than the manifest (the writer leaves the two in agreement, or no
+    `classes.txt` when a name holds a line break)."""
+    beside_it = beside(where, CLASSES_FILE)
+    names = class_names_beside(where)
+    if names is not None and names != list(manifest.class_names):
+        raise ValueError(
+            f"{beside_it!r} names {len(names)} classes ({_shown(names)}) and {where!r} "
+            f"names {len(manifest.class_names)} ({_shown(list(manifest.class_names))}): one "
+            f"of them was edited after the set was written. Write the shards again, or put "
+            f"the right names in both"
+        )
+
+
 def check_indexes(
     manifest: Manifest,
     where: str,
@@ -225,11 +351,51 @@ def check_indexes(
             )
 
 
-def verify(folder: str, manifest: Manifest) -> list[str]:
-    """The problems of the local shards in `folder` against `manifest`, one line each (empty:
-    every shard is there, of its size and SHA-256): each shard is read whole."""
+def verify(folder: str, manifest: Manifest, names: Sequence[str] | None = None) -> list[str]:
+    """The problems of the local set in `folder` against `manifest`, one line each (empty:
+    the set is whole). Everything a reader checks, cheapest first: each shard's presence and
+    size (one `stat`: a shard of another size is never read), files of the set's names that
+    it does not list (`names`: the folder's files; None: listed here), `classes.txt` against
+    the manifest's class names, each shard's sample count (its index, as a reader with the
+    default options builds it), then the SHA-256 of each shard of the right size, read whole."""
     problems = []
+    where = os.path.join(folder, manifest_name(manifest.format, manifest.prefix))
+    if names is None:
+        names = os.listdir(folder)
+    listed = {entry.name for entry in manifest.shards}
+    for name in sorted(names):
+        if name not in listed and shard_prefix(name, manifest.format) == manifest.prefix:
+            problems.append(f"{name}: not in the manifest (left from another write?)")
+    try:
+        check_class_names(manifest, where)
+    except ValueError as error:
+        problems.append(f"{CLASSES_FILE}: {error}")
+    sized = []
     for entry in manifest.shards:
+        path = os.path.join(folder, entry.name)
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            problems.append(f"{entry.name}: cannot be read ({error})")
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            problems.append(f"{entry.name}: not a regular file")
+        elif info.st_size != entry.size:
+            problems.append(f"{entry.name}: {info.st_size} bytes, the manifest says {entry.size}")
+        else:
+            sized.append(entry)
+    spec = _writers_spec(manifest)
+    for entry in list(sized):
+        path = os.path.join(folder, entry.name)
+        try:
+            count = len(load_or_build(path, spec))
+        except (OSError, ValueError) as error:
+            problems.append(f"{entry.name}: cannot be indexed ({error})")
+            sized.remove(entry)
+            continue
+        if count != entry.samples:
+            problems.append(f"{entry.name}: {count} samples, the manifest says {entry.samples}")
+    for entry in sized:
         path = os.path.join(folder, entry.name)
         try:
             digest, size = _sha256(path)
@@ -241,6 +407,14 @@ def verify(folder: str, manifest: Manifest) -> list[str]:
         elif digest != entry.sha256:
             problems.append(f"{entry.name}: SHA-256 {digest}, the manifest says {entry.sha256}")
     return problems
+
+
+def _writers_spec(manifest: Manifest) -> IndexSpec:
+    """How a reader with the default options counts the samples of `manifest`'s shards."""
+    if manifest.format == "tar" and manifest.image_extensions:
+        extensions = tuple(ext.lower().lstrip(".") for ext in manifest.image_extensions)
+        return IndexSpec("tar", image_ext=tuple(dict.fromkeys(("jpg", "jpeg", "png", *extensions))))
+    return IndexSpec(manifest.format)
 
 
 def _sha256(path: str) -> tuple[str, int]:
@@ -301,3 +475,31 @@ def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r:.60}")
     return value
+
+
+def class_names_beside(shard: str) -> list[str] | None:
+    """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
+    there is none (or none readable)."""
+    place = beside(shard, CLASSES_FILE)
+    try:
+        data = read_small(place, MAX_CLASSES_BYTES)
+    except OSError:  # none (or none readable): the labels' numbers name the classes
+        return None
+    return parse_class_names(data, place) or None
+
+
+def parse_class_names(data: bytes, where: str) -> list[str]:
+    """The class names of a `classes.txt`'s bytes: strict UTF-8, one name per line, split on
+    `\\n` only (a name may hold any other character; a `\\r` before the `\\n` is dropped);
+    blank lines at the end are not names. ValueError naming `where` when it is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{where!r} is not UTF-8 text (byte {error.start} is not): write it as UTF-8, one "
+            "class name per line, or pass class_names="
+        ) from None
+    names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    while names and not names[-1]:
+        names.pop()
+    return names

@@ -84,9 +84,18 @@ class ShardSource(FileList):
             at_url = is_url(self.shards[0])
             self.streaming = at_url if streaming is None else bool(streaming)
             self.shuffle_buffer = shuffle_buffer
-            manifest = shard_manifest.read_manifest(self.shards, spec.format)
+            if found.chosen is not None:
+                manifest: tuple[shard_manifest.Manifest, str] | None = (
+                    found.chosen.manifest,
+                    found.chosen.where,
+                )
+            else:
+                manifest = shard_manifest.read_manifest(self.shards, spec.format)
+                if manifest is not None:
+                    shard_manifest.check_shards(*manifest, self.shards, found.selects)
             if manifest is not None:
-                shard_manifest.check_shards(*manifest, self.shards, found.selects)
+                shard_manifest.check_sizes(*manifest, self.shards)  # before any is read
+                shard_manifest.check_class_names(*manifest)
             indexes = _index_all(self.shards, spec, check_urls=not self.streaming)
             if manifest is not None:
                 _check_against(manifest, self.shards, indexes, spec)
@@ -184,9 +193,12 @@ class TFRecordSource(ShardSource):
       the randomness this costs: docs/shards.md).
     - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
 
-    When a manifest (`prefetch.sources.shards._manifest`) is beside the shards, a set that disagrees
-    with it (an unfinished write, a missing or extra shard, another size or sample count) is
-    refused naming the difference. Every record's CRCs are checked when it is read: a damaged
+    A manifest is the set: where the folder (or the pattern's folder) holds a manifest of
+    TFRecord shards (as `prefetch shards write` leaves), exactly its shards are read, other
+    files are named in one log line and left alone, and a set that disagrees with it (an
+    unfinished write, two manifests, a missing shard or an extra one of its names, another
+    size or sample count, a `classes.txt` naming other classes) is refused naming the
+    difference. Every record's CRCs are checked when it is read: a damaged
     record raises `CorruptShardError` naming the shard and the record's byte offset (or is
     skipped with `on_error="skip"`).
     """
