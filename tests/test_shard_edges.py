@@ -7,6 +7,8 @@ written by `prefetch shards write` in tmp_path, local and over HTTP."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import io
 import json
 import logging
 import os
@@ -14,12 +16,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 import prefetch
 from prefetch.cli import main
 from prefetch.sources.shards import Manifest
 from prefetch.testing import serve_folder, write_image_folder
-from prefetch.testing.shards import write_tar
+from prefetch.testing.shards import write_tar, write_tfrecord
 from prefetch.tools.shard_writer import write_shards
 
 COUNT = 24  # 3 classes of 8 images
@@ -208,3 +211,77 @@ def test_a_url_folder_is_its_manifests_set_with_or_without_its_trailing_slash(
         for url in (f"{base}out/", f"{base}out"):
             with pytest.raises(ValueError, match="did not finish"):
                 prefetch.TarSource(url)
+
+
+# ---------------------------------------------------------------- messages that know the format
+
+
+def jpeg(value: int, size: int = 16) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (value, 0, 0)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def test_a_shard_of_the_other_format_is_named_as_what_it_is(folder: Path, tmp_path: Path) -> None:
+    tar = tmp_path / "a.tar"
+    write_tar(tar, [("0", jpeg(1), 0)])
+    record = tmp_path / "a.tfrecord"
+    write_tfrecord(record, [(jpeg(1), 0)])
+    with pytest.raises(ValueError, match="is a tar archive, not a TFRecord file") as raised:
+        prefetch.TFRecordSource([tar])
+    assert "read it with prefetch.TarSource" in str(raised.value)
+    assert "on_error" not in str(raised.value)
+    with pytest.raises(ValueError, match="is a TFRecord file, not a tar archive") as raised:
+        prefetch.TarSource([record])
+    assert "read it with prefetch.TFRecordSource" in str(raised.value)
+    assert "on_error" not in str(raised.value)
+
+
+def test_a_gzip_stream_says_what_it_holds_and_what_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tfrecord"
+    write_tar(tmp_path / "inner.tar", [("0", jpeg(1), 0)])
+    path.write_bytes(gzip.compress((tmp_path / "inner.tar").read_bytes()))
+    with pytest.raises(ValueError, match=r"gzip-compressed tar \(a \.tar\.gz\)") as raised:
+        prefetch.TFRecordSource([path])
+    assert "gunzip -c shard.tfrecord" in str(raised.value)
+    assert "read it with prefetch.TarSource" in str(raised.value)
+
+
+@pytest.mark.usefixtures("fsspec_io_thread")
+def test_an_html_page_is_named_as_one_locally_and_at_a_url(tmp_path: Path) -> None:
+    page = b"<!DOCTYPE HTML>\n<html><head><title>Directory listing for /s</title></head>\n"
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "listing.tar").write_bytes(page + b"<body>" + b" " * 600 + b"</body>")
+    with pytest.raises(ValueError, match="is an HTML page") as raised:
+        prefetch.TarSource([tmp_path / "s" / "listing.tar"])
+    assert "on_error" not in str(raised.value)
+    with serve_folder(tmp_path) as base:
+        with pytest.raises(ValueError, match="is an HTML page") as raised:
+            prefetch.TarSource(f"{base}s/listing.tar")
+        assert f"{base}s/*.tar" in str(raised.value)
+
+
+def test_a_damaged_shard_gets_no_skip_advice_when_made_or_when_skipping_is_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "shard.tfrecord"
+    write_tfrecord(path, [(jpeg(value), value % 2) for value in range(6)])
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF  # inside the last record's image: its data CRC no longer matches
+    path.write_bytes(bytes(data))
+    source = prefetch.TFRecordSource(path)
+    with (
+        caplog.at_level(logging.WARNING, logger="prefetch.loader"),
+        prefetch.Loader(
+            source, batch_size=3, image_size=(8, 8), shuffle=False, on_error="skip", workers=1
+        ) as loader,
+    ):
+        images = sum(len(batch.images) for batch in loader)
+    assert images == 5
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped and all("on_error" not in line for line in skipped)
+    data[13] = 0 if data[13] else 1  # the first record's length CRC: damaged when made
+    path.write_bytes(bytes(data))
+    with pytest.raises(prefetch.CorruptShardError) as raised:
+        prefetch.TFRecordSource(path)
+    assert "on_error" not in str(raised.value)

@@ -63,7 +63,7 @@ def check_image_bytes(data: bytes, name: str) -> None:
             f"progressive JPEG with {scans} scans, over the cap of {MAX_JPEG_SCANS}: {name!r} "
             "is not decoded (each scan is a pass over the whole image, so it could take "
             "minutes). Re-encode it with fewer scans (jpegtran -copy all in.jpg > out.jpg "
-            "writes one) or pass on_error='skip' to drop such files"
+            "writes one)"
         )
 
 

@@ -52,13 +52,13 @@ from prefetch.sources.shards._index_file import (
 from prefetch.sources.shards._index_file import IndexSpec as IndexSpec
 from prefetch.sources.shards._index_file import ShardIdentity as ShardIdentity
 from prefetch.sources.shards._index_file import ShardIndex as ShardIndex
+from prefetch.sources.shards._sniff import HEAD_BYTES, refuse_other_format
 from prefetch.sources.shards._tar import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def index_folder() -> str:
@@ -183,13 +183,14 @@ _MAX_KEPT_BYTES = 1 << 30
 
 def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardIndex:
     """Index the local shard at `path` now (see the module docstring); its errors name it
-    `name` (default: `path`; a URL for a private copy of a URL's shard). A gzip-compressed
-    shard is refused with that reason (ValueError naming it)."""
+    `name` (default: `path`; a URL for a private copy of a URL's shard). A file whose first
+    bytes show it is not a shard of the format (the other format, gzip, zip, an HTML page)
+    is refused saying what it is and what reads it (ValueError naming it)."""
     name = path if name is None else name
     handle = open_shard(path)
     with os.fdopen(handle, "rb") as file:
         identity = local_identity(handle)  # before reading: a change during it is seen later
-        _refuse_gzip(os.pread(handle, 2, 0), name, spec.format)
+        refuse_other_format(os.pread(handle, HEAD_BYTES, 0), name, spec.format)
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
@@ -207,16 +208,6 @@ def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardInd
         identity=identity,
         keys=keys,
     )
-
-
-def _refuse_gzip(magic: bytes, path: str, format: str) -> None:
-    if magic == _GZIP_MAGIC:
-        what = "TFRecord" if format == "tfrecord" else "tar"
-        raise ValueError(
-            f"{path!r} is a gzip-compressed {what}: random access needs uncompressed shards; "
-            f"decompress it first (gunzip -c {os.path.basename(path)} > uncompressed-shard, or "
-            "`prefetch shards write` to write new ones)"
-        )
 
 
 def _tar_columns(
