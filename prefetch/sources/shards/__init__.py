@@ -35,8 +35,8 @@ from prefetch.sources.shards._manifest import (
     manifests_of,
     read_manifest,
     shard_prefix,
-    verify,
 )
+from prefetch.sources.shards._set import verify
 from prefetch.sources.shards._sources import ShardSource, TarSource, TFRecordSource
 from prefetch.sources.shards._tar import (
     TAR_END,

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from prefetch.io import RemoteTree, is_url, local_path
 from prefetch.sources.shards._index import INDEX_SUFFIX
 from prefetch.sources.shards._manifest import CLASSES_FILE as CLASSES_FILE
-from prefetch.sources.shards._manifest import ChosenSet, choose_set, is_manifest_name
 from prefetch.sources.shards._manifest import class_names_beside as class_names_beside
+from prefetch.sources.shards._manifest import is_manifest_name
 from prefetch.sources.shards._manifest import parse_class_names as parse_class_names
+from prefetch.sources.shards._set import ChosenSet, choose_set
 
 # The most names one brace expression may expand to (`{0..999999999}` is refused, not built).
 MAX_BRACE_NAMES = 1_000_000

@@ -40,6 +40,7 @@ from prefetch.io import (
 )
 from prefetch.sources._folders import FileList
 from prefetch.sources.shards import _manifest as shard_manifest
+from prefetch.sources.shards import _set as shard_set
 from prefetch.sources.shards._files import CLASSES_FILE as CLASSES_FILE
 from prefetch.sources.shards._files import class_names_beside, resolve
 from prefetch.sources.shards._files import find_shards as find_shards
@@ -92,10 +93,10 @@ class ShardSource(FileList):
             else:
                 manifest = shard_manifest.read_manifest(self.shards, spec.format)
                 if manifest is not None:
-                    shard_manifest.check_shards(*manifest, self.shards, found.selects)
+                    shard_set.check_shards(*manifest, self.shards, found.selects)
             if manifest is not None:
-                shard_manifest.check_sizes(*manifest, self.shards)  # before any is read
-                shard_manifest.check_class_names(*manifest)
+                shard_set.check_sizes(*manifest, self.shards)  # before any is read
+                shard_set.check_class_names(*manifest)
             indexes = _index_all(self.shards, spec, check_urls=not self.streaming)
             if manifest is not None:
                 _check_against(manifest, self.shards, indexes, spec)
@@ -309,7 +310,7 @@ def _check_against(
         same_counting = spec.image_key in (None, "image/encoded")
     counts = [len(index) for index in indexes] if same_counting else None
     sizes = [index.size for index in indexes]
-    shard_manifest.check_indexes(*manifest, shards, sizes, counts)
+    shard_set.check_indexes(*manifest, shards, sizes, counts)
 
 
 def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> MemberTable:
