@@ -217,20 +217,21 @@ def _tar_columns(
     tar shard's samples, in flat arrays and one dictionary of keys (about 150 bytes a sample
     with WebDataset's keys). A key with two images of one extension, or two labels, is
     refused; a label met before its image waits in a small dictionary of its own."""
-    numbers: dict[str, int] = {}  # key -> sample number
-    early: dict[str, tuple[int, int, str]] = {}  # key -> a label member met before its image
+    numbers: dict[str | bytes, int] = {}  # key (a long one by its digest) -> sample number
+    early: dict[str | bytes, tuple[int, int, str]] = {}  # a label member before its image
     offsets, lengths, labels = array.array("q"), array.array("q"), array.array("q")
     kinds, labelled = bytearray(), bytearray()  # image extension number; whether labelled
     names, name_ends = bytearray(), array.array("q", [0])
     for member in iter_tar_members(file, path):
-        key, ext = sample_key(member.name)
+        name_key, ext = sample_key(member.name)
+        key = _held(name_key)
         ext = ext.lower()
         number = numbers.get(key)
         if ext in spec.image_ext:
             kind = spec.image_ext.index(ext)
             if number is not None:
                 if kinds[number] == kind:
-                    raise _duplicate(path, key, member.name, member.offset)
+                    raise _duplicate(path, name_key, member.name, member.offset)
                 continue  # the sample's first image is its image
             number = numbers[key] = len(offsets)
             offsets.append(member.offset)
@@ -245,15 +246,15 @@ def _tar_columns(
                 labels[number], labelled[number] = _label(file, path, *waiting), 1
         elif spec.label_ext and ext == spec.label_ext:
             if (number is not None and labelled[number]) or key in early:
-                raise _duplicate(path, key, member.name, member.offset)
+                raise _duplicate(path, name_key, member.name, member.offset)
             if number is None:
                 early[key] = (member.offset, member.size, member.name)
             else:
                 labels[number] = _label(file, path, member.offset, member.size, member.name)
                 labelled[number] = 1
     zeros = array.array("q", bytes(8 * len(offsets)))
-    keys = PathArray.from_parts(
-        np.frombuffer(bytes(names), np.uint8), np.frombuffer(name_ends, np.int64)
+    keys = PathArray.from_parts(  # views of the buffers: the names are not copied again
+        np.frombuffer(names, np.uint8), np.frombuffer(name_ends, np.int64)
     )
     if not spec.label_ext:
         return [offsets, lengths, zeros, zeros], None, keys
@@ -265,6 +266,18 @@ def _tar_columns(
             f"add one, or pass label_ext='' to read the shards without labels"
         )
     return [offsets, lengths, zeros, zeros], labels, keys
+
+
+# Keys longer than this are held by their digest while pairing members (a name may be up to
+# `MAX_MEMBER_NAME_BYTES`; the member table keeps it once, not twice).
+_KEY_HELD_BYTES = 64
+
+
+def _held(key: str) -> str | bytes:
+    """`key` as the pairing dictionaries hold it: itself, or when long its 16-byte digest."""
+    if len(key) <= _KEY_HELD_BYTES:
+        return key
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _label(file: Any, path: str, offset: int, size: int, name: str) -> int:
