@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from PIL import Image
 import prefetch
 from prefetch.cli import main
 from prefetch.sources.shards import Manifest
-from prefetch.testing import serve_folder, write_image_folder
+from prefetch.testing import serve_folder, write_bad_files, write_image_folder
 from prefetch.testing.shards import write_tar, write_tfrecord
 from prefetch.tools.shard_writer import write_shards
 
@@ -285,3 +287,27 @@ def test_a_damaged_shard_gets_no_skip_advice_when_made_or_when_skipping_is_on(
     with pytest.raises(prefetch.CorruptShardError) as raised:
         prefetch.TFRecordSource(path)
     assert "on_error" not in str(raised.value)
+
+
+# ---------------------------------------------------------------- the newcomer's nits (item 6)
+
+
+def test_a_set_written_twice_from_a_folder_with_bad_files_has_the_same_manifest_bytes(
+    tmp_path: Path,
+) -> None:
+    images = write_image_folder(tmp_path / "images", per_class=3)
+    write_bad_files(images / "square", ["text", "zero_byte", "corrupt"])
+    manifests = []
+    for out in ("one", "two"):  # two processes: an object's address differs between them
+        done = subprocess.run(
+            [sys.executable, "-m", "prefetch", "shards", "write", str(images), str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert " at 0x" not in done.stdout, done.stdout
+        manifests.append((tmp_path / out / MANIFESTS["tar"]).read_bytes())
+    assert manifests[0] == manifests[1]
+    assert b" at 0x" not in manifests[0] and b"not an image" in manifests[0]

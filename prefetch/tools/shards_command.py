@@ -19,6 +19,7 @@ from prefetch.sources.shards import (
     is_manifest_name,
     manifests_of,
     read_manifest,
+    reproducible,
 )
 from prefetch.sources.shards import verify as verify_manifest
 from prefetch.tools import fit_crop, shard_set, shard_writer
@@ -202,7 +203,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
             f"quality {quality}), the others stored as they were"
         )
     for path, reason in skipped[:_SKIPS_SHOWN]:
-        print(f"  skipped {path}: {reason}")
+        print(f"  skipped {path}: {reproducible(reason)}")
     if len(skipped) > _SKIPS_SHOWN:
         print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
     pattern = os.path.join(args.out, shard_writer.shard_pattern(args.format, args.prefix))

@@ -34,6 +34,7 @@ from prefetch.sources.shards._manifest import (
     manifest_name,
     manifests_of,
     read_manifest,
+    reproducible,
     shard_prefix,
 )
 from prefetch.sources.shards._set import verify
@@ -86,6 +87,7 @@ __all__ = [
     "open_shard",
     "parse_class_names",
     "read_manifest",
+    "reproducible",
     "sample_key",
     "shard_prefix",
     "tar_header",

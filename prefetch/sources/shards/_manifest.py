@@ -83,7 +83,9 @@ class Manifest:
             "class_names": list(self.class_names),
             "image_extensions": list(self.image_extensions),
             "options": self.options,
-            "skipped": [{"file": file, "reason": reason} for file, reason in self.skipped],
+            "skipped": [
+                {"file": file, "reason": reproducible(reason)} for file, reason in self.skipped
+            ],
         }
         if not self.complete:
             data["pending"] = {
@@ -133,6 +135,18 @@ class Manifest:
         ):
             raise ValueError(f"{where!r} lists shards that are not of its format and prefix")
         return manifest
+
+
+# What differs from run to run in an error's text: an object's memory address, as Pillow's
+# "cannot identify image file <_io.BytesIO object at 0x7f93fad8d530>" holds.
+_ADDRESS = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def reproducible(reason: str) -> str:
+    """`reason` (a skipped file's, for the manifest) without what differs from run to run:
+    an object's memory address (`<_io.BytesIO object at 0x...>`), so that the same files and
+    options give the same manifest, byte for byte."""
+    return _ADDRESS.sub("", reason)
 
 
 def manifest_name(format: str, prefix: str) -> str:
