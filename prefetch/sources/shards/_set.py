@@ -73,8 +73,9 @@ def choose_set(
     if len(manifests) > 1:
         raise ValueError(
             f"{folder!r} holds {len(manifests)} manifests of {format} shards "
-            f"({shown(manifests)}): one folder holds one set of a format. Move each set to a "
-            "folder of its own, or pass the shards of one as a list"
+            f"({shown(manifests)}): one folder holds one set of a format. Read one set by "
+            f"a pattern of its names (such as '{_prefix_of(manifests[0], format)}-*'), or move "
+            "each set to a folder of its own"
         )
     where = _join(folder, manifests[0])
     manifest = Manifest.from_bytes(read_small(where, MAX_MANIFEST_BYTES), where)
@@ -84,8 +85,9 @@ def choose_set(
             "the set its name says: write the shards again"
         )
     listed = [entry.name for entry in manifest.shards]
-    check_shards(manifest, where, [n for n in selected if n in set(listed)], None)
-    extra = [n for n in selected if n not in set(listed)]
+    in_set = set(listed)
+    check_shards(manifest, where, [n for n in selected if n in in_set], None)
+    extra = [n for n in selected if n not in in_set]
     own = [n for n in extra if shard_prefix(n, format) == manifest.prefix]
     if own:
         check_shards(manifest, where, own, None)  # raises, naming them
