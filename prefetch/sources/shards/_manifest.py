@@ -166,6 +166,25 @@ def shard_prefix(name: str, format: str) -> str | None:
     return match.group("prefix") if match else None
 
 
+def read_manifest_bytes(place: str) -> bytes:
+    """The bytes of the manifest at `place` (a path or URL), at most `MAX_MANIFEST_BYTES`: a
+    larger one is refused before it is read (ValueError naming it and the bound). OSError
+    (FileNotFoundError when there is none) as `read_small`."""
+    if not is_url(place):
+        try:
+            size = os.stat(place).st_size
+        except FileNotFoundError:
+            size = 0  # read_small says so
+        if size > MAX_MANIFEST_BYTES:
+            raise ValueError(
+                f"{place!r} is {size:,} bytes, more than MAX_MANIFEST_BYTES="
+                f"{MAX_MANIFEST_BYTES:,} (a manifest of about 100,000 shards): not a manifest "
+                "`prefetch shards write` leaves. Write the shards again, or delete it to read "
+                "the shards without one"
+            )
+    return read_small(place, MAX_MANIFEST_BYTES)
+
+
 def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | None:
     """The manifest beside `shards` (paths or URLs) and where it is, or None when there is
     none. Shards of several folders or prefixes, or names the writer does not give, have
@@ -177,7 +196,7 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     (place,) = places
     assert place is not None
     try:
-        data = read_small(place, MAX_MANIFEST_BYTES)
+        data = read_manifest_bytes(place)
     except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place

@@ -22,16 +22,16 @@ import os
 import stat
 from collections.abc import Sequence
 
-from prefetch.io import beside, is_url, open_regular, read_small
+from prefetch.io import beside, is_url, open_regular
 from prefetch.sources.shards._index import IndexSpec, load_or_build
 from prefetch.sources.shards._manifest import (
     CLASSES_FILE,
-    MAX_MANIFEST_BYTES,
     Manifest,
     basename,
     class_names_beside,
     manifest_name,
     manifests_of,
+    read_manifest_bytes,
     shard_prefix,
     shown,
 )
@@ -78,7 +78,7 @@ def choose_set(
             "each set to a folder of its own"
         )
     where = _join(folder, manifests[0])
-    manifest = Manifest.from_bytes(read_small(where, MAX_MANIFEST_BYTES), where)
+    manifest = Manifest.from_bytes(read_manifest_bytes(where), where)
     if manifest.format != format or manifest_name(format, manifest.prefix) != manifests[0]:
         raise ValueError(
             f"{where!r} describes {manifest.format} shards named {manifest.prefix!r}-..., not "

@@ -179,7 +179,8 @@ class TFRecordSource(ShardSource):
 
     - `files`: the shards: a path or URL, a pattern (`"data/train-*.tfrecord"`; for a URL,
       only in the last part), a folder (its files whose names contain ".tfrecord"; a URL
-      ending in "/" is listed), WebDataset's braces (`"train-{00000..00127}-of-00128.tfrecord"`),
+      ending in "/" is listed, as is one without it that is not named like a shard and lists
+      as a folder), WebDataset's braces (`"train-{00000..00127}-of-00128.tfrecord"`),
       or a list of paths or URLs.
     - `image_key`: the bytes feature holding the encoded image; `None`: "image/encoded", else
       "image" (the first one the first record has).
@@ -234,7 +235,8 @@ class TarSource(ShardSource):
     Parameters:
 
     - `files`: the shards: a path or URL, a pattern (`"data/shard-*.tar"`; for a URL, only in
-      the last part), a folder (its `.tar` files; a URL ending in "/" is listed), WebDataset's
+      the last part), a folder (its `.tar` files; a URL ending in "/" is listed, or without
+      it when it is not named like a shard and lists as a folder), WebDataset's
       braces (`"data/shard-{000000..000099}.tar"`), or a list of paths or URLs.
     - `image_ext`: the extensions of a sample's image member (compared lower-cased; the first
       member of a sample with one of them is its image). Samples without one are left out.
