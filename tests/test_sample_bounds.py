@@ -236,7 +236,6 @@ def test_a_record_of_millions_of_empty_feature_entries_is_refused_at_once(tmp_pa
         LIMIT_BYTES,
     )
     assert "REFUSED" in output and str(path) in output, output
-    assert "MAX_MANIFEST_BYTES=16,777,216" in output, output
     assert "feature entries" in output, output
 
 
@@ -284,3 +283,4 @@ def test_a_manifest_over_its_size_limit_is_refused_naming_it(tmp_path: Path) -> 
         LIMIT_BYTES,
     )
     assert "REFUSED" in output and str(path) in output, output
+    assert "MAX_MANIFEST_BYTES=16,777,216" in output, output
