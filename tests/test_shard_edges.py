@@ -311,3 +311,16 @@ def test_a_set_written_twice_from_a_folder_with_bad_files_has_the_same_manifest_
         manifests.append((tmp_path / out / MANIFESTS["tar"]).read_bytes())
     assert manifests[0] == manifests[1]
     assert b" at 0x" not in manifests[0] and b"not an image" in manifests[0]
+
+
+def test_a_folder_of_the_other_format_or_of_images_says_what_reads_it(
+    folder: Path, tmp_path: Path
+) -> None:
+    out = write_set(folder, tmp_path / "tfr", "tfrecord")
+    with pytest.raises(FileNotFoundError, match="but 5 TFRecord shards") as raised:
+        prefetch.TarSource(out)
+    assert "read them with prefetch.TFRecordSource" in str(raised.value)
+    with pytest.raises(
+        FileNotFoundError, match=r"no TFRecord shards .* an image folder .*`prefetch shards write"
+    ):
+        prefetch.TFRecordSource(folder)

@@ -111,12 +111,17 @@ def _in_folder(folder: str, selects: str, format: str) -> ShardFiles:
     when it has one (`choose_set`), else those files sorted by name."""
     if is_url(folder):
         tree = RemoteTree(folder)
-        files = [n for n in tree.listdir(folder) if not tree.isdir(f"{folder}/{n}")]
+        entries = tree.listdir(folder)
+        subfolders = [n for n in entries if tree.isdir(f"{folder}/{n}")]
     else:
         here = folder or "."
-        files = [n for n in os.listdir(here) if os.path.isfile(os.path.join(here, n))]
+        entries = os.listdir(here)
+        subfolders = [n for n in entries if os.path.isdir(os.path.join(here, n))]
+    files = [n for n in entries if n not in set(subfolders)]
     if selects == "*":
         selected = [n for n in files if _is_shard_name(n, format)]
+        if not selected:
+            _refuse_other_contents(folder, files, sorted(subfolders), format)
     else:
         hidden = selects.startswith(".")  # as glob: a wildcard never matches a leading dot
         selected = [
@@ -130,6 +135,32 @@ def _in_folder(folder: str, selects: str, format: str) -> ShardFiles:
     if is_url(folder):
         return ShardFiles([f"{folder}/{n}" for n in names], selects, chosen)
     return ShardFiles([os.path.join(folder, n) for n in names], selects, chosen)
+
+
+def _refuse_other_contents(
+    folder: str, files: list[str], subfolders: list[str], format: str
+) -> None:
+    """Raise FileNotFoundError saying what `folder`, which holds no `format` shards, holds
+    instead, when it is shards of the other format or an image folder; return otherwise."""
+    other = "tar" if format == "tfrecord" else "tfrecord"
+    others = sorted(n for n in files if _is_shard_name(n, other))
+    if others:
+        source = "TarSource" if other == "tar" else "TFRecordSource"
+        shown = ", ".join(map(repr, others[:3])) + (" ..." if len(others) > 3 else "")
+        raise FileNotFoundError(
+            f"no {_FORMATS[format]} shards in {folder!r}, but {len(others)} "
+            f"{_FORMATS[other]} shards ({shown}): read them with prefetch.{source}"
+        )
+    if subfolders and not any(n.lower().endswith((".tar", ".tfrecord")) for n in files):
+        shown = ", ".join(map(repr, subfolders[:3])) + (" ..." if len(subfolders) > 3 else "")
+        raise FileNotFoundError(
+            f"no {_FORMATS[format]} shards in {folder!r}, but folders ({shown}): "
+            "an image folder (one folder per class)? Read it with prefetch.Loader(folder) or "
+            "prefetch.ImageFolder, or pack it into shards with `prefetch shards write FOLDER OUT`"
+        )
+
+
+_FORMATS = {"tar": "tar", "tfrecord": "TFRecord"}
 
 
 def _is_remote_folder(url: str) -> bool:
