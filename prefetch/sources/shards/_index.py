@@ -48,6 +48,7 @@ from prefetch.sources.shards._index_file import (
     decode_index,
     local_identity,
     max_index_bytes,
+    write_index,
 )
 from prefetch.sources.shards._index_file import IndexSpec as IndexSpec
 from prefetch.sources.shards._index_file import ShardIdentity as ShardIdentity
@@ -115,7 +116,6 @@ def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
     """Write `index` beside the local `shard` when its folder is writable, else (and for a
     URL) into `index_folder()`; atomically (a reader never sees half an index), and never
     through a link someone left at the index's name (a directory there: the index folder)."""
-    data = index.to_bytes(spec)
     for candidate in _places(shard):
         folder = os.path.dirname(candidate)
         private = not candidate.endswith(INDEX_SUFFIX)
@@ -127,7 +127,7 @@ def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
             handle, partial = tempfile.mkstemp(dir=folder, prefix=".partial-index-")
             try:
                 with os.fdopen(handle, "wb") as file:
-                    file.write(data)
+                    write_index(index, spec, file)  # array by array: no copy in memory
                 os.chmod(partial, 0o600 if private else 0o644)
                 os.replace(partial, candidate)  # replaces a link itself, never its target
             except BaseException:
@@ -252,6 +252,7 @@ def _tar_columns(
             else:
                 labels[number] = _label(file, path, member.offset, member.size, member.name)
                 labelled[number] = 1
+    del numbers, early  # before the names' table is checked: the peak is the names, once
     zeros = array.array("q", bytes(8 * len(offsets)))
     keys = PathArray.from_parts(  # views of the buffers: the names are not copied again
         np.frombuffer(names, np.uint8), np.frombuffer(name_ends, np.int64)

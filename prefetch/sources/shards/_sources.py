@@ -21,6 +21,7 @@ construction and safe to share between threads.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -111,8 +112,9 @@ class ShardSource(FileList):
                 f"the shards {self.shards[:3]}{' ...' if len(self.shards) > 3 else ''} hold no "
                 f"samples{_what_counts(spec)}"
             )
-        self.indexes = indexes
         self.members = _member_table(self.shards, indexes, spec.format)
+        indexes = _sharing_keys(indexes, self.members)
+        self.indexes = indexes
         paths = self.members.display_paths()
         labelled = [index.labels is not None for index in indexes]
         if any(labelled) and not all(labelled):
@@ -327,6 +329,8 @@ def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> 
     }
     if format != "tar":
         return MemberTable(shards, format, columns, None)
+    if len(indexes) == 1 and indexes[0].keys is not None:
+        return MemberTable(shards, format, columns, indexes[0].keys)  # one shard: not copied
     parts = [(index.keys or PathArray()).parts() for index in indexes]
     shifts = np.cumsum([0] + [len(data) for data, _ in parts])
     starts = [starts[:-1] + shift for (_, starts), shift in zip(parts, shifts, strict=False)]
@@ -335,6 +339,22 @@ def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> 
         np.concatenate([*starts, shifts[-1:]]).astype(np.int64),
     )
     return MemberTable(shards, format, columns, keys)
+
+
+def _sharing_keys(indexes: list[ShardIndex], members: MemberTable) -> list[ShardIndex]:
+    """`indexes` whose tar member names are views of the table's (one copy of the names, not
+    two: they may be a third of a shard's bytes)."""
+    if members.keys is None or len(indexes) == 1:
+        return indexes  # TFRecord; or one shard, whose table holds the index's own names
+    data, starts = members.keys.parts()
+    shared, first = [], 0
+    for index in indexes:
+        last = first + len(index)
+        begin, end = int(starts[first]), int(starts[last])
+        keys = PathArray.from_parts(data[begin:end], starts[first : last + 1] - begin)
+        shared.append(dataclasses.replace(index, keys=keys))
+        first = last
+    return shared
 
 
 def _what_counts(spec: IndexSpec) -> str:
