@@ -113,11 +113,13 @@ def _in_folder(folder: str, selects: str, format: str) -> ShardFiles:
         tree = RemoteTree(folder)
         entries = tree.listdir(folder)
         subfolders = [n for n in entries if tree.isdir(f"{folder}/{n}")]
+        folders = frozenset(subfolders)
+        files = [n for n in entries if n not in folders]
     else:
         here = folder or "."
         entries = os.listdir(here)
         subfolders = [n for n in entries if os.path.isdir(os.path.join(here, n))]
-    files = [n for n in entries if n not in set(subfolders)]
+        files = [n for n in entries if os.path.isfile(os.path.join(here, n))]
     if selects == "*":
         selected = [n for n in files if _is_shard_name(n, format)]
         if not selected:
