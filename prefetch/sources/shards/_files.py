@@ -80,10 +80,12 @@ def _one(name: str, format: str) -> ShardFiles:
                     f"{name!r}: a URL pattern may have wildcards in its last part only"
                 )
             found = _in_folder(folder, last, format)
-        elif not _is_shard_name(last, format) and _is_remote_folder(name):
-            found = _in_folder(name, "*", format)  # a folder named without its trailing "/"
         else:
-            found = ShardFiles([name], None)
+            listed = None if _is_shard_name(last, format) else _remote_folder(name)
+            if listed is not None:  # a folder named without its trailing "/"
+                found = _in_folder(name, "*", format, listed)
+            else:
+                found = ShardFiles([name], None)
     elif os.path.isdir(local_path(name)):
         found = _in_folder(local_path(name), "*", format)
     elif _PATTERN_CHARS & set(name):
@@ -105,12 +107,14 @@ def _one(name: str, format: str) -> ShardFiles:
     return found
 
 
-def _in_folder(folder: str, selects: str, format: str) -> ShardFiles:
-    """The shards of `folder` (a local path, or a URL without its trailing "/", listed once)
-    that `selects` picks ("*": the files that are shards of `format`): its manifest's set
-    when it has one (`choose_set`), else those files sorted by name."""
+def _in_folder(
+    folder: str, selects: str, format: str, listed: RemoteTree | None = None
+) -> ShardFiles:
+    """The shards of `folder` (a local path, or a URL without its trailing "/", listed once,
+    or `listed` already) that `selects` picks ("*": the files that are shards of `format`):
+    its manifest's set when it has one (`choose_set`), else those files sorted by name."""
     if is_url(folder):
-        tree = RemoteTree(folder)
+        tree = listed if listed is not None else RemoteTree(folder)
         entries = tree.listdir(folder)
         subfolders = [n for n in entries if tree.isdir(f"{folder}/{n}")]
         folders = frozenset(subfolders)
@@ -165,14 +169,14 @@ def _refuse_other_contents(
 _FORMATS = {"tar": "tar", "tfrecord": "TFRecord"}
 
 
-def _is_remote_folder(url: str) -> bool:
-    """Whether `url` (no trailing "/", not named like a shard) lists as a folder: a store's
-    prefix, or an http(s) folder answered with an index page (one listing)."""
+def _remote_folder(url: str) -> RemoteTree | None:
+    """The listing of `url` (no trailing "/", not named like a shard) when it lists as a
+    folder (a store's prefix, or an http(s) folder answered with an index page), else None."""
     try:
         tree = RemoteTree(url)
     except (OSError, ValueError):
-        return False
-    return tree.isdir(url) and bool(tree.listdir(url))
+        return None
+    return tree if tree.isdir(url) and tree.listdir(url) else None
 
 
 def _expanded(names: list[str], format: str) -> list[str]:
