@@ -47,16 +47,33 @@ class ArraySource:
         return self.images[index], index % 3
 
 
-def test_auto_picks_threads_for_plain_decoding_and_says_why(folder: Path) -> None:
+def test_auto_picks_processes_for_files_and_says_why(folder: Path) -> None:
     loader = prefetch.Loader(folder, batch_size=8, image_size=SMALL, backend="auto", seed=1)
     with loader:
         batches = epoch_batches(loader)
     stats = loader.stats()
-    assert stats.backend == "thread"
-    assert stats.backend_reason.startswith("auto: thread")
-    assert "GIL was held for 0%" in stats.backend_reason
-    expected = prefetch.Loader(folder, batch_size=8, image_size=SMALL, seed=1)
+    assert stats.backend == "process"
+    assert stats.backend_reason.startswith("auto: process (files are decoded in worker processes")
+    assert "training thread" in stats.backend_reason
+    expected = prefetch.Loader(folder, batch_size=8, image_size=SMALL, seed=1, backend="thread")
     assert_same_batches(batches, epoch_batches(expected))
+
+
+class LargeArraySource(ArraySource):
+    """Large arrays: resizing them to the target size (which releases the GIL) is the work."""
+
+    def __init__(self, count: int) -> None:
+        rng = np.random.default_rng(0)
+        self.images = rng.integers(0, 255, (count, 1024, 1024, 3), np.uint8)
+
+
+def test_auto_keeps_threads_for_a_source_whose_work_releases_the_gil() -> None:
+    loader = prefetch.Loader(LargeArraySource(8), batch_size=4, image_size=SMALL, seed=1)
+    with loader:
+        assert sum(len(b.images) for b in loader) == 8
+    reason = loader.stats().backend_reason
+    assert loader.stats().backend == "thread", reason
+    assert "GIL was held for" in reason and "processes from 25%" in reason
 
 
 def test_auto_picks_processes_when_a_python_transform_dominates(folder: Path) -> None:

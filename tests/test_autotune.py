@@ -174,7 +174,11 @@ def test_io_growth_stops_at_its_cap_and_the_memory_budget() -> None:
     assert (tuner.maximum, tuner.io_maximum) == (4, 10)
     threads = tuner_for(process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40)
     processes = tuner_for(process=True, workers=2, depth=3, ring_bytes=0, memory_budget=2**40)
-    assert threads.io_maximum == connection_cap() and processes.io_maximum == 3
+    assert threads.io_maximum == connection_cap()
+    # every process reads its share of every batch, so processes waiting on storage may grow
+    # past `depth` too, to IO_PROCESSES_PER_CORE per core
+    assert processes.io_maximum == max(3, IO_PROCESSES_PER_CORE * usable_cores())
+    assert processes.maximum == usable_cores()  # CPU-bound processes: one per core
 
 
 def test_no_window_is_judged_while_new_workers_are_starting() -> None:
@@ -191,7 +195,7 @@ def test_no_window_is_judged_while_new_workers_are_starting() -> None:
     assert [(d.before, d.after) for d in tuner.decisions] == [(2, 8)]
 
 
-def test_processes_with_reader_threads_may_grow_past_depth_for_io() -> None:
+def test_processes_may_grow_past_depth_for_io() -> None:
     def processes(readers: int) -> WorkerTuner:
         return tuner_for(
             process=True,
@@ -202,9 +206,10 @@ def test_processes_with_reader_threads_may_grow_past_depth_for_io() -> None:
             readers_per_worker=readers,
         )
 
-    assert processes(1).io_maximum == 3  # one sample at a time: a batch each, depth of them
+    # every process reads its share of every batch: depth no longer caps how many are busy
+    assert processes(1).io_maximum == max(3, IO_PROCESSES_PER_CORE * usable_cores())
     assert processes(32).io_maximum == max(3, IO_PROCESSES_PER_CORE * usable_cores())
-    assert processes(32).maximum == 3  # CPU-bound growth still stops at depth
+    assert processes(32).maximum == usable_cores()  # CPU-bound growth stops at the cores
     clock = Clock()
     tuner = WorkerTuner(2, 4, 2, 10, 10_000, idle_cores=lambda: 1.0, clock=clock, max_io_step=2)
     tuner.io_maximum = tuner._io_ceiling = 64

@@ -20,7 +20,6 @@ import pytest
 from PIL import Image
 
 from prefetch import DecodeOptions, FileList, Loader, decode_image
-from prefetch.backends._choose import releases_gil
 from prefetch.decode import _resize as resize
 from prefetch.decode import _turbo as fast_decode
 from prefetch.decode._decoders import INTERPOLATIONS
@@ -308,7 +307,7 @@ def test_a_loader_with_decode_turbo_delivers_each_files_decode(
     assert sorted(seen) == list(range(len(paths)))
 
 
-def test_decode_turbo_pickles_and_backend_auto_counts_it_as_releasing_the_gil(
+def test_decode_turbo_pickles_and_says_it_releases_the_gil(
     turbo: fast_decode.TurboDecoder, photos: dict[str, list[str]]
 ) -> None:
     copy = pickle.loads(pickle.dumps(turbo))
@@ -316,7 +315,7 @@ def test_decode_turbo_pickles_and_backend_auto_counts_it_as_releasing_the_gil(
     options = DecodeOptions((32, 32))
     path = photos["imagenet"][0]
     np.testing.assert_array_equal(copy(path, options), turbo(path, options))
-    assert releases_gil(turbo) and releases_gil(copy)
+    assert turbo.releases_gil is True and copy.releases_gil is True
 
 
 def opencv_threads_after_first_use() -> int:

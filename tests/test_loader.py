@@ -574,6 +574,7 @@ def test_a_custom_decoder_error_reaches_the_consumer_with_its_own_type(shapes_ro
         image_size=SMALL,
         workers=2,
         decoder=FailingDecoder("square_0002", CustomDecodeError),
+        backend="thread",  # the note names a worker thread (processes: test_process_faults)
     )
     with pytest.raises(CustomDecodeError, match="injected failure") as info:
         for _ in loader:
@@ -669,7 +670,7 @@ def test_a_folder_path_string_works_like_an_image_folder(shapes_root: Path) -> N
 def test_with_keeps_the_same_worker_threads_across_epochs_and_ends_them(
     shapes_root: Path,
 ) -> None:
-    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=3)
+    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=3, backend="thread")
     with loader:
         for _ in loader:
             pass
@@ -683,7 +684,7 @@ def test_with_keeps_the_same_worker_threads_across_epochs_and_ends_them(
 
 
 def test_an_epoch_without_with_ends_its_workers_when_it_ends(shapes_root: Path) -> None:
-    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=2)
+    loader = Loader(shapes_root, batch_size=4, image_size=SMALL, workers=2, backend="thread")
     seen = []
     for _ in loader:
         seen.append(len(worker_threads()))
@@ -696,7 +697,12 @@ def test_an_epoch_without_with_ends_its_workers_when_it_ends(shapes_root: Path) 
 
 def test_breaking_out_of_a_loop_ends_the_workers(shapes_root: Path) -> None:
     loader = Loader(
-        shapes_root, batch_size=2, image_size=SMALL, workers=2, decoder=SlowDecoder(0.01)
+        shapes_root,
+        batch_size=2,
+        image_size=SMALL,
+        workers=2,
+        decoder=SlowDecoder(0.01),
+        backend="thread",
     )
     for _ in loader:
         assert worker_threads()
@@ -706,7 +712,12 @@ def test_breaking_out_of_a_loop_ends_the_workers(shapes_root: Path) -> None:
 
 def test_deleting_a_started_iterator_ends_the_workers(shapes_root: Path) -> None:
     loader = Loader(
-        shapes_root, batch_size=2, image_size=SMALL, workers=2, decoder=SlowDecoder(0.01)
+        shapes_root,
+        batch_size=2,
+        image_size=SMALL,
+        workers=2,
+        decoder=SlowDecoder(0.01),
+        backend="thread",
     )
     iterator = iter(loader)
     first = next(iterator)
@@ -836,7 +847,10 @@ def test_stats_after_an_epoch_count_images_batches_and_time(shapes_root: Path) -
 
 
 def test_a_slow_consumer_waits_little_for_fast_decoding(shapes_root: Path) -> None:
-    loader = Loader(shapes_root, batch_size=3, image_size=SMALL, workers=2, depth=2)
+    # threads: the overlap, not a worker process's start-up (about a second on 2 busy cores)
+    loader = Loader(
+        shapes_root, batch_size=3, image_size=SMALL, workers=2, depth=2, backend="thread"
+    )
     for _ in loader:
         # Generous on purpose: 0.2 s a step is about a hundred times what decoding a batch of
         # three small JPEGs takes, so even the first batch's wait on a busy machine stays short.

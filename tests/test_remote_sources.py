@@ -397,7 +397,7 @@ def test_auto_reads_remote_urls_with_processes_unless_a_part_cannot_be_pickled(
         loader = Loader(base + "train/", batch_size=5, image_size=SIZE, seed=1)
         remote = epoch(loader)
         assert loader.backend_name == "process"
-        assert "remote URLs read faster from processes" in loader.stats().backend_reason
+        assert "files are decoded in worker processes" in loader.stats().backend_reason
         local = epoch(Loader(local_root, batch_size=5, image_size=SIZE, seed=1))
         assert np.array_equal(remote[0], local[0]) and np.array_equal(remote[1], local[1])
         kept = Loader(

@@ -224,7 +224,10 @@ def replace_after_creation(monkeypatch: pytest.MonkeyPatch, replace: object) -> 
 
 
 def expected_batches(folder: Path) -> list[np.ndarray]:
-    loader = prefetch.Loader(folder, batch_size=4, image_size=SMALL, workers=1, seed=3)
+    # threads: no segment of the reference's may meet a test's planted names
+    loader = prefetch.Loader(
+        folder, batch_size=4, image_size=SMALL, workers=1, seed=3, backend="thread"
+    )
     return [x.copy() for x, _ in loader]
 
 

@@ -16,12 +16,13 @@ from prefetch.backends._choose import choose_backend
 from prefetch.backends._options import (
     BATCHES_AT_ONCE,
     MAX_REMOTE_READERS_PER_PROCESS,
+    ROWS_AHEAD_PER_READER,
     ProcessOptions,
 )
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import sweep_stale
+from prefetch.backends._shm import SlotLayout, fits_free_space, sweep_stale
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
 from prefetch.sources import reads_over_network
@@ -67,6 +68,7 @@ def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: in
 __all__ = [
     "BATCHES_AT_ONCE",
     "MAX_REMOTE_READERS_PER_PROCESS",
+    "ROWS_AHEAD_PER_READER",
     "Backend",
     "BatchOutcome",
     "BatchTask",
@@ -77,9 +79,11 @@ __all__ = [
     "SampleReader",
     "Skipped",
     "Slot",
+    "SlotLayout",
     "SlotRing",
     "ThreadBackend",
     "choose_backend",
+    "fits_free_space",
     "make_backend",
     "reader_threads",
     "reads_over_network",

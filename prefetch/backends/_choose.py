@@ -1,39 +1,48 @@
-"""backend="auto": choose threads or processes from a short measurement of the per-sample work.
+"""backend="auto": threads or processes, from the kind of source (and a short measurement of it).
 
-Worker threads run in parallel only while the work releases the GIL. Pillow's decode and resize
-release it; a Python transform (and a source's own `__getitem__`, or a decoder written in Python)
-holds it, so threads serialise on it and also slow the training loop's own Python. The choice
-times the stages of a few samples on the calling thread:
+A loader's consumer runs Python: a training loop launches its model's kernels from Python, and
+Keras, tf.data's generator thread and prefetch.torch's conversion thread run Python beside it.
+Worker threads run in parallel only while their work releases the GIL, and after every C call
+(a decode, a resize) a worker needs the GIL back: a busy Python thread gives it up only at the
+interpreter's switch interval (5 ms), so thread workers stall behind a training loop (the
+convoy effect: one worker thread fell to 0.04 of its rate beside a pure-Python thread, where a
+worker process kept all of it, docs/performance.md "Many cores"). Their own per-sample
+Python (14% to 26% of a sample, `benchmarks/scaling.py`) also runs one thread at a time,
+which bends the thread curve on many cores. Processes pay neither: each decodes on its own
+core and writes its rows of every batch straight into shared memory; they cost a start-up
+(about a second) and a pipe message per worker and batch (microseconds of the parent's CPU
+per image).
 
-- time spent in stages known to release the GIL: the built-in decoder `decode_image`, and any
-  decoder whose `releases_gil` attribute is True;
-- time spent in everything else (the transform, a source's `__getitem__`, other decoders).
+So the choice is:
 
-If the second share is at least `PROCESS_SHARE` of the total, the loader uses processes;
-otherwise threads, which start faster and copy nothing. Remote URLs (`reads_over_network`) go
-to processes whatever the share when the worker count is tuned (the default on URLs): reading
-them costs CPU in fsspec's event-loop thread, which the measurement does not see and which all
-threads of one process share (on a loopback server, processes read about 1.4x the images/s of
-threads, docs/performance.md). A fixed worker count keeps the measured choice: sized for
-threads, it would start that many processes. Processes also need the decoder,
-transform and source to pickle; when one does not (a lambda, a local function), the choice is
-threads and the reason says which part kept it there; so it is when a part lives in a main script
-whose loader runs outside `if __name__ == "__main__":` (workers would run the script again,
-`spawning.unguarded_main_code`). The measurement runs in the training
-process itself, so it sees the same conditions (TensorFlow imported, its malloc settings) as the
-thread workers would.
+- file sources (folders, file lists, shards, URLs: `is_file_source`): processes, on any number
+  of cores; but threads for remote URLs with a fixed worker count (sized for threads, it would
+  start that many processes, each with a reader thread per row);
+- any other source (a `Source` with its own `__getitem__`, which may hold its data in this
+  process): the stages of a few samples are timed on the calling thread, the conversion to the
+  target size (which releases the GIL) against the rest (`__getitem__`, the transform);
+  processes if the second share is at least `PROCESS_SHARE`, else threads, which start at once
+  and copy nothing.
+
+Processes then need the decoder, transform and source to pickle; when one does not (a lambda,
+a local function), the choice is threads and the reason says which part kept it there; so it is
+for memory:// files (they exist in this process only), when a part lives in a main script whose
+loader runs outside `if __name__ == "__main__":` (workers would run the script again,
+`spawning.unguarded_main_code`), and when the shared-memory folder cannot hold the slots (the
+runtime checks that, `prefetch.runtime._workers`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from prefetch._machine import usable_cores
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._spawning import main_part, unguarded_main_code, unpicklable_part
-from prefetch.decode import decode_image, to_target_size
+from prefetch.decode import to_target_size
 from prefetch.sources import is_file_source, reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
@@ -56,18 +65,56 @@ class BackendChoice:
     reason: str
 
 
-def releases_gil(decoder: object) -> bool:
-    """True for decoders known to do their work without the GIL."""
-    return decoder is decode_image or getattr(decoder, "releases_gil", False) is True
-
-
 def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True) -> BackendChoice:
-    """Time up to `MAX_SAMPLES` of `indices` (within `BUDGET_S`) and pick "thread" or "process".
+    """Pick "thread" or "process": processes for a file source; for any other source, from a
+    measurement of up to `MAX_SAMPLES` of `indices` (within `BUDGET_S`); then threads where
+    processes cannot run the loader's parts (the reason says which).
 
     Samples that fail to read are left out of the measurement (the epoch reports them). Remote
     URLs go to processes when the worker count is `tuned` (a fixed count, sized for threads,
     would start that many processes).
     """
+    if is_file_source(reader.source) and reads_over_network(reader.source) and not tuned:
+        choice = BackendChoice(
+            "thread",
+            0.0,
+            0.0,
+            0,
+            "remote URLs with a fixed worker count: a count sized for threads would start that "
+            "many processes, each with a reader thread per row",
+        )
+    elif is_file_source(reader.source):
+        choice = BackendChoice(
+            "process",
+            0.0,
+            0.0,
+            0,
+            f"files are decoded in worker processes, one per core of {usable_cores()}, so that "
+            "none waits for the GIL while the training thread runs Python",
+        )
+    else:
+        choice = _measured(reader, indices)
+    name, reason = choice.name, choice.reason
+    if name == "process":
+        unpicklable = unpicklable_part(reader)
+        if unpicklable:
+            name = "thread"
+            reason += f"; but the {unpicklable} cannot be pickled for worker processes"
+        elif source_scheme(reader.source) == "memory":
+            name = "thread"
+            reason += "; but memory:// files exist in this process only, not in its workers"
+        elif main_part(reader) and unguarded_main_code() is not None:
+            name = "thread"
+            reason += (
+                f"; but the {main_part(reader)} is defined in the main script, whose loader "
+                'runs outside `if __name__ == "__main__":`: worker processes would run it again'
+            )
+    return replace(choice, name=name, reason=f"auto: {name} ({reason})")
+
+
+def _measured(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
+    """The choice for a source that is not a file source, from the GIL share of its samples
+    (the reason without its "auto: name" prefix)."""
     free_s = held_s = 0.0
     samples = 0
     began = time.perf_counter()
@@ -87,48 +134,20 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
             break
     total = free_s + held_s
     if samples == 0 or total <= 0:
-        return BackendChoice(
-            "thread", 0.0, 0.0, samples, "auto: thread (nothing could be measured)"
-        )
+        return BackendChoice("thread", 0.0, 0.0, samples, "nothing could be measured")
     share = held_s / total
     name = "process" if share >= PROCESS_SHARE else "thread"
     reason = (
         f"the GIL was held for {share:.0%} of {1000 * total / samples:.2f} ms per "
         f"sample over {samples} samples; processes from {PROCESS_SHARE:.0%}"
     )
-    if name == "thread" and tuned and reads_over_network(reader.source):
-        name = "process"
-        reason += (
-            "; but remote URLs read faster from processes: each runs its own HTTP client "
-            "(fsspec's event loop), where threads share one"
-        )
-    if name == "process":
-        unpicklable = unpicklable_part(reader)
-        if unpicklable:
-            name = "thread"
-            reason += f"; but the {unpicklable} cannot be pickled for worker processes"
-        elif source_scheme(reader.source) == "memory":
-            name = "thread"
-            reason += "; but memory:// files exist in this process only, not in its workers"
-        elif main_part(reader) and unguarded_main_code() is not None:
-            name = "thread"
-            reason += (
-                f"; but the {main_part(reader)} is defined in the main script, whose loader "
-                'runs outside `if __name__ == "__main__":`: worker processes would run it again'
-            )
-    return BackendChoice(name, share, total / samples, samples, f"auto: {name} ({reason})")
+    return BackendChoice(name, share, total / samples, samples, reason)
 
 
 def _time_read(reader: SampleReader, index: int) -> tuple[float, float, np.ndarray]:
-    """Read one sample; returns (seconds without the GIL, seconds with it, the image)."""
+    """Read one sample of a source that is not a file source; returns (seconds without the
+    GIL: the conversion to the target size, seconds with it: `__getitem__`, the image)."""
     start = time.perf_counter()
-    if is_file_source(reader.source):
-        rng = reader.augment.rng(0, 0, index) if reader.augment else None
-        image = reader.decode_file(reader.file_path(index), rng)
-        spent = time.perf_counter() - start
-        # The crop path (libjpeg-turbo, OpenCV or Pillow) decodes without the GIL.
-        free = releases_gil(reader.decoder) or reader.augment.crop is not None
-        return (spent, 0.0, image) if free else (0.0, spent, image)
     item = reader.source[index]
     fetched = time.perf_counter()
     image = to_target_size(item[0] if reader.labelled else item, reader.options)

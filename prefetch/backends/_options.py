@@ -16,9 +16,12 @@ from prefetch._messages import suggest_keywords
 
 # Reader threads of a worker process on remote URLs: one per row of its batch, at most this many.
 MAX_REMOTE_READERS_PER_PROCESS = 32
-# Batches a worker process with reader threads runs at once: the next one's reads wait on
-# storage while the current one's rows are decoded.
+# Rows a worker process with reader threads reads at once, per reader thread: the next part's
+# reads wait on storage while the current one's rows are decoded.
 BATCHES_AT_ONCE = 2
+# Rows kept submitted for every reader (a worker thread, or a reader thread of a worker process):
+# what `Workers.in_flight` sizes the batches in flight by, so that every worker has rows to read.
+ROWS_AHEAD_PER_READER = 2
 START_METHODS = ("spawn", "forkserver")
 
 

@@ -1,18 +1,29 @@
-"""The parent's handles in the process backend: a batch sent to a worker, and a worker.
+"""The parent's handles in the process backend: a batch split into parts, and a worker.
 
-`ProcessPending` is settled through its backend's `pump` (it holds only the backend's `pump`
-and `cancel`); `WorkerHandle` is what the backend keeps per worker process: its pipe, the
-batches it holds (`InFlight`) and whether it is leaving.
+A batch's rows are shared among the workers: `submit` splits them in contiguous parts (`Part`),
+one per worker it sends a part to, so N workers decode N samples of one batch at once whatever
+the number of batches in flight. `ProcessPending` is the batch: it is settled through its
+backend's `pump` (it holds only the backend's `pump` and `cancel`) once every part is, so no
+worker can still write into its slot. `WorkerHandle` is what the backend keeps per worker
+process: its pipe, the parts it holds (`InFlight`) and whether it is leaving.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from prefetch.backends._base import BatchOutcome, BatchTask, Slot
+from prefetch.backends._base import (
+    BatchOutcome,
+    BatchTask,
+    ChunkOutcome,
+    Skipped,
+    Slot,
+    compact,
+)
 
 
 class Pump(Protocol):
@@ -23,19 +34,75 @@ class Pump(Protocol):
     def cancel(self, batch_id: int) -> None: ...
 
 
-class ProcessPending:
-    """A batch sent to one worker; its result arrives through the backend's pump."""
+@dataclass(frozen=True)
+class Part:
+    """Rows [start, stop) of the batch `task` in `slot`: what one worker is sent at a time."""
 
-    def __init__(self, backend: Pump, batch_id: int) -> None:
+    task: BatchTask
+    slot: Slot
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def split_rows(size: int, parts: int) -> list[tuple[int, int]]:
+    """[0, size) in `parts` contiguous ranges (at most `size`) whose lengths differ by <= 1."""
+    parts = max(1, min(parts, size))
+    step, extra = divmod(size, parts)
+    bounds, start = [], 0
+    for k in range(parts):
+        stop = start + step + (1 if k < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class ProcessPending:
+    """A batch whose parts were sent to workers; its parts' answers arrive through the pump."""
+
+    def __init__(self, backend: Pump, batch_id: int, slot: Slot, size: int, parts: int) -> None:
         self._backend = backend
         self.batch_id = batch_id
+        self.slot = slot
+        self.size = size
         self.outcome: BatchOutcome | None = None
         self.error: BaseException | None = None
         self.cancelled = False  # the consumer no longer wants it
         self.abandoned = False  # no worker will write into its slot any more
+        # What each part (in row order) came to: a ChunkOutcome, an error, or None (not yet).
+        self._answers: list[ChunkOutcome | BaseException | None] = [None] * parts
+        self._dropped = False  # a part was cancelled before it began: nothing to deliver
+
+    def settle_part(self, part: int, answer: ChunkOutcome | BaseException | None) -> None:
+        """Part `part` answered (`None`: it was dropped before it began). Once every part has,
+        the batch is settled: abandoned, failed with the first part's error in row order, or
+        done with the rows of its parts compacted."""
+        if answer is None:
+            self._dropped = True
+            answer = ChunkOutcome()
+        self._answers[part] = answer
+        if any(a is None for a in self._answers):
+            return
+        if self._dropped or self.cancelled:
+            self.abandoned = True
+            return
+        errors = [a for a in self._answers if isinstance(a, BaseException)]
+        if errors:
+            self.error = errors[0]
+            return
+        merged = ChunkOutcome.merged([a for a in self._answers if isinstance(a, ChunkOutcome)])
+        skipped: list[Skipped] = merged.skipped
+        self.outcome = BatchOutcome.of(merged, compact(self.slot, self.size, skipped), skipped)
+
+    def fail(self, error: BaseException) -> None:
+        """Settle the whole batch with `error` at once (no worker writes into it any more)."""
+        self.error = error
 
     def done(self) -> bool:
-        """Settled: its worker answered, or can no longer write into the slot."""
+        """Settled: every part answered, or none can write into the slot any more."""
         return self.outcome is not None or self.error is not None or self.abandoned
 
     def wait(self, timeout_s: float) -> bool:
@@ -54,20 +121,20 @@ class ProcessPending:
         return self.outcome
 
     def cancel(self) -> None:
-        """Stop wanting the batch; its worker skips it if it has not begun it. It is done only
-        once its worker answered (or is gone), so the slot is not reused while a worker may
-        still write into it."""
+        """Stop wanting the batch; workers skip its parts they have not begun. It is done only
+        once every part's worker answered (or is gone), so the slot is not reused while a
+        worker may still write into it."""
         if not self.cancelled:
             self.cancelled = True
             self._backend.cancel(self.batch_id)
 
 
-# What a worker holds for a batch: its task, slot and size.
-InFlight = tuple[BatchTask, Slot, int]
+# What a worker holds for a part it was sent: the batch's id, the part's number and the part.
+InFlight = tuple[int, int, Part]
 
 
 class WorkerHandle:
-    """The parent's view of one worker process: its pipe and the batches it holds."""
+    """The parent's view of one worker process: its pipe and the parts it holds, by part id."""
 
     def __init__(self, index: int, process: Any, conn: Connection) -> None:
         self.index = index
@@ -75,5 +142,9 @@ class WorkerHandle:
         self.conn = conn
         self.in_flight: OrderedDict[int, InFlight] = OrderedDict()
         self.answered = 0
-        self.retiring = False  # sent a stop by set_workers: it leaves after its batches
+        self.retiring = False  # sent a stop by set_workers: it leaves after its parts
         self.timed_out = False  # killed by time_out: its replacement costs no restart
+
+    def rows(self) -> int:
+        """Rows of the parts it holds: how busy it is."""
+        return sum(part.rows for _, _, part in self.in_flight.values())

@@ -4,18 +4,19 @@ Over its own duplex pipe a worker receives, in order:
 
 - `Segment(name, path)` followed by the segment's file descriptor (SCM_RIGHTS): map it. A worker
   never opens a segment by name, so nobody who can create files in /dev/shm can hand it theirs.
-- `Task(batch_id, task, slot_name, size)`: fill the slot, answer (batch id, outcome, None) or
-  (batch id, None, (error, traceback text)).
-- `Cancel(batch_id)`: if that task is still queued here, drop it and answer (batch id,
-  `Cancelled()`, None) at once; the parent may then reuse its slot.
+- `Task(part_id, task, slot_name, start, stop)`: fill rows [start, stop) of the slot (a part of
+  a batch whose other rows other workers fill), answer (part id, outcome, None) or (part id,
+  None, (error, traceback text)).
+- `Cancel(part_id)`: if that part is still queued here, drop it and answer (part id,
+  `Cancelled()`, None) at once.
 - `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
 
 Messages are read as they arrive (between samples' batches), so a cancel overtakes the queued
-tasks. With `threads_per_worker` > 1 a batch is split in contiguous chunks across that many
-reader threads of the worker, so one process overlaps reads that wait on storage, and up to
-`BATCHES_AT_ONCE` batches run at once: the next batch's reads wait on storage while the
-current one's rows are decoded. A `Forget` or `Stop` waits until the batches before it are
-answered. The worker
+tasks. With `threads_per_worker` > 1 a part is split in contiguous chunks across that many
+reader threads of the worker, so one process overlaps reads that wait on storage, and parts
+start while fewer than `BATCHES_AT_ONCE` rows per reader thread run: the next part's reads
+wait on storage while the current one's rows are decoded. A `Forget` or `Stop` waits until the
+parts before it are answered. The worker
 ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its pid gone); it
 then unlinks the segments it maps, as the parent cannot any more.
 """
@@ -57,9 +58,9 @@ class Forget(NamedTuple):
 
 
 class Cancel(NamedTuple):
-    """Drop batch `batch_id` if it is still queued."""
+    """Drop part `part_id` if it is still queued."""
 
-    batch_id: int
+    part_id: int
 
 
 class Segment(NamedTuple):
@@ -70,10 +71,13 @@ class Segment(NamedTuple):
 
 
 class Task(NamedTuple):
-    batch_id: int
+    """Fill rows [start, stop) of segment `slot_name` with samples of `task`: part `part_id`."""
+
+    part_id: int
     task: BatchTask
     slot_name: str
-    size: int
+    start: int
+    stop: int
 
 
 class _ParentGone(Exception):
@@ -98,8 +102,8 @@ def worker_main(
 ) -> None:
     """A worker process: run tasks from `conn` until told to stop or the parent dies.
 
-    With `threads` > 1, each batch is split between that many reader threads, and up to
-    `BATCHES_AT_ONCE` batches run at once.
+    With `threads` > 1, each part is split between that many reader threads, and parts start
+    while fewer than `BATCHES_AT_ONCE` rows per thread are being read.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
     name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
@@ -139,7 +143,7 @@ def worker_main(
 
 
 class _Running(NamedTuple):
-    """A batch whose chunks the reader threads are reading."""
+    """A part whose chunks the reader threads are reading."""
 
     message: Task
     futures: list[Future[ChunkOutcome]]
@@ -154,20 +158,22 @@ def _pipeline(
     name: str,
     pool: _Readers,
 ) -> bool:
-    """One turn with reader threads: answer finished batches, start queued ones (up to
-    `BATCHES_AT_ONCE`), apply a `Forget` once nothing before it runs; True at a `Stop`."""
+    """One turn with reader threads: answer finished parts, start queued ones (while fewer
+    than `BATCHES_AT_ONCE` rows per thread run), apply a `Forget` once nothing before it runs;
+    True at a `Stop`."""
     for batch in [b for b in running if all(f.done() for f in b.futures)]:
         running.remove(batch)
         _answer(batch.message, functools.partial(_merged, batch.futures), conn)
     while queued:
         message = queued[0]
         if isinstance(message, Task):
-            if len(running) >= BATCHES_AT_ONCE:
+            rows_at_once = BATCHES_AT_ONCE * pool.threads
+            if sum(b.message.stop - b.message.start for b in running) >= rows_at_once:
                 break
             queued.popleft()
             segment = segments.get(message.slot_name)
             if segment is None:  # forgotten: nobody waits for it
-                conn.send((message.batch_id, Cancelled(), None))
+                conn.send((message.part_id, Cancelled(), None))
                 continue
             running.append(_Running(message, _start_batch(reader, message, segment[0], name, pool)))
             continue
@@ -201,9 +207,9 @@ def _read_arrived(
                 os.close(fd)
         elif isinstance(message, Cancel):
             for task in queued:
-                if isinstance(task, Task) and task.batch_id == message.batch_id:
+                if isinstance(task, Task) and task.part_id == message.part_id:
                     queued.remove(task)
-                    conn.send((task.batch_id, Cancelled(), None))
+                    conn.send((task.part_id, Cancelled(), None))
                     break
         else:
             queued.append(message)
@@ -217,10 +223,10 @@ def _run(
     name: str,
 ) -> None:
     if segment is None:  # forgotten: nobody waits for it
-        conn.send((message.batch_id, Cancelled(), None))
+        conn.send((message.part_id, Cancelled(), None))
         return
-    slot = segment[0]
-    _answer(message, lambda: reader.read_into(message.task, slot, 0, message.size, name), conn)
+    slot, start, stop = segment[0], message.start, message.stop
+    _answer(message, lambda: reader.read_into(message.task, slot, start, stop, name), conn)
 
 
 def _merged(futures: list[Future[ChunkOutcome]]) -> ChunkOutcome:
@@ -236,9 +242,9 @@ def _answer(message: Task, outcome_of: Callable[[], ChunkOutcome], conn: Connect
             Skipped(s.position, s.path, portable(s.error))  # type: ignore[arg-type]
             for s in outcome.skipped
         ]
-        conn.send((message.batch_id, outcome, None))
+        conn.send((message.part_id, outcome, None))
     except Exception as error:
-        conn.send((message.batch_id, None, with_traceback_text(error)))
+        conn.send((message.part_id, None, with_traceback_text(error)))
 
 
 class _Readers:
@@ -252,9 +258,10 @@ class _Readers:
 def _start_batch(
     reader: SampleReader, message: Task, slot: Slot, name: str, pool: _Readers
 ) -> list[Future[ChunkOutcome]]:
-    """Split the batch in contiguous chunks across `pool`'s threads; the chunks' futures."""
-    step = -(-message.size // pool.threads)
-    bounds = [(start, min(start + step, message.size)) for start in range(0, message.size, step)]
+    """Split the part in contiguous chunks across `pool`'s threads; the chunks' futures."""
+    first, stop = message.start, message.stop
+    step = -(-(stop - first) // pool.threads)
+    bounds = [(start, min(start + step, stop)) for start in range(first, stop, step)]
     return [
         pool.executor.submit(reader.read_into, message.task, slot, a, b, name) for a, b in bounds
     ]

@@ -6,15 +6,18 @@ there, so a script's `import tensorflow` does not load TensorFlow in every worke
 
 Each worker has its own pipe (prefetch.backends._process_worker lists the messages). The parent
 passes every slot's segment to every worker as a file descriptor when the slot is created (and
-to a new worker when it starts), then sends (batch id, task, slot name); the worker fills the
-slot with `SampleReader.read_into` and answers (batch id, outcome) or (batch id, error). No
-pixels cross a pipe. `ProcessPending.wait` returns once that batch is settled (or the timeout
-passed); `cancel` makes a worker skip the batch if it has not begun it (both handles, the
-pending batch and the worker, are in _process_pending.py).
+to a new worker when it starts). A batch's rows are shared among the workers: `submit` splits
+them into one contiguous part per live worker (the least busy first, `split_rows`) and sends
+each (part id, task, slot name, rows); the worker fills its rows with `SampleReader.read_into`
+and answers (part id, outcome) or (part id, error). No pixels cross a pipe, and the parent's
+work per batch is one message to and from each worker. `ProcessPending.wait` returns once every
+part of that batch is settled (or the timeout passed); `cancel` makes workers skip its parts
+they have not begun (both handles, the pending batch and the worker, are in
+_process_pending.py).
 
 The consumer thread drives everything from `pump()`, which waits on the pipes and on the
 processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
-re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
+parts re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
 /dev/shm full says so). Workers ignore SIGINT and exit when their parent dies, unlinking the
 segments.
 """
@@ -34,8 +37,14 @@ from typing import Any
 
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
-from prefetch.backends._base import BatchOutcome, BatchTask, Skipped, Slot, compact
-from prefetch.backends._process_pending import ProcessPending, WorkerHandle
+from prefetch.backends._base import BatchTask, Skipped, Slot
+from prefetch.backends._process_pending import (
+    InFlight,
+    Part,
+    ProcessPending,
+    WorkerHandle,
+    split_rows,
+)
 from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, Stop, Task
 from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._reader import SampleReader
@@ -94,6 +103,7 @@ class ProcessBackend:
         self._workers: list[WorkerHandle] = []
         self._pending: dict[int, ProcessPending] = {}
         self._next_id = 0
+        self._next_part = 0
         self._crashed: WorkerCrashedError | None = None
         self._lock = threading.RLock()
         self._needs_main = check_picklable(reader)
@@ -169,60 +179,71 @@ class ProcessBackend:
                     worker.conn.send(Forget(slot.name))
 
     def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
+        """Split the batch's rows among the live workers, least busy first: one part each."""
         with self._lock:
             batch_id = self._next_id
             self._next_id += 1
-            pending = ProcessPending(self, batch_id)
-            if self._crashed is not None or not self._workers:
-                pending.error = self._crashed or WorkerCrashedError("no worker processes left")
+            size = len(task.indices)
+            live = [w for w in self._workers if not w.retiring]
+            bounds = split_rows(size, len(live))
+            pending = ProcessPending(self, batch_id, slot, size, len(bounds))
+            if self._crashed is not None or not live:
+                pending.fail(self._crashed or WorkerCrashedError("no worker processes left"))
                 return pending
             self._pending[batch_id] = pending
-            live = [w for w in self._workers if not w.retiring]
-            worker = min(live, key=lambda w: (len(w.in_flight), w.index))
-            self._send(worker, batch_id, task, slot, len(task.indices))
+            for number, (start, stop) in enumerate(bounds):
+                worker = min(live, key=lambda w: (w.rows(), w.index))
+                self._send(worker, (batch_id, number, Part(task, slot, start, stop)))
             return pending
 
-    def _send(
-        self, worker: WorkerHandle, batch_id: int, task: BatchTask, slot: Slot, size: int
-    ) -> None:
-        worker.in_flight[batch_id] = (task, slot, size)
+    def _send(self, worker: WorkerHandle, item: InFlight) -> None:
+        part_id = self._next_part
+        self._next_part += 1
+        worker.in_flight[part_id] = item
+        part = item[2]
         with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
-            worker.conn.send(Task(batch_id, task, slot.name, size))
+            worker.conn.send(Task(part_id, part.task, part.slot.name, part.start, part.stop))
 
     def cancel(self, batch_id: int) -> None:
-        """Ask the worker that holds batch `batch_id` to skip it if it has not begun it."""
+        """Ask the workers that hold parts of batch `batch_id` to skip those not begun."""
         with self._lock:
             for worker in self._workers:
-                if batch_id in worker.in_flight:
-                    with contextlib.suppress(OSError):
-                        worker.conn.send(Cancel(batch_id))
+                for part_id, (owner, _, _) in worker.in_flight.items():
+                    if owner == batch_id:
+                        with contextlib.suppress(OSError):
+                            worker.conn.send(Cancel(part_id))
 
     def time_out(self, pending: ProcessPending, row: int, error: BaseException, skip: bool) -> bool:
-        """Kill the worker stuck in row `row` of `pending`; its replacement takes its batches.
+        """Kill the worker stuck in row `row` of `pending`; its replacement takes its parts.
 
-        With `skip` the batch is re-sent with that row marked to skip; otherwise it fails with
-        `error`. No restart is spent either way. Always True: the batch settles by itself.
+        With `skip` the row's part is re-sent with that row marked to skip; otherwise the batch
+        fails with `error` once its other parts are answered. No restart is spent either way.
+        Always True: the batch settles by itself.
         """
         with self._lock:
-            worker = next((w for w in self._workers if pending.batch_id in w.in_flight), None)
-            if worker is None:  # answered meanwhile
+            found = self._holder(pending.batch_id, row)
+            if found is None:  # answered meanwhile
                 return True
-            task, slot, size = worker.in_flight[pending.batch_id]
+            worker, part_id = found
+            owner, number, part = worker.in_flight[part_id]
             add_note(error, f"prefetch: killed {worker.process.name} (pid {worker.process.pid})")
             if skip:
-                timed_out = (*task.timed_out, row)
-                worker.in_flight[pending.batch_id] = (
-                    replace(task, timed_out=timed_out),
-                    slot,
-                    size,
-                )
+                task = replace(part.task, timed_out=(*part.task.timed_out, row))
+                worker.in_flight[part_id] = (owner, number, replace(part, task=task))
             else:
-                del worker.in_flight[pending.batch_id]
-                self._pending.pop(pending.batch_id, None)
-                pending.error = error
+                del worker.in_flight[part_id]
+                pending.settle_part(number, error)
             worker.timed_out = True
             worker.process.kill()
             return True
+
+    def _holder(self, batch_id: int, row: int) -> tuple[WorkerHandle, int] | None:
+        """The worker holding row `row` of batch `batch_id`, and that part's id."""
+        for worker in self._workers:
+            for part_id, (owner, _, part) in worker.in_flight.items():
+                if owner == batch_id and part.start <= row < part.stop:
+                    return worker, part_id
+        return None
 
     def pump(self, timeout_s: float) -> None:
         """Receive results and handle dead workers, waiting at most `timeout_s`."""
@@ -243,23 +264,26 @@ class ProcessBackend:
     def _receive(self, worker: WorkerHandle) -> None:
         try:
             while worker.conn.poll(0):
-                batch_id, outcome, error = worker.conn.recv()
-                _, slot, size = worker.in_flight.pop(batch_id)
+                part_id, outcome, error = worker.conn.recv()
                 worker.answered += 1
-                pending = self._pending.pop(batch_id, None)
+                item = worker.in_flight.pop(part_id, None)
+                if item is None:  # settled already: timed out, its answer sent as it was killed
+                    continue
+                batch_id, number, _ = item
+                pending = self._pending.get(batch_id)
                 if pending is None:
                     continue
-                if isinstance(outcome, Cancelled):  # skipped before it began: slot untouched
-                    pending.abandoned = True
+                if isinstance(outcome, Cancelled):  # skipped before it began: rows untouched
+                    pending.settle_part(number, None)
                 elif error is not None:
-                    pending.error = rebuild(*error)
+                    pending.settle_part(number, rebuild(*error))
                 else:
-                    skipped = [
+                    outcome.skipped = [
                         Skipped(s.position, s.path, rebuild(s.error)) for s in outcome.skipped
                     ]
-                    pending.outcome = BatchOutcome.of(
-                        outcome, compact(slot, size, skipped), skipped
-                    )
+                    pending.settle_part(number, outcome)
+                if pending.done():
+                    del self._pending[batch_id]
         except (EOFError, OSError):
             pass  # the worker died; its sentinel tells
 
@@ -270,10 +294,10 @@ class ProcessBackend:
         )
         if code == -signal.SIGBUS:
             reason += shm.exhausted_note(self._layout.nbytes)
-        lost = list(worker.in_flight.items())
-        for _, (_, slot, _) in lost:  # rows it was reading stopped with it: no clock runs
-            if slot.started is not None:
-                slot.started[:] = 0.0
+        lost = list(worker.in_flight.values())
+        for _, _, part in lost:  # rows it was reading stopped with it: no clock runs
+            if part.slot.started is not None:
+                part.slot.started[part.start : part.stop] = 0.0
         worker.conn.close()
         worker.process.join()
         self._workers.remove(worker)
@@ -282,14 +306,15 @@ class ProcessBackend:
             self._replace(worker, lost)
             return
         if worker.retiring and live:
-            for batch_id, (task, slot, size) in lost:  # only if it died before finishing them
-                if batch_id in self._pending:
-                    target = min(live, key=lambda w: (len(w.in_flight), w.index))
-                    self._send(target, batch_id, task, slot, size)
+            for item in lost:  # only if it died before finishing them
+                if item[0] in self._pending:
+                    self._send(min(live, key=lambda w: (w.rows(), w.index)), item)
             return
         if self.restarts >= self.max_restarts:
             files = [
-                self._reader.describe(int(i)) for _, (task, _, _) in lost for i in task.indices
+                self._reader.describe(int(i))
+                for _, _, part in lost
+                for i in part.task.indices[part.start : part.stop]
             ]
             error = WorkerCrashedError(
                 f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
@@ -299,39 +324,43 @@ class ProcessBackend:
                 + (_NEVER_ANSWERED if worker.answered == 0 else "")
             )
             self._crashed = error
-            for batch_id, _ in lost:
-                pending = self._pending.pop(batch_id, None)
+            for batch_id, number, _ in lost:
+                pending = self._pending.get(batch_id)
                 if pending is not None:
-                    pending.error = error
+                    pending.settle_part(number, error)
+                    if pending.done():
+                        del self._pending[batch_id]
             return
-        for batch_id, _ in lost:
+        for batch_id, number, _ in lost:
             pending = self._pending.get(batch_id)
             if pending is not None and pending.cancelled:  # nobody wants it: do not re-send
-                del self._pending[batch_id]
-                pending.abandoned = True
-        lost = [(batch_id, item) for batch_id, item in lost if batch_id in self._pending]
+                pending.settle_part(number, None)
+                if pending.done():
+                    del self._pending[batch_id]
+        lost = [item for item in lost if item[0] in self._pending and not self._cancelled(item)]
         self.restarts += 1
         log.warning(
-            "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %d "
-            "batches",
+            "prefetch worker %s (pid %s) died with %s; restarting it (%d/%d) and re-sending %s",
             worker.process.name,
             worker.process.pid,
             reason,
             self.restarts,
             self.max_restarts,
-            len(lost),
+            counted(len(lost), "part") + " of batches",
         )
         self._replace(worker, lost)
 
-    def _replace(
-        self, worker: WorkerHandle, lost: list[tuple[int, tuple[BatchTask, Slot, int]]]
-    ) -> None:
-        """Start a worker in place of `worker` and send it the batches still wanted."""
+    def _cancelled(self, item: InFlight) -> bool:
+        pending = self._pending.get(item[0])
+        return pending is None or pending.cancelled
+
+    def _replace(self, worker: WorkerHandle, lost: list[InFlight]) -> None:
+        """Start a worker in place of `worker` and send it the parts still wanted."""
         replacement = self._spawn(worker.index)
         self._workers.append(replacement)
-        for batch_id, (task, slot, size) in lost:
-            if batch_id in self._pending:
-                self._send(replacement, batch_id, task, slot, size)
+        for item in lost:
+            if item[0] in self._pending:
+                self._send(replacement, item)
 
     def close(self) -> None:
         """Stop the workers (terminate after a grace period), then unlink every segment."""
@@ -350,6 +379,6 @@ class ProcessBackend:
                 worker.conn.close()
             self._workers = []
             for pending in self._pending.values():
-                pending.cancelled = pending.abandoned = True
+                pending.cancelled = pending.abandoned = True  # no worker writes any more
             self._pending.clear()
             self._slots.close()

@@ -211,6 +211,11 @@ def exhausted_note(batch_bytes: int) -> str:
     )
 
 
+def fits_free_space(needed_bytes: int) -> bool:
+    """Whether the shared-memory folder has `needed_bytes` free (True where it is not there)."""
+    return not os.path.isdir(SHM_DIR) or shutil.disk_usage(SHM_DIR).free >= needed_bytes
+
+
 def check_free_space(needed_bytes: int, slots: int, batch_size: int) -> None:
     """Fail before starting when /dev/shm cannot hold the ring, saying how to fix it."""
     if not os.path.isdir(SHM_DIR):

@@ -44,7 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefetch.backends import BATCHES_AT_ONCE
+from prefetch._machine import available_memory_bytes, usable_cores
+from prefetch.backends import ROWS_AHEAD_PER_READER
 
 GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01
@@ -259,29 +260,6 @@ class WorkerTuner:
         return workers
 
 
-def available_memory_bytes() -> int:
-    """RAM the system can still give: Linux's MemAvailable, else free pages, else 1 GiB."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 2**30
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def connection_cap() -> int:
     """Reads in flight that the open-file limit leaves room for: a quarter of the soft
     `RLIMIT_NOFILE` (each remote read holds a connection, a descriptor), at most
@@ -307,24 +285,23 @@ def tuner_for(
 
     The ring comes off the budget (a quarter of the free memory unless `memory_budget` is
     given). When bound by I/O, thread workers may grow to `connection_cap()`, and worker
-    processes with several reader threads (`readers_per_worker`) to `IO_PROCESSES_PER_CORE`
-    per core (at least `depth`; each process has its own open-file limit); processes reading
-    one sample at a time stay at most `depth`. CPU-bound threads grow to twice the cores,
-    processes to `depth`. Each worker also costs the batch memory it keeps in flight
-    (`Session.in_flight`): two rows per thread, whole batches per process.
+    processes to `IO_PROCESSES_PER_CORE` per core (each process has its own open-file limit).
+    CPU-bound threads grow to twice the cores, processes to the cores (a process holds no
+    GIL to wait for). Each worker also costs the batch rows it keeps in flight
+    (`Workers.in_flight`): `ROWS_AHEAD_PER_READER` rows per reader, thread or reader thread of
+    a process.
     """
     budget = memory_budget or available_memory_bytes() // 4
     if process:
-        io_maximum = depth
-        if readers_per_worker > 1:
-            io_maximum = max(depth, IO_PROCESSES_PER_CORE * usable_cores())
-        in_flight = BATCHES_AT_ONCE if readers_per_worker > 1 else 1
-        worker_bytes = PROCESS_WORKER_BYTES + in_flight * batch_size * row_bytes
+        io_maximum = max(depth, IO_PROCESSES_PER_CORE * usable_cores())
+        rows = ROWS_AHEAD_PER_READER * readers_per_worker
+        worker_bytes = PROCESS_WORKER_BYTES + rows * row_bytes
     else:
-        io_maximum, worker_bytes = connection_cap(), THREAD_WORKER_BYTES + 2 * row_bytes
+        io_maximum = connection_cap()
+        worker_bytes = THREAD_WORKER_BYTES + ROWS_AHEAD_PER_READER * row_bytes
     return WorkerTuner(
         start=workers,
-        maximum=depth if process else 2 * usable_cores(),
+        maximum=usable_cores() if process else 2 * usable_cores(),
         depth=depth,
         worker_bytes=worker_bytes,
         budget_bytes=max(budget - ring_bytes, 0),

@@ -22,13 +22,13 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from prefetch._machine import default_workers
 from prefetch._messages import counted
 from prefetch.backends import Backend, BatchOutcome, SampleReader, Skipped, SlotRing
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan
-from prefetch.runtime._autoscale import usable_cores
 from prefetch.runtime._lookahead import Lookahead, Submitted
 from prefetch.runtime._options import Autotune, LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
@@ -342,7 +342,7 @@ def make_epochs(
         spool_folder=spool.folder if spool else None,
     )
     asked = options.workers
-    count = usable_cores() if asked is None or isinstance(asked, Autotune) else int(asked)
+    count = default_workers() if asked is None or isinstance(asked, Autotune) else int(asked)
     workers = Workers(options, reader, count)
     weakref.finalize(owner, close_quietly, workers)
     return Epochs(plan, options, workers, spool, len(class_names))

@@ -5,9 +5,10 @@ plans the epochs (`prefetch.plan`), builds the per-sample reader and the worker 
 (`prefetch.backends`, `Workers`), and hands them to one `Epochs` (`prefetch.runtime._epochs`),
 the only part of it that the `Stream` of each epoch uses. Contract:
 
-- Batches come in epoch order; at most `depth` batches are in flight at once (with many
-  thread workers, enough batches for two rows per worker: `Workers.in_flight`), each into a
-  preallocated slot, so memory is bounded by `ring_capacity` of that many batches.
+- Batches come in epoch order; `depth` batches are in flight at once (with many workers,
+  enough batches for two rows per worker: `Workers.in_flight`; both backends share each
+  batch's rows among their workers), each into a preallocated slot, so memory is bounded by
+  `ring_capacity` of that many batches (`Workers.ring_bytes`).
 - `with loader:` owns the workers across epochs, and the next epoch's first batches are
   submitted as the current epoch's last are consumed (`Epochs.look_ahead`); without it, each
   epoch starts them and stops them when it ends or is dropped. `close()` is idempotent. A
@@ -119,14 +120,15 @@ class Loader:
     - `decoder`: how files are decoded: `"auto"` (the `fast` extra's libjpeg-turbo decoder
       when installed, else Pillow), `"pillow"`, `"turbo"`, or your own
       `decoder(path, options) -> array`. Used for file sources only.
-    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core
-      (tuned on remote URLs); `"auto"` to grow or shrink the count while it runs, or
-      `Autotune(memory_budget=...)` to do so within that many bytes.
-    - `depth`: the most batches in flight at once (being decoded, or decoded and waiting for
-      the consumer), an int >= 1.
-    - `backend`: how workers run: `"auto"` (threads or processes, chosen from a short
-      measurement), `"thread"`, `"process"`, or a `ProcessOptions` (processes, with their
-      restarts, start method and reader threads).
+    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core,
+      less one from 4 cores on (tuned on remote URLs); `"auto"` to grow or shrink the count
+      while it runs, or `Autotune(memory_budget=...)` to do so within that many bytes.
+    - `depth`: how many decoded batches may wait for the consumer, an int >= 1: the batches
+      kept in flight (being decoded or waiting), or more when the workers need more rows to
+      all be busy (two per worker).
+    - `backend`: how workers run: `"auto"` (processes for files; for another source, threads
+      or processes chosen from a short measurement), `"thread"`, `"process"`, or a
+      `ProcessOptions` (processes, with their restarts, start method and reader threads).
     - `on_error`: `"raise"`: a sample that fails to load raises at its batch, with a note
       naming it; `"skip"`: it is dropped, logged and counted in `stats()`; or an
       `ErrorPolicy("skip", max_skipped=..., sample_timeout_s=...)`: with a cap on skipped

@@ -15,19 +15,22 @@ from typing import Any
 
 import numpy as np
 
+from prefetch._machine import usable_cores
 from prefetch.backends import (
-    BATCHES_AT_ONCE,
+    ROWS_AHEAD_PER_READER,
     Backend,
     SampleReader,
+    SlotLayout,
     SlotRing,
     choose_backend,
+    fits_free_space,
     make_backend,
     reader_threads,
     ring_capacity,
     sweep_stale,
 )
 from prefetch.coordinator import Coordinator
-from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for, usable_cores
+from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for
 from prefetch.runtime._options import (
     REMOTE_PROCESSES_PER_CORE,
     REMOTE_READER_THREADS,
@@ -76,6 +79,13 @@ class Workers:
             if self.backend_name == "auto":
                 choice = choose_backend(self.reader, first_batch, tuned=self.tuned)
                 self.backend_name, self.backend_reason = choice.name, choice.reason
+                if choice.name == "process" and not fits_free_space(self.ring_bytes()):
+                    self.backend_name = "thread"
+                    self.backend_reason = choice.reason.replace("auto: process", "auto: thread") + (
+                        f"; but the shared-memory folder has less than the "
+                        f"{self.ring_bytes() / 2**20:.0f} MiB free that the process backend's "
+                        "batch slots take (docs/processes.md: /dev/shm)"
+                    )
                 log.info("prefetch %s", choice.reason)
             options = self.options
             if self.tuned and self.remote and self.tuner is None:
@@ -97,7 +107,7 @@ class Workers:
                     process=self.backend_name == "process",
                     workers=self.count,
                     depth=options.depth,
-                    ring_bytes=ring_capacity(self.in_flight()) * options.batch_size * row_bytes,
+                    ring_bytes=self.ring_bytes(),
                     memory_budget=options.memory_budget,
                     row_bytes=row_bytes,
                     batch_size=options.batch_size,
@@ -107,18 +117,23 @@ class Workers:
             _OPEN.add(self)
             return self.backend, self.ring
 
+    def ring_bytes(self) -> int:
+        """The bytes of batch slots the ring may own at once: the loader's memory bound for
+        decoded batches (`ring_capacity(in_flight())` slots of `batch_size` rows)."""
+        layout = SlotLayout(self.options.batch_size, self.reader.options.shape)
+        return ring_capacity(self.in_flight()) * layout.nbytes
+
     def in_flight(self) -> int:
-        """Batches an epoch keeps submitted: `depth`, and more when there are more workers
-        waiting on storage than that feeds: two rows per worker thread, and `BATCHES_AT_ONCE`
-        batches per worker process with reader threads, so that dozens of workers waiting on
-        remote storage each have a sample to read while the oldest batch's last rows finish.
-        (Processes reading one sample at a time stay at `depth` batches: the tuner keeps them
-        at most `depth`.)"""
-        depth, workers, options = self.options.depth, self.count, self.options
+        """Batches an epoch keeps submitted: `depth`, and more when the workers need more rows
+        than that to all be busy: `ROWS_AHEAD_PER_READER` rows for every reader (a worker
+        thread, or each reader thread of a worker process), so that dozens of workers, or
+        workers waiting on remote storage, each have a sample to read while the oldest batch's
+        last rows finish. Both backends share every batch's rows among their workers."""
+        depth, options = self.options.depth, self.options
+        readers = self.count
         if self.backend_name == "process":
-            readers = reader_threads(options.process, self.reader, options.batch_size)
-            return max(depth, workers * BATCHES_AT_ONCE) if readers > 1 else depth
-        return max(depth, -(-2 * workers // options.batch_size))
+            readers *= reader_threads(options.process, self.reader, options.batch_size)
+        return max(depth, -(-ROWS_AHEAD_PER_READER * readers // options.batch_size))
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""

@@ -19,6 +19,7 @@ from prefetch.testing._fakes import (
     PlainReadDecoder,
     RecordingDecoder,
     RendezvousDecoder,
+    SleepingSource,
     SlowDecoder,
     random_flip_and_noise,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "RecordingDecoder",
     "RendezvousDecoder",
     "Reply",
+    "SleepingSource",
     "SlowDecoder",
     "assert_same_batches",
     "draw_shape",

@@ -4,6 +4,7 @@ picklable classes, so they work in thread and process workers alike."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -172,3 +173,54 @@ def random_flip_and_noise(image: np.ndarray, rng: np.random.Generator) -> np.nda
     noisy = image.astype(np.int16) + rng.integers(-8, 9, size=image.shape, dtype=np.int16)
     result: np.ndarray = np.clip(noisy, 0, 255).astype(np.uint8)
     return result
+
+
+class SleepingSource:
+    """A `Source` of `length` gray `shape` images whose `__getitem__` sleeps `delay_s` (a read
+    that waits on storage), and counts how many reads run at once in every thread and worker
+    process: `most_at_once()`. The count lives in the file `counter` (created empty if
+    missing), updated under an exclusive `flock`, so the source pickles and works in thread
+    and process workers alike."""
+
+    def __init__(
+        self,
+        counter: str,
+        length: int = 256,
+        delay_s: float = 0.05,
+        shape: tuple[int, ...] = (8, 8),
+    ) -> None:
+        self.counter = counter
+        self.length = length
+        self.delay_s = delay_s
+        self.shape = shape
+        with open(counter, "ab"):
+            pass
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        self._count(+1)
+        try:
+            time.sleep(self.delay_s)
+        finally:
+            self._count(-1)
+        return np.full(self.shape, index % 251, np.uint8), index % 2
+
+    def most_at_once(self) -> int:
+        """The most reads that ran at the same time so far."""
+        return self._read()[1]
+
+    def _read(self) -> tuple[int, int]:
+        with open(self.counter, "rb") as file:
+            now, most = [*file.read().split(), b"0", b"0"][:2]
+        return int(now), int(most)
+
+    def _count(self, step: int) -> None:
+        with open(self.counter, "r+b") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            now, most = [*file.read().split(), b"0", b"0"][:2]
+            now_count = int(now) + step
+            file.seek(0)
+            file.truncate()
+            file.write(f"{now_count} {max(int(most), now_count)}".encode())

@@ -1,0 +1,113 @@
+"""Every worker is busy whatever `depth`, and a consumer thread running Python does not starve
+the default loader's workers: what scales on many cores, counted on two.
+
+Timings are not tests: concurrency is counted (reads running at once, in every thread and
+process), and the one rate comparison alternates its phases and compares medians of a
+workload that sleeps (so CPU load beside the suite slows both phases alike).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from prefetch import Loader
+from prefetch.testing import SleepingSource, SlowDecoder, write_image_folder
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_sixteen_workers_read_sixteen_samples_at_once(tmp_path: Path, backend: str) -> None:
+    """With the default depth (2 batches in flight) the process backend used to read at most
+    two samples at once, one per batch; now every batch's rows are shared among all workers."""
+    source = SleepingSource(str(tmp_path / "counter"), length=16 * 24, delay_s=0.05)
+    loader = Loader(source, batch_size=32, image_size=(8, 8), workers=16, backend=backend)
+    with loader:
+        for _ in range(2):  # workers still starting in the first epoch are not waited for
+            assert sum(len(images) for images, _ in loader) == 16 * 24
+        stats = loader.stats()
+    assert stats.backend == backend and stats.workers == 16
+    assert source.most_at_once() >= 12
+
+
+def test_one_worker_reads_every_row_of_a_batch(tmp_path: Path) -> None:
+    source = SleepingSource(str(tmp_path / "counter"), length=40, delay_s=0.0)
+    loader = Loader(
+        source, batch_size=16, image_size=(8, 8), workers=1, backend="process", shuffle=False
+    )
+    with loader:
+        firsts = [int(images[k, 0, 0, 0]) for images, _ in loader for k in range(len(images))]
+    assert firsts == list(range(40))  # pixel value = index % 251: every row, in order
+
+
+def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) -> None:
+    """A default Loader (one worker) drained by a thread, as prefetch.torch and Keras drain it,
+    while this thread runs pure Python, as a training loop does: the loader keeps >= 90% of
+    its own rate, and the Python thread >= 90% of its solo rate. Each sample sleeps 3 ms and
+    then decodes; a worker thread would wait for the GIL after each (the convoy effect)."""
+    folder = write_image_folder(tmp_path / "images", per_class=40)
+    loader = Loader(
+        folder, batch_size=4, image_size=(16, 16), workers=1, decoder=SlowDecoder(0.003)
+    )
+    phase_s = 1.0
+
+    def drain(seconds: float, counts: list[int], go: threading.Event) -> None:
+        go.wait()
+        images, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for batch, _ in loader:
+                images += len(batch)
+                if time.perf_counter() >= end:
+                    break
+        counts.append(images)
+
+    def spin(seconds: float) -> int:
+        count, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            count += 1
+        return count
+
+    def loader_alone() -> int:
+        counts: list[int] = []
+        go = threading.Event()
+        thread = threading.Thread(target=drain, args=(phase_s, counts, go))
+        thread.start()
+        go.set()
+        thread.join()
+        return counts[0]
+
+    def both() -> tuple[int, int]:
+        counts: list[int] = []
+        go = threading.Event()
+        thread = threading.Thread(target=drain, args=(phase_s, counts, go))
+        thread.start()
+        go.set()
+        spun = spin(phase_s)
+        thread.join()
+        return counts[0], spun
+
+    with loader:
+        loader_alone()  # warm-up: workers started, files in the page cache
+        alone, solo, beside, spun_beside = [], [], [], []
+        for _ in range(5):  # alternate the phases: the machine drifts
+            alone.append(loader_alone())
+            solo.append(spin(phase_s))
+            images, spun = both()
+            beside.append(images)
+            spun_beside.append(spun)
+        stats = loader.stats()
+    assert stats.backend == "process", stats.backend_reason
+    assert statistics.median(beside) >= 0.9 * statistics.median(alone), (alone, beside)
+    assert statistics.median(spun_beside) >= 0.9 * statistics.median(solo), (solo, spun_beside)
+
+
+def test_auto_says_why_it_chose_processes_for_files(tmp_path: Path) -> None:
+    folder = write_image_folder(tmp_path / "images", per_class=4)
+    with Loader(folder, batch_size=4, image_size=(16, 16), workers=1) as loader:
+        assert loader.stats().backend == "process"
+        assert "training thread" in loader.stats().backend_reason
