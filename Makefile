@@ -11,10 +11,12 @@ ARGS ?=
 
 .PHONY: demo test docs clean
 
-# editable_mode=compat: a .pth with the checkout's path, so that a folder named `prefetch` in the
-# current directory (the checkout itself, seen from its parent) cannot shadow the install the way
-# it shadows setuptools' default import hook (issue 28.10). So the flat layout stays (no src/
-# folder: decided in issue 26).
+# The editable install is a .pth with the checkout's path, so that a folder named `prefetch` in
+# the current directory (the checkout itself, seen from its parent) cannot shadow the install the
+# way it shadows setuptools' import hook (issue 28.10). setuptools writes that .pth by default
+# for the flat layout pyproject.toml declares (`package-dir = {"" = "."}`), so no editable_mode
+# is set here: `editable_mode=compat`, which did it before, "is transitional and will be
+# removed" (issue 35.6). The flat layout stays (no src/ folder: decided in issue 26).
 $(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
 	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
@@ -23,8 +25,7 @@ $(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
 	@echo "minutes; pip shows each download and the installation's progress. Later runs skip it."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --progress-bar on --config-settings editable_mode=compat \
-		-e ".[tf,torch,test,fast,docs,remote,plot]"
+	$(PY) -m pip install --progress-bar on -e ".[tf,torch,test,fast,docs,remote,plot]"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -132,7 +132,9 @@ class CorruptShardError(PrefetchError, ValueError):
     """A shard's bytes are not a valid TFRecord record, tf.train.Example or tar header.
 
     The message names the file and the byte offset (of the record or tar header) and the fix:
-    re-write or re-download the shard, or pass `on_error="skip"`.
+    re-write or re-download the shard. It gives no skip advice of its own: skipping cannot help
+    while a source is made, and where it can (a sample read by a `Loader` with
+    `on_error="raise"`) the loader's note says to pass `on_error="skip"`.
 
     Parameters:
 

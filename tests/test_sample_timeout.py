@@ -72,6 +72,8 @@ def test_a_thread_loader_raises_naming_the_stuck_file_and_closes(
         list(loader)
     assert isinstance(raised.value, TimeoutError)
     assert "sample_timeout_s=2.0" in str(raised.value)
+    # skip advice only where skipping is not on already (issue 35.5)
+    assert ("pass on_error='skip'" in str(raised.value)) == (on_error == "raise")
     assert loader._epochs.workers.backend is None  # closed
 
 

@@ -229,7 +229,9 @@ def test_class_names_come_from_the_manifest_else_classes_txt_beside_the_shards(
     write(folder, out, "tar")
     assert prefetch.TarSource(out).class_names == list(CLASSES)
     (out / "classes.txt").write_text("lion\ntiger\nbear\n")
-    assert prefetch.TarSource(out).class_names == list(CLASSES)  # the manifest's, exact
+    with pytest.raises(ValueError, match="one of them was edited") as raised:
+        prefetch.TarSource(out)  # the two disagree: refused, naming both
+    assert "classes.txt" in str(raised.value) and "shard-tar.manifest.json" in str(raised.value)
     (out / "shard-tar.manifest.json").unlink()
     assert prefetch.TarSource(out).class_names == ["lion", "tiger", "bear"]
     with loader(prefetch.TarSource(out), shuffle=False) as made:
@@ -576,6 +578,9 @@ def test_a_truncated_tfrecord_shard_is_refused_naming_the_file_and_offset(
     for index in sidecars(out):
         index.unlink()
     os.truncate(shard, last + 20)
+    with pytest.raises(ValueError, match=f"is {last + 20} bytes but .* says"):
+        prefetch.TFRecordSource(out)  # the manifest's size is compared before it is read
+    (out / "shard-tfrecord.manifest.json").unlink()
     with pytest.raises(prefetch.CorruptShardError) as raised:
         prefetch.TFRecordSource(out)
     assert shard in str(raised.value) and f"offset {last}" in str(raised.value)

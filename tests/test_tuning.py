@@ -139,3 +139,23 @@ def test_the_tune_command_refuses_an_unknown_backend(folder: Path) -> None:
     )
     assert done.returncode == 2
     assert "--backends" in done.stderr
+
+
+def test_the_tune_command_says_where_it_wrote_its_plot_and_report(
+    folder: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    plot, report = tmp_path / "tune.png", tmp_path / "tune.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "prefetch", "tune", str(folder), "--step-ms", "2",
+         "--batch-size", "4", "--image-size", "16", "--backends", "thread", "--depths", "2",
+         "--max-workers", "1", "--trial-batches", "2", "--repeats", "1", "--max-spread", "inf",
+         "--plot", str(plot), "--json", str(report), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert plot.stat().st_size > 0 and report.stat().st_size > 0
+    assert f"wrote the report to {report} and the plot to {plot}" in done.stdout

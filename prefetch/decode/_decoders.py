@@ -33,7 +33,7 @@ from PIL import Image
 
 from prefetch._messages import suggest_keywords
 from prefetch.decode import _resize as resize
-from prefetch.io import Location, check_image_bytes, open_bytes, open_image
+from prefetch.io import DEFAULT_MAX_PIXELS, Location, check_image_bytes, open_bytes, open_image
 
 # Pillow filters for Keras's interpolation names. Keras's "gaussian" and "mitchellcubic" have no
 # Pillow equivalent and are refused with a message that lists these.
@@ -70,6 +70,15 @@ def image_size_pair(image_size: object) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+def check_max_pixels(value: object) -> None:
+    """Refuse (ValueError naming it) a `max_pixels` that is not an int >= 1 or None."""
+    if value is not None and not _is_size(value):
+        raise ValueError(
+            f"max_pixels must be an int >= 1 (pixels, width x height) or None for no limit, "
+            f"got {value!r}"
+        )
+
+
 def _is_size(value: object) -> bool:
     """Whether `value` is an int >= 1 (numpy ints too, bools not)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
@@ -97,6 +106,11 @@ class DecodeOptions:
       `prefetch.decode._resize.METHODS`); `True` resizes with filters that widen when shrinking,
       after
       JPEG DCT scaling (docs/decoders.md, "Choosing antialias").
+    - `max_pixels`: the most pixels (width x height, read from the file's header before any
+      pixel is decoded) of an image the built-in decoders decode; a larger one raises
+      `PIL.Image.DecompressionBombError` naming the file and the limit. None: no limit of
+      ours. Default `prefetch.io.DEFAULT_MAX_PIXELS` (64 megapixels); a `Loader` sets it
+      from `ErrorPolicy(max_pixels=...)`.
 
     A bad value raises ValueError naming the option and what is accepted.
     """
@@ -107,6 +121,7 @@ class DecodeOptions:
     crop_to_aspect_ratio: bool = False
     pad_to_aspect_ratio: bool = False
     antialias: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __init__(
         self,
@@ -116,6 +131,7 @@ class DecodeOptions:
         crop_to_aspect_ratio: bool = False,
         pad_to_aspect_ratio: bool = False,
         antialias: bool = False,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         # Written out (not the dataclass's) so that the signature says an int is accepted.
         for name, value in (
@@ -125,6 +141,7 @@ class DecodeOptions:
             ("crop_to_aspect_ratio", crop_to_aspect_ratio),
             ("pad_to_aspect_ratio", pad_to_aspect_ratio),
             ("antialias", antialias),
+            ("max_pixels", max_pixels),
         ):
             object.__setattr__(self, name, value)
         self.__post_init__()
@@ -132,6 +149,7 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         # Also run by the generated __init__ of a dataclass subclass.
         object.__setattr__(self, "image_size", image_size_pair(self.image_size))
+        check_max_pixels(self.max_pixels)
         if self.channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {self.channels}")
         if self.crop_to_aspect_ratio and self.pad_to_aspect_ratio:
@@ -183,7 +201,7 @@ def decode_image(path: Location, options: DecodeOptions) -> np.ndarray:
     - `path`: the image file, a local path (`str`) or an fsspec URL (`read_image`).
     - `options`: the `DecodeOptions`: the size, channels and resizing of the result.
     """
-    with open_image(path) as image:
+    with open_image(path, options.max_pixels) as image:
         return _decode_opened(image, options)
 
 
@@ -191,7 +209,7 @@ def decode_bytes(data: bytes, options: DecodeOptions, name: str | None = None) -
     """`decode_image` of an encoded image held in memory (the bytes of a file or an object);
     `name` (its file) is what errors name, else "<N bytes in memory>"."""
     name = _in_memory(data) if name is None else name
-    check_image_bytes(data, name)
+    check_image_bytes(data, name, options.max_pixels)
     with open_bytes(data, name) as image:
         return _decode_opened(image, options)
 

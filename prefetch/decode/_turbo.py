@@ -143,7 +143,8 @@ class TurboDecoder:
             raise ImportError(f"decode_turbo needs simplejpeg and OpenCV: {INSTALL_HINT}")
         if _uses_unknown_fields(options):
             return decode_image(path, options)
-        data = read_image(path)  # once, capped, checked; a local path must be a regular file
+        # once, capped, checked (pixels by the header too); a local path must be a regular file
+        data = read_image(path, options.max_pixels)
         if not data.startswith(_JPEG_MAGIC):
             return decode_bytes(data, options, str(path))  # what decode_image(path) does
         try:
@@ -172,6 +173,7 @@ _IMPLEMENTED_FIELDS = frozenset(
         "crop_to_aspect_ratio",
         "pad_to_aspect_ratio",
         "antialias",
+        "max_pixels",  # checked by read_image, before either decoder runs
     }
 )
 

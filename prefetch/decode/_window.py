@@ -120,7 +120,7 @@ def decode_window(
     contents are undefined.
     Raises what `decode_image` raises for a bad file.
     """
-    data = read_image(path)  # checked: an empty file, too many JPEG scans
+    data = read_image(path, options.max_pixels)  # checked: empty, too many pixels or scans
     if engine == "turbo" and data.startswith(_JPEG_MAGIC) and options.channels != 4:
         header = _jpeg_header(data)
         if header is not None:

@@ -6,7 +6,8 @@ The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors
 - the location of a sample as data: a path or URL (`str`), or a `Member` of a shard (its
   file, format, byte offset and length), kept per source in a `MemberTable` of numpy columns;
 - the one read of a location, `read_location`, and of an image `read_image` (the same bytes,
-  checked for an empty file and a JPEG of too many scans before any decoder sees them);
+  checked for an empty file, an image of too many pixels by its header, and a JPEG of too
+  many scans before any decoder sees them);
 - the bounds of every read and listing (`RemoteOptions`: deadlines, size caps, listing caps,
   redirects), set per thread with `using` and read back with `active_options`;
 - retries of transient failures and errors that name the path or URL;
@@ -32,8 +33,11 @@ from __future__ import annotations
 
 from prefetch.io._cache import ObjectCache
 from prefetch.io._images import (
+    DEFAULT_MAX_PIXELS,
+    MAX_JPEG_SCAN_PIXELS,
     MAX_JPEG_SCANS,
     check_image_bytes,
+    image_pixels,
     open_bytes,
     open_image,
     read_image,
@@ -72,7 +76,9 @@ from prefetch.io._storage import (
 from prefetch.io._tree import RemoteTree
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "MAX_JPEG_SCANS",
+    "MAX_JPEG_SCAN_PIXELS",
     "RECORD_OVERHEAD",
     "Location",
     "Member",
@@ -88,6 +94,7 @@ __all__ = [
     "download",
     "filesystem_for",
     "frame_record",
+    "image_pixels",
     "is_url",
     "local_path",
     "masked_crc32c",

@@ -25,7 +25,9 @@ RECORD_OVERHEAD = 16  # bytes of framing per record: 12 header + 4 footer
 
 def corrupt_shard(path: str, offset: int, what: str) -> CorruptShardError:
     """The error for damage `what` in the record or header at `offset` of `path`."""
-    fix = "Re-write or re-download the shard, or pass on_error='skip' to drop its bad samples"
+    # No skip advice: none helps while a source is made, and a loader that reads the sample
+    # adds it in its note only when on_error="skip" is not already on.
+    fix = "Re-write or re-download the shard"
     where = f"{path or '<bytes>'} at offset {offset}"
     return CorruptShardError(f"corrupt shard {where}: {what}. {fix}", path, offset)
 

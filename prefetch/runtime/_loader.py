@@ -186,6 +186,7 @@ class Loader:
             crop_to_aspect_ratio,
             pad_to_aspect_ratio,
             antialias,
+            max_pixels=policy.max_pixels,
         )
         self.options = LoaderOptions(
             batch_size=batch_size,

@@ -20,8 +20,8 @@ import numpy as np
 from prefetch._checks import one_of, positive
 from prefetch._messages import suggest_keywords
 from prefetch.backends import ProcessOptions
-from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder
-from prefetch.io import RemoteOptions
+from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, check_max_pixels
+from prefetch.io import DEFAULT_MAX_PIXELS, RemoteOptions
 from prefetch.plan import Augment
 from prefetch.sources import LABEL_MODES, SUBSETS, is_file_source
 from prefetch.sources.shards import ShardSource
@@ -65,17 +65,24 @@ class ErrorPolicy:
       `TooManySkippedError`; None for no cap.
     - `sample_timeout_s`: a time limit per sample, in seconds, past which it raises
       `SampleTimeoutError` (with "skip" and the process backend, it is skipped); None for none.
+    - `max_pixels`: the most pixels (width x height, from the file's header) of an image the
+      built-in decoders decode; a larger one fails before any pixel is allocated
+      (`PIL.Image.DecompressionBombError` naming the file and the limit; skipped with
+      "skip"). Default `prefetch.io.DEFAULT_MAX_PIXELS` (64 megapixels, about 0.7 GB to
+      decode); None for no limit of prefetch's (Pillow's own stays).
     """
 
     action: str = "raise"
     _: KW_ONLY
     max_skipped: int | None = None
     sample_timeout_s: float | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         one_of("on_error", self.action, ON_ERROR)
         if self.max_skipped is not None and self.max_skipped < 0:
             raise ValueError(f"max_skipped must be >= 0 or None, got {self.max_skipped}")
+        check_max_pixels(self.max_pixels)
         timeout = self.sample_timeout_s
         number = isinstance(timeout, (int, float, np.integer, np.floating))
         if timeout is not None and (isinstance(timeout, bool) or not number or not timeout > 0):
@@ -185,6 +192,7 @@ class LoaderOptions:
             self.crop_to_aspect_ratio,
             self.pad_to_aspect_ratio,
             self.antialias,
+            max_pixels=self.on_error.max_pixels,
         )
 
     @property
@@ -287,6 +295,7 @@ def decode_options(
     crop_to_aspect_ratio: bool,
     pad_to_aspect_ratio: bool,
     antialias: bool,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> DecodeOptions:
     """The `DecodeOptions` of Keras-style keyword options (`color_mode` by name; `image_size`
     an int for a square, or (height, width))."""
@@ -298,6 +307,7 @@ def decode_options(
         bool(crop_to_aspect_ratio),
         pad_to_aspect_ratio=bool(pad_to_aspect_ratio),
         antialias=bool(antialias),
+        max_pixels=max_pixels,
     )
 
 

@@ -200,14 +200,18 @@ class Stream:
         row = int(stuck[0])
         index = int(indices[row])
         what = self._epochs.describe(index)
+        skip = self._epochs.options.on_error.skip
+        # Skip advice only where it is not on already (issue 35.5); with it on, the thread
+        # backend cannot stop the read, and only the process backend skips it.
+        fix = "(process backend) pass on_error='skip' to drop it"
+        if skip:
+            fix = "with on_error='skip', use the process backend, which can stop it and skip it"
         error = SampleTimeoutError(
             f"{what!r} (sample {index}) has been read for {now - started[row]:.1f} s, more than "
             f"sample_timeout_s={limit}: a FIFO, a dead network mount or a source that blocks? "
-            "Fix or remove it, raise sample_timeout_s, or (process backend) pass "
-            "on_error='skip' to drop it"
+            f"Fix or remove it, raise sample_timeout_s, or {fix}"
         )
         started[row] = 0.0  # handled: a re-sent batch starts the row's clock again
-        skip = self._epochs.options.on_error.skip
         if not self._backend.time_out(pending, row, error, skip):
             self._epochs.close()  # a stuck thread cannot be stopped: this loader is done
             raise error

@@ -1,9 +1,11 @@
-"""Small files that cost a decoder far more than their size: a pixel bomb and a scan bomb.
+"""Small files that cost a decoder far more than their size: pixel bombs and a scan bomb.
 
 `write_decompression_bomb` writes a PNG over Pillow's pixel limit (Pillow refuses it);
-`write_scan_bomb` a progressive JPEG of more scans than
-`prefetch.io._images.MAX_JPEG_SCANS`
-(prefetch refuses it before any decoder runs). Both are valid enough for a decoder to start.
+`write_flat_png` a valid flat PNG of any size (13,000 x 13,000 is 165 KB and 3.5 GB decoded:
+under Pillow's refusal, over prefetch's `DEFAULT_MAX_PIXELS`); `claim_size` rewrites a JPEG's
+frame header to claim another size (a decoder that trusts the header allocates for it);
+`write_scan_bomb` a progressive JPEG of more scans than `prefetch.io.MAX_JPEG_SCANS`
+(prefetch refuses it before any decoder runs). All are valid enough for a decoder to start.
 """
 
 from __future__ import annotations
@@ -81,3 +83,41 @@ def write_scan_bomb(
     repeats = max(0, scans - data.count(_SOS))
     path.write_bytes(data[:end] + data[last:end] * repeats + data[end:])
     return path
+
+
+def write_flat_png(path: str | os.PathLike[str], size: tuple[int, int] = (13_000, 13_000)) -> Path:
+    """Write a valid black 8-bit grayscale PNG of `size` (width, height); returns `path`.
+
+    Flat rows compress about 1,000 to 1: 13,000 x 13,000 is about 165 KB on disk, 169 MB of
+    pixels once decoded (Pillow's RGB conversion and the resize take 3.5 GB at the peak); it
+    takes about a second to write.
+    """
+    path = Path(path)
+    width, height = size
+    row = b"\0" * (1 + width)  # filter byte, then `width` 8-bit pixels
+    compressor = zlib.compressobj(9)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", pixels)
+        + _png_chunk(b"IEND", b"")
+    )
+    return path
+
+
+def claim_size(data: bytes, size: tuple[int, int]) -> bytes:
+    """The JPEG `data` with its frame (SOF) header rewritten to claim `size` (width, height,
+    each under 65,536): what libjpeg allocates for is the claim, not the data."""
+    position = 2
+    while True:
+        position = data.index(b"\xff", position)
+        marker = data[position + 1]
+        if marker in range(0xC0, 0xD0) and marker not in (0xC4, 0xC8, 0xCC):
+            width, height = size
+            return data[: position + 5] + struct.pack(">HH", height, width) + data[position + 9 :]
+        if marker == 0xD8 or marker == 0xFF:
+            position += 1 if marker == 0xFF else 2
+            continue
+        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")

@@ -182,7 +182,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """`prefetch bench`: measure, print the table, write JSON and PNGs."""
     parser: argparse.ArgumentParser = args.parser
     loaders = _checked_bench_loaders(args, parser)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow C++ log in the table
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
     rows = print_measurement if _prints_rows(args) else None
     with ExitStack() as stack:

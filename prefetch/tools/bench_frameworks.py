@@ -1,14 +1,18 @@
 """The framework rows of `prefetch bench`: tf.data AUTOTUNE, Keras's
 `image_dataset_from_directory` and torch's `DataLoader`, each one long-lived pipeline as a
 training job runs it. TensorFlow, Keras and torch are imported only in `open`, in the row's
-own process.
+own process; TensorFlow and Keras through `import_quietly`, so that TensorFlow's C++ start-up
+lines (absl, the CUDA stub, oneDNN, cuInit) never interleave with the table.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
 from collections.abc import Generator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +41,7 @@ class TfDataContender:
         self.note = ""
 
     def open(self, stack: contextlib.ExitStack) -> None:
-        tf = importlib.import_module("tensorflow")
+        tf = import_quietly("tensorflow")
         s = self.setup
         autotune = tf.data.AUTOTUNE
         channels = s.options.channels
@@ -127,7 +131,7 @@ class KerasContender(TfDataContender):
     """`keras.utils.image_dataset_from_directory` on the folder, with its own defaults."""
 
     def open(self, stack: contextlib.ExitStack) -> None:
-        keras = importlib.import_module("keras")
+        keras = import_quietly("keras")
         s = self.setup
         self.dataset = keras.utils.image_dataset_from_directory(
             str(s.folder.root),
@@ -190,11 +194,34 @@ class TorchContender:
         return {"decoder": self.setup.decoder_name, "antialias": self.setup.options.antialias}
 
 
+def import_quietly(name: str) -> ModuleType:
+    """`importlib.import_module(name)` (TensorFlow, or Keras on it) without TensorFlow's C++
+    log: `TF_CPP_MIN_LOG_LEVEL=3` is set (unless already set) before TensorFlow is imported,
+    which silences its errors too (cuInit's on a machine without a GPU); the lines written
+    before absl's logging starts (absl's own warning, the CUDA stub's), which no setting
+    silences, are sent to /dev/null for the import only. Python's errors still raise."""
+    if name in sys.modules:
+        return sys.modules[name]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+            return importlib.import_module(name)
+        finally:
+            os.dup2(saved, 2)
+            os.close(null)
+    finally:
+        os.close(saved)
+
+
 def tensorflow_cannot_read(url: str) -> str | None:
     """Why TensorFlow's `tf.io.gfile` (what tf.data's `read_file` and Keras's lister use)
     cannot read the folder `url`, or None when it can (`gs://` with TensorFlow's own
     filesystem, `s3://` with tensorflow-io)."""
-    import tensorflow as tf  # the TensorFlow rows import it anyway
+    tf = import_quietly("tensorflow")  # the TensorFlow rows import it anyway
 
     try:
         if tf.io.gfile.isdir(url):

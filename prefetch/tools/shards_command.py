@@ -3,8 +3,8 @@
 `add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
 (`handler=run_shards_write`: one line per shard as it is written, then a summary naming the
 files skipped and the Python lines that read the shards back) and `verify`
-(`handler=run_shards_verify`: every shard of each manifest in OUT against its size and
-SHA-256; exit status 1 when one differs).
+(`handler=run_shards_verify`: each manifest in OUT against its set, with every check a reader
+makes and then each shard's SHA-256; exit status 1 on any difference).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from prefetch.sources.shards import (
     MAX_MANIFEST_BYTES,
     Manifest,
     is_manifest_name,
+    manifests_of,
     read_manifest,
+    reproducible,
 )
 from prefetch.sources.shards import verify as verify_manifest
 from prefetch.tools import fit_crop, shard_set, shard_writer
@@ -131,12 +133,15 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     write.set_defaults(handler=run_shards_write, parser=write)
     verify = actions.add_parser(
         "verify",
-        help="check every shard in OUT against its manifest (size and SHA-256)",
+        help="check the set of shards in OUT against its manifest (all a reader checks, "
+        "then SHA-256)",
         description=(
-            "Read every shard that a manifest in OUT (PREFIX-FORMAT.manifest.json, as `write` "
-            "leaves) lists, and compare its size and SHA-256 with the manifest's. Readers check "
-            "names, sizes and sample counts when a source is made; this reads every byte. "
-            "Exit status 0 when all match, 1 when one does not (each named)."
+            "Check each set of shards in OUT against its manifest (PREFIX-FORMAT.manifest.json, "
+            "as `write` leaves): everything a reader checks when a source is made (one manifest "
+            "per format, no unfinished write, every shard there at its size, no extra shard of "
+            "the set's names, classes.txt naming the manifest's classes, each shard's sample "
+            "count), sizes first, then the SHA-256 of every shard of the right size, reading "
+            "every byte. Exit status 0 when all match, 1 on any difference (each named)."
         ),
     )
     verify.add_argument("out", metavar="OUT", help="the folder of the shards")
@@ -198,7 +203,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
             f"quality {quality}), the others stored as they were"
         )
     for path, reason in skipped[:_SKIPS_SHOWN]:
-        print(f"  skipped {path}: {reason}")
+        print(f"  skipped {path}: {reproducible(reason)}")
     if len(skipped) > _SKIPS_SHOWN:
         print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
     pattern = os.path.join(args.out, shard_writer.shard_pattern(args.format, args.prefix))
@@ -222,9 +227,14 @@ def run_shards_verify(args: argparse.Namespace) -> int:
     except OSError as error:
         parser.error(str(error))
     if not found:
+        alone = (
+            f" ({shard_set.CLASSES_FILE} alone is not one)"
+            if os.path.exists(os.path.join(args.out, shard_set.CLASSES_FILE))
+            else ""
+        )
         parser.error(
-            f"no manifest in {args.out!r} ({shard_set.CLASSES_FILE} alone is not one): write "
-            "the shards with `prefetch shards write` to get one"
+            f"no manifest in {args.out!r}{alone}: write the shards with `prefetch shards "
+            "write` to get one"
         )
     return 1 if failed else 0
 
@@ -235,7 +245,16 @@ def _verify_all(folder: str) -> tuple[bool, int]:
     failed = False
     found = 0
     with OutFolder(folder) as out:
-        for name in sorted(out.names()):
+        names = sorted(out.names())
+        for format in ("tar", "tfrecord"):
+            several = manifests_of(names, format)
+            if len(several) > 1:
+                print(
+                    f"{folder}: {len(several)} manifests of {format} shards "
+                    f"({', '.join(several)}): a reader refuses a folder of two sets"
+                )
+                failed = True
+        for name in names:
             if not is_manifest_name(name):
                 continue
             found += 1
@@ -250,7 +269,7 @@ def _verify_all(folder: str) -> tuple[bool, int]:
                 print(f"{out.where(name)}: an interrupted write (run the write again)")
                 failed = True
                 continue
-            problems = verify_manifest(folder, manifest)
+            problems = verify_manifest(folder, manifest, names)
             for problem in problems:
                 print(f"{out.where(problem)}")  # "<shard>: what differs"
             failed = failed or bool(problems)

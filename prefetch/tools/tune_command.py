@@ -150,9 +150,14 @@ def run_tune(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(report.format_table())
+    written = []
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report.as_dict(), out, indent=2)
+        written.append(f"the report to {args.json}")
     if args.plot:
         report.plot(args.plot)
+        written.append(f"the plot to {args.plot}")
+    if written:
+        print(f"wrote {' and '.join(written)}")
     return 0

@@ -32,10 +32,12 @@ from prefetch.sources.shards._manifest import (
     ShardEntry,
     is_manifest_name,
     manifest_name,
+    manifests_of,
     read_manifest,
+    reproducible,
     shard_prefix,
-    verify,
 )
+from prefetch.sources.shards._set import verify
 from prefetch.sources.shards._sources import ShardSource, TarSource, TFRecordSource
 from prefetch.sources.shards._tar import (
     TAR_END,
@@ -81,9 +83,11 @@ __all__ = [
     "load_or_build",
     "local_identity",
     "manifest_name",
+    "manifests_of",
     "open_shard",
     "parse_class_names",
     "read_manifest",
+    "reproducible",
     "sample_key",
     "shard_prefix",
     "tar_header",

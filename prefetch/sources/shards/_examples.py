@@ -25,6 +25,8 @@ import numpy as np
 from prefetch.io import corrupt_shard
 from prefetch.sources.shards._index_file import IndexSpec
 from prefetch.sources.shards._tfrecord import (
+    MAX_RECORD_FIELDS,
+    TooManyFields,
     feature_lists,
     iter_records,
     map_entries,
@@ -50,6 +52,8 @@ def find_entries(
     found: list[tuple[int, int] | None] = [None] * len(keys)
     try:
         _walk(data, keys, found, None)
+    except TooManyFields as error:
+        raise corrupt_shard(path, offset, f"a tf.train.Example of {error}") from None
     except (ValueError, IndexError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return found
@@ -60,6 +64,8 @@ def feature_names(data: Any, path: str, offset: int) -> list[str]:
     names: list[str] = []
     try:
         _walk(data, (), [], names)
+    except TooManyFields:
+        pass  # the names found so far
     except (ValueError, IndexError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return names
@@ -91,13 +97,19 @@ def first_value(
         return "", 0, None
     kind, count, first = "", 0, None
     try:
+        walked = 0
         for list_kind, start, stop in feature_lists(data, *entry):
             if list_kind != kind:
                 kind, count, first = list_kind, 0, None
             while start < stop and count < 2:  # its values, up to the second
+                walked += 1
+                if walked > MAX_RECORD_FIELDS:
+                    raise TooManyFields(f"more than {MAX_RECORD_FIELDS:,} fields in a feature")
                 field, value_wire, value, start = next_field(data, start, stop)
                 if field == 1:
                     count, first = _values(data, kind, value_wire, value, start, count, first)
+    except TooManyFields as error:
+        raise corrupt_shard(path, offset, f"a tf.train.Example with {error}") from None
     except (ValueError, IndexError, struct.error) as error:
         raise corrupt_shard(path, offset, f"malformed tf.train.Example ({error})") from None
     return kind, count, first

@@ -18,14 +18,14 @@ import os
 import re
 from collections.abc import Sequence
 
-from prefetch.io import RemoteTree, beside, is_url, local_path, read_small
+from prefetch.io import RemoteTree, is_url, local_path
 from prefetch.sources.shards._index import INDEX_SUFFIX
+from prefetch.sources.shards._manifest import CLASSES_FILE as CLASSES_FILE
+from prefetch.sources.shards._manifest import class_names_beside as class_names_beside
 from prefetch.sources.shards._manifest import is_manifest_name
+from prefetch.sources.shards._manifest import parse_class_names as parse_class_names
+from prefetch.sources.shards._set import ChosenSet, choose_set
 
-# The file beside the shards that names the classes, one per line (the writer leaves one).
-CLASSES_FILE = "classes.txt"
-# The most bytes read of a class list.
-MAX_CLASSES_BYTES = 16 << 20
 # The most names one brace expression may expand to (`{0..999999999}` is refused, not built).
 MAX_BRACE_NAMES = 1_000_000
 _PATTERN_CHARS = frozenset("*?[")
@@ -35,10 +35,12 @@ _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
 @dataclasses.dataclass(frozen=True)
 class ShardFiles:
     """The shards `files` names, in order, and `selects`: the pattern of file names a folder
-    or pattern selects in its folder ("*" for a folder), None for files named one by one."""
+    or pattern selects in its folder ("*" for a folder), None for files named one by one;
+    `chosen`: the set the folder's manifest made of them (`choose_set`), None without one."""
 
     shards: list[str]
     selects: str | None
+    chosen: ChosenSet | None = None
 
 
 def find_shards(
@@ -67,32 +69,114 @@ def resolve(
 
 
 def _one(name: str, format: str) -> ShardFiles:
-    selects: str | None = None
+    found: ShardFiles | None = None
     if is_url(name):
-        if name.endswith("/"):
-            found, selects = _remote_matches(name + "*", format), "*"
+        folder, _, last = name.rpartition("/")
+        if not last:
+            found = _in_folder(folder, "*", format)
+        elif _PATTERN_CHARS & set(last):
+            if _PATTERN_CHARS & set(folder):
+                raise ValueError(
+                    f"{name!r}: a URL pattern may have wildcards in its last part only"
+                )
+            found = _in_folder(folder, last, format)
         else:
-            found = _remote_matches(name, format)
-            selects = name.rpartition("/")[2] if _PATTERN_CHARS & set(name) else None
+            listed = None if _is_shard_name(last, format) else _remote_folder(name)
+            if listed is not None:  # a folder named without its trailing "/"
+                found = _in_folder(name, "*", format, listed)
+            else:
+                found = ShardFiles([name], None)
     elif os.path.isdir(local_path(name)):
-        folder = local_path(name)
-        found = sorted(
-            os.path.join(folder, entry)
-            for entry in os.listdir(folder)
-            if _is_shard_name(entry, format) and os.path.isfile(os.path.join(folder, entry))
-        )
-        selects = "*"
+        found = _in_folder(local_path(name), "*", format)
     elif _PATTERN_CHARS & set(name):
-        found = sorted(path for path in glob.glob(local_path(name)) if _not_index(path))
-        selects = os.path.basename(name)
-    else:
-        found = [name] if os.path.exists(local_path(name)) else []
-    if not found:
+        folder, last = os.path.split(local_path(name))
+        if _PATTERN_CHARS & set(folder):  # wildcards across folders: no one folder's set
+            paths = glob.glob(local_path(name))
+            found = ShardFiles(
+                sorted(p for p in paths if _not_index(p) and os.path.isfile(p)), last
+            )
+        else:
+            found = _in_folder(folder, last, format)
+    elif os.path.exists(local_path(name)):
+        found = ShardFiles([name], None)
+    if found is None or not found.shards:
         raise FileNotFoundError(
             f"no {format} shards at {name!r}: pass a shard file, a folder of them, a pattern "
             f"such as 'shards/*{'.tfrecord' if format == 'tfrecord' else '.tar'}', or a list"
         )
-    return ShardFiles(found, selects)
+    return found
+
+
+def _in_folder(
+    folder: str, selects: str, format: str, listed: RemoteTree | None = None
+) -> ShardFiles:
+    """The shards of `folder` (a local path, or a URL without its trailing "/", listed once,
+    or `listed` already) that `selects` picks ("*": the files that are shards of `format`):
+    its manifest's set when it has one (`choose_set`), else those files sorted by name."""
+    if is_url(folder):
+        tree = listed if listed is not None else RemoteTree(folder)
+        entries = tree.listdir(folder)
+        subfolders = [n for n in entries if tree.isdir(f"{folder}/{n}")]
+        folders = frozenset(subfolders)
+        files = [n for n in entries if n not in folders]
+    else:
+        here = folder or "."
+        entries = os.listdir(here)
+        subfolders = [n for n in entries if os.path.isdir(os.path.join(here, n))]
+        files = [n for n in entries if os.path.isfile(os.path.join(here, n))]
+    if selects == "*":
+        selected = [n for n in files if _is_shard_name(n, format)]
+        if not selected:
+            _refuse_other_contents(folder, files, sorted(subfolders), format)
+    else:
+        hidden = selects.startswith(".")  # as glob: a wildcard never matches a leading dot
+        selected = [
+            n
+            for n in files
+            if fnmatch.fnmatchcase(n, selects) and _not_index(n) and (hidden or n[:1] != ".")
+        ]
+    selected.sort()
+    chosen = choose_set(folder, files, selected, selects, format)
+    names = selected if chosen is None else chosen.names
+    if is_url(folder):
+        return ShardFiles([f"{folder}/{n}" for n in names], selects, chosen)
+    return ShardFiles([os.path.join(folder, n) for n in names], selects, chosen)
+
+
+def _refuse_other_contents(
+    folder: str, files: list[str], subfolders: list[str], format: str
+) -> None:
+    """Raise FileNotFoundError saying what `folder`, which holds no `format` shards, holds
+    instead, when it is shards of the other format or an image folder; return otherwise."""
+    other = "tar" if format == "tfrecord" else "tfrecord"
+    others = sorted(n for n in files if _is_shard_name(n, other))
+    if others:
+        source = "TarSource" if other == "tar" else "TFRecordSource"
+        shown = ", ".join(map(repr, others[:3])) + (" ..." if len(others) > 3 else "")
+        raise FileNotFoundError(
+            f"no {_FORMATS[format]} shards in {folder!r}, but {len(others)} "
+            f"{_FORMATS[other]} shards ({shown}): read them with prefetch.{source}"
+        )
+    if subfolders and not any(n.lower().endswith((".tar", ".tfrecord")) for n in files):
+        shown = ", ".join(map(repr, subfolders[:3])) + (" ..." if len(subfolders) > 3 else "")
+        raise FileNotFoundError(
+            f"no {_FORMATS[format]} shards in {folder!r}, but folders ({shown}): "
+            "an image folder (one folder per class)? Read it with prefetch.Loader(folder) or "
+            "prefetch.ImageFolder, or pack it into shards with `prefetch shards write FOLDER OUT`"
+        )
+
+
+_FORMATS = {"tar": "tar", "tfrecord": "TFRecord"}
+
+
+def _remote_folder(url: str) -> RemoteTree | None:
+    """The listing of `url` (no trailing "/", not named like a shard) when it lists as a
+    folder (a store's prefix, or an http(s) folder answered with an index page), else None."""
+    try:
+        tree = RemoteTree(url)
+    except (OSError, ValueError):
+        return None
+    return tree if tree.isdir(url) and tree.listdir(url) else None
 
 
 def _expanded(names: list[str], format: str) -> list[str]:
@@ -194,49 +278,3 @@ def _is_shard_name(name: str, format: str) -> bool:
 
 def _not_index(path: str) -> bool:
     return not path.endswith(INDEX_SUFFIX) and not is_manifest_name(path)
-
-
-def _remote_matches(url: str, format: str) -> list[str]:
-    """The URLs a URL pattern names, from one listing of its folder (bounded as any
-    listing: `RemoteTree`); a URL without a pattern is taken as is. The pattern
-    `*` of a folder URL (`.../shards/`) takes the files that are shards of `format`."""
-    folder, _, pattern = url.rpartition("/")
-    if not _PATTERN_CHARS & set(pattern):
-        return [url]
-    if _PATTERN_CHARS & set(folder):
-        raise ValueError(f"{url!r}: a URL pattern may have wildcards in its last part only")
-    tree = RemoteTree(folder)
-    names = [name for name in tree.listdir(folder) if not tree.isdir(f"{folder}/{name}")]
-    if pattern == "*":
-        names = [name for name in names if _is_shard_name(name, format)]
-    return sorted(
-        f"{folder}/{name}" for name in names if fnmatch.fnmatch(name, pattern) and _not_index(name)
-    )
-
-
-def class_names_beside(shard: str) -> list[str] | None:
-    """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
-    there is none (or none readable)."""
-    place = beside(shard, CLASSES_FILE)
-    try:
-        data = read_small(place, MAX_CLASSES_BYTES)
-    except OSError:  # none (or none readable): the labels' numbers name the classes
-        return None
-    return parse_class_names(data, place) or None
-
-
-def parse_class_names(data: bytes, where: str) -> list[str]:
-    """The class names of a `classes.txt`'s bytes: strict UTF-8, one name per line, split on
-    `\\n` only (a name may hold any other character; a `\\r` before the `\\n` is dropped);
-    blank lines at the end are not names. ValueError naming `where` when it is not UTF-8."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{where!r} is not UTF-8 text (byte {error.start} is not): write it as UTF-8, one "
-            "class name per line, or pass class_names="
-        ) from None
-    names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
-    while names and not names[-1]:
-        names.pop()
-    return names

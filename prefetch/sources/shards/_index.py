@@ -48,17 +48,18 @@ from prefetch.sources.shards._index_file import (
     decode_index,
     local_identity,
     max_index_bytes,
+    write_index,
 )
 from prefetch.sources.shards._index_file import IndexSpec as IndexSpec
 from prefetch.sources.shards._index_file import ShardIdentity as ShardIdentity
 from prefetch.sources.shards._index_file import ShardIndex as ShardIndex
+from prefetch.sources.shards._sniff import HEAD_BYTES, refuse_other_format
 from prefetch.sources.shards._tar import iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def index_folder() -> str:
@@ -115,7 +116,6 @@ def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
     """Write `index` beside the local `shard` when its folder is writable, else (and for a
     URL) into `index_folder()`; atomically (a reader never sees half an index), and never
     through a link someone left at the index's name (a directory there: the index folder)."""
-    data = index.to_bytes(spec)
     for candidate in _places(shard):
         folder = os.path.dirname(candidate)
         private = not candidate.endswith(INDEX_SUFFIX)
@@ -127,7 +127,7 @@ def keep(shard: str, index: ShardIndex, spec: IndexSpec) -> None:
             handle, partial = tempfile.mkstemp(dir=folder, prefix=".partial-index-")
             try:
                 with os.fdopen(handle, "wb") as file:
-                    file.write(data)
+                    write_index(index, spec, file)  # array by array: no copy in memory
                 os.chmod(partial, 0o600 if private else 0o644)
                 os.replace(partial, candidate)  # replaces a link itself, never its target
             except BaseException:
@@ -183,13 +183,14 @@ _MAX_KEPT_BYTES = 1 << 30
 
 def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardIndex:
     """Index the local shard at `path` now (see the module docstring); its errors name it
-    `name` (default: `path`; a URL for a private copy of a URL's shard). A gzip-compressed
-    shard is refused with that reason (ValueError naming it)."""
+    `name` (default: `path`; a URL for a private copy of a URL's shard). A file whose first
+    bytes show it is not a shard of the format (the other format, gzip, zip, an HTML page)
+    is refused saying what it is and what reads it (ValueError naming it)."""
     name = path if name is None else name
     handle = open_shard(path)
     with os.fdopen(handle, "rb") as file:
         identity = local_identity(handle)  # before reading: a change during it is seen later
-        _refuse_gzip(os.pread(handle, 2, 0), name, spec.format)
+        refuse_other_format(os.pread(handle, HEAD_BYTES, 0), name, spec.format)
         if hasattr(os, "posix_fadvise"):  # headers only: no readahead of the images
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
         if spec.format == "tfrecord":
@@ -209,16 +210,6 @@ def build_index(path: str, spec: IndexSpec, name: str | None = None) -> ShardInd
     )
 
 
-def _refuse_gzip(magic: bytes, path: str, format: str) -> None:
-    if magic == _GZIP_MAGIC:
-        what = "TFRecord" if format == "tfrecord" else "tar"
-        raise ValueError(
-            f"{path!r} is a gzip-compressed {what}: random access needs uncompressed shards; "
-            f"decompress it first (gunzip -c {os.path.basename(path)} > uncompressed-shard, or "
-            "`prefetch shards write` to write new ones)"
-        )
-
-
 def _tar_columns(
     file: Any, path: str, spec: IndexSpec
 ) -> tuple[list[array.array[int]], array.array[int] | None, PathArray]:
@@ -226,20 +217,21 @@ def _tar_columns(
     tar shard's samples, in flat arrays and one dictionary of keys (about 150 bytes a sample
     with WebDataset's keys). A key with two images of one extension, or two labels, is
     refused; a label met before its image waits in a small dictionary of its own."""
-    numbers: dict[str, int] = {}  # key -> sample number
-    early: dict[str, tuple[int, int, str]] = {}  # key -> a label member met before its image
+    numbers: dict[str | bytes, int] = {}  # key (a long one by its digest) -> sample number
+    early: dict[str | bytes, tuple[int, int, str]] = {}  # a label member before its image
     offsets, lengths, labels = array.array("q"), array.array("q"), array.array("q")
     kinds, labelled = bytearray(), bytearray()  # image extension number; whether labelled
     names, name_ends = bytearray(), array.array("q", [0])
     for member in iter_tar_members(file, path):
-        key, ext = sample_key(member.name)
+        name_key, ext = sample_key(member.name)
+        key = _held(name_key)
         ext = ext.lower()
         number = numbers.get(key)
         if ext in spec.image_ext:
             kind = spec.image_ext.index(ext)
             if number is not None:
                 if kinds[number] == kind:
-                    raise _duplicate(path, key, member.name, member.offset)
+                    raise _duplicate(path, name_key, member.name, member.offset)
                 continue  # the sample's first image is its image
             number = numbers[key] = len(offsets)
             offsets.append(member.offset)
@@ -254,15 +246,16 @@ def _tar_columns(
                 labels[number], labelled[number] = _label(file, path, *waiting), 1
         elif spec.label_ext and ext == spec.label_ext:
             if (number is not None and labelled[number]) or key in early:
-                raise _duplicate(path, key, member.name, member.offset)
+                raise _duplicate(path, name_key, member.name, member.offset)
             if number is None:
                 early[key] = (member.offset, member.size, member.name)
             else:
                 labels[number] = _label(file, path, member.offset, member.size, member.name)
                 labelled[number] = 1
+    del numbers, early  # before the names' table is checked: the peak is the names, once
     zeros = array.array("q", bytes(8 * len(offsets)))
-    keys = PathArray.from_parts(
-        np.frombuffer(bytes(names), np.uint8), np.frombuffer(name_ends, np.int64)
+    keys = PathArray.from_parts(  # views of the buffers: the names are not copied again
+        np.frombuffer(names, np.uint8), np.frombuffer(name_ends, np.int64)
     )
     if not spec.label_ext:
         return [offsets, lengths, zeros, zeros], None, keys
@@ -274,6 +267,18 @@ def _tar_columns(
             f"add one, or pass label_ext='' to read the shards without labels"
         )
     return [offsets, lengths, zeros, zeros], labels, keys
+
+
+# Keys longer than this are held by their digest while pairing members (a name may be up to
+# `MAX_MEMBER_NAME_BYTES`; the member table keeps it once, not twice).
+_KEY_HELD_BYTES = 64
+
+
+def _held(key: str) -> str | bytes:
+    """`key` as the pairing dictionaries hold it: itself, or when long its 16-byte digest."""
+    if len(key) <= _KEY_HELD_BYTES:
+        return key
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _label(file: Any, path: str, offset: int, size: int, name: str) -> int:

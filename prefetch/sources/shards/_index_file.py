@@ -24,6 +24,7 @@ import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
@@ -171,12 +172,19 @@ class ShardIndex:
 
 def encode_index(index: ShardIndex, spec: IndexSpec) -> bytes:
     """`index` as an .npz file's bytes (uncompressed)."""
+    buffer = io.BytesIO()
+    write_index(index, spec, buffer)
+    return buffer.getvalue()
+
+
+def write_index(index: ShardIndex, spec: IndexSpec, file: BinaryIO) -> None:
+    """Write `index` into `file` as an .npz file (uncompressed), array by array: never a
+    second copy of it in memory (a tar's member names may be a third of its shard)."""
     ident = index.identity
     keys = index.keys if index.keys is not None else PathArray()
     key_bytes, key_starts = keys.parts()
-    buffer = io.BytesIO()
     np.savez(
-        buffer,
+        file,
         spec=np.array(spec.key()),
         identity=np.array(
             [
@@ -197,7 +205,6 @@ def encode_index(index: ShardIndex, spec: IndexSpec) -> bytes:
         key_bytes=key_bytes,
         key_starts=key_starts if index.keys is not None else np.zeros(0, np.int64),
     )
-    return buffer.getvalue()
 
 
 def max_index_bytes(size: int, format: str) -> int:

@@ -7,34 +7,35 @@ list (any name, line breaks included, round-trips exactly), the image extensions
 the writer's options. While a write is being committed the same file says `"complete": false`
 and lists the renames still to do, so that an interrupted write is never read as a set.
 
-Readers (`check_shards`, `check_indexes`) use it when it is beside the shards: an incomplete
-manifest is refused; a set whose files disagree with it (a shard missing, an extra shard of its
-names, another size or sample count) is refused naming the difference. Full checksums are
-checked on request only (`verify`, `prefetch shards verify OUT`). Everything here is a pure
-function of the bytes read; nothing is kept between calls.
+Here: the manifest's layout (`Manifest`, read and written), its names, finding the manifest
+beside a list of shards (`read_manifest`), and `classes.txt` (`class_names_beside`). What a
+manifest makes of a folder, and the checks of a set against it, are in
+`prefetch.sources.shards._set`. Everything here is a pure function of the bytes read; nothing
+is kept between calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import hashlib
 import json
 import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from prefetch.io import beside, is_url, open_regular, read_small
+from prefetch.io import beside, is_url, read_small
 
 # The version of the manifest's layout, its first key; a reader refuses a later one.
 MANIFEST_VERSION = 1
 # The key that holds the version (it also tells a manifest from any other JSON).
 VERSION_KEY = "prefetch_shards_manifest"
-# The most bytes read of a manifest (about 150 bytes a shard: millions of shards).
-MAX_MANIFEST_BYTES = 64 << 20
-# Bytes hashed at a time by `verify`.
-_HASH_CHUNK = 4 << 20
+# The most bytes read of a manifest: about 150 bytes a shard, so 100,000 shards. Parsed, JSON
+# costs up to about 20 bytes of memory per byte (`[{},{},...]`): at most about 350 MB.
+MAX_MANIFEST_BYTES = 16 << 20
+# The file beside the shards that names the classes, one per line (the writer leaves one).
+CLASSES_FILE = "classes.txt"
+# The most bytes read of a class list.
+MAX_CLASSES_BYTES = 16 << 20
 # The shard names the writer gives, by format: (prefix, the rest).
 _NAMES = {
     "tar": re.compile(r"(?P<prefix>.+)-\d{6,}\.tar"),
@@ -82,7 +83,9 @@ class Manifest:
             "class_names": list(self.class_names),
             "image_extensions": list(self.image_extensions),
             "options": self.options,
-            "skipped": [{"file": file, "reason": reason} for file, reason in self.skipped],
+            "skipped": [
+                {"file": file, "reason": reproducible(reason)} for file, reason in self.skipped
+            ],
         }
         if not self.complete:
             data["pending"] = {
@@ -134,6 +137,18 @@ class Manifest:
         return manifest
 
 
+# What differs from run to run in an error's text: an object's memory address, as Pillow's
+# "cannot identify image file <_io.BytesIO object at 0x7f93fad8d530>" holds.
+_ADDRESS = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def reproducible(reason: str) -> str:
+    """`reason` (a skipped file's, for the manifest) without what differs from run to run:
+    an object's memory address (`<_io.BytesIO object at 0x...>`), so that the same files and
+    options give the same manifest, byte for byte."""
+    return _ADDRESS.sub("", reason)
+
+
 def manifest_name(format: str, prefix: str) -> str:
     """The file name of the manifest of the `format` shards named `prefix-...`."""
     return f"{prefix}-{format}.manifest.json"
@@ -151,6 +166,25 @@ def shard_prefix(name: str, format: str) -> str | None:
     return match.group("prefix") if match else None
 
 
+def read_manifest_bytes(place: str) -> bytes:
+    """The bytes of the manifest at `place` (a path or URL), at most `MAX_MANIFEST_BYTES`: a
+    larger one is refused before it is read (ValueError naming it and the bound). OSError
+    (FileNotFoundError when there is none) as `read_small`."""
+    if not is_url(place):
+        try:
+            size = os.stat(place).st_size
+        except FileNotFoundError:
+            size = 0  # read_small says so
+        if size > MAX_MANIFEST_BYTES:
+            raise ValueError(
+                f"{place!r} is {size:,} bytes, more than MAX_MANIFEST_BYTES="
+                f"{MAX_MANIFEST_BYTES:,} (a manifest of about 100,000 shards): not a manifest "
+                "`prefetch shards write` leaves. Write the shards again, or delete it to read "
+                "the shards without one"
+            )
+    return read_small(place, MAX_MANIFEST_BYTES)
+
+
 def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | None:
     """The manifest beside `shards` (paths or URLs) and where it is, or None when there is
     none. Shards of several folders or prefixes, or names the writer does not give, have
@@ -162,107 +196,30 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     (place,) = places
     assert place is not None
     try:
-        data = read_small(place, MAX_MANIFEST_BYTES)
+        data = read_manifest_bytes(place)
     except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place
 
 
-def check_shards(
-    manifest: Manifest, where: str, shards: Sequence[str], selects: str | None
-) -> None:
-    """Refuse (ValueError naming the difference and `where`) an incomplete manifest, or found
-    `shards` that are not the manifest's: an extra shard of its names, or (when the shards
-    were found by a folder or pattern, `selects` the pattern of names it selects) a shard of
-    the manifest that the pattern selects but that is missing."""
-    if not manifest.complete:
-        raise ValueError(
-            f"{where!r} says a `prefetch shards write` of these shards did not finish (it was "
-            "interrupted, or is running now): the set is not complete. Run the same `prefetch "
-            "shards write` again to complete it (with --overwrite to start over)"
-        )
-    names = [_basename(shard) for shard in shards]
-    listed = {entry.name for entry in manifest.shards}
-    extra = [name for name in names if name not in listed]
-    if extra:
-        raise ValueError(
-            f"{_shown(extra)} beside {where!r} {'is' if len(extra) == 1 else 'are'} not in the "
-            "manifest of the set: left from another write? Remove "
-            f"{'it' if len(extra) == 1 else 'them'}, or write the shards again"
-        )
-    if selects is not None:
-        found = set(names)
-        missing = [n for n in sorted(listed) if fnmatch.fnmatch(n, selects) and n not in found]
-        if missing:
-            raise ValueError(
-                f"the set of {where!r} is missing {_shown(missing)}: copy "
-                f"{'it' if len(missing) == 1 else 'them'} back, or write the shards again"
-            )
-
-
-def check_indexes(
-    manifest: Manifest,
-    where: str,
-    shards: Sequence[str],
-    sizes: Sequence[int],
-    counts: Sequence[int] | None,
-) -> None:
-    """Refuse (ValueError naming the shard and `where`) a shard whose size in bytes or sample
-    count (`counts`: None when the reader counts samples otherwise than the writer, with
-    other keys or extensions) is not the manifest's."""
-    entries = {entry.name: entry for entry in manifest.shards}
-    for position, (shard, size) in enumerate(zip(shards, sizes, strict=True)):
-        entry = entries[_basename(shard)]
-        if size != entry.size:
-            raise ValueError(
-                f"{shard!r} is {size} bytes but {where!r} says {entry.size}: the shard changed "
-                "after the set was written (copy it again, or write the shards again)"
-            )
-        if counts is not None and counts[position] != entry.samples:
-            raise ValueError(
-                f"{shard!r} holds {counts[position]} samples but {where!r} says "
-                f"{entry.samples}: the shard changed after the set was written"
-            )
-
-
-def verify(folder: str, manifest: Manifest) -> list[str]:
-    """The problems of the local shards in `folder` against `manifest`, one line each (empty:
-    every shard is there, of its size and SHA-256): each shard is read whole."""
-    problems = []
-    for entry in manifest.shards:
-        path = os.path.join(folder, entry.name)
-        try:
-            digest, size = _sha256(path)
-        except OSError as error:
-            problems.append(f"{entry.name}: cannot be read ({error})")
-            continue
-        if size != entry.size:
-            problems.append(f"{entry.name}: {size} bytes, the manifest says {entry.size}")
-        elif digest != entry.sha256:
-            problems.append(f"{entry.name}: SHA-256 {digest}, the manifest says {entry.sha256}")
-    return problems
-
-
-def _sha256(path: str) -> tuple[str, int]:
-    with os.fdopen(open_regular(path), "rb", buffering=0) as file:
-        digest = hashlib.sha256()
-        size = 0
-        while chunk := file.read(_HASH_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+def manifests_of(names: Sequence[str], format: str) -> list[str]:
+    """The names among `names` that are manifests of `format` shards, sorted."""
+    suffix = f"-{format}.manifest.json"
+    return sorted(name for name in names if name.endswith(suffix) and len(name) > len(suffix))
 
 
 def _beside(shard: str, format: str) -> str | None:
-    prefix = shard_prefix(_basename(shard), format)
+    prefix = shard_prefix(basename(shard), format)
     return None if prefix is None else beside(shard, manifest_name(format, prefix))
 
 
-def _basename(shard: str) -> str:
+def basename(shard: str) -> str:
+    """The file name of the shard at `shard` (a path or URL)."""
     return shard.rpartition("/")[2] if is_url(shard) else os.path.basename(shard)
 
 
-def _shown(names: Sequence[str]) -> str:
+def shown(names: Sequence[str]) -> str:
+    """The first three of `names`, quoted, and how many more."""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     return ", ".join(repr(name) for name in names[:3]) + more
 
@@ -301,3 +258,31 @@ def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r:.60}")
     return value
+
+
+def class_names_beside(shard: str) -> list[str] | None:
+    """The class names in `classes.txt` beside `shard` (`parse_class_names`), or None when
+    there is none (or none readable)."""
+    place = beside(shard, CLASSES_FILE)
+    try:
+        data = read_small(place, MAX_CLASSES_BYTES)
+    except OSError:  # none (or none readable): the labels' numbers name the classes
+        return None
+    return parse_class_names(data, place) or None
+
+
+def parse_class_names(data: bytes, where: str) -> list[str]:
+    """The class names of a `classes.txt`'s bytes: strict UTF-8, one name per line, split on
+    `\\n` only (a name may hold any other character; a `\\r` before the `\\n` is dropped);
+    blank lines at the end are not names. ValueError naming `where` when it is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{where!r} is not UTF-8 text (byte {error.start} is not): write it as UTF-8, one "
+            "class name per line, or pass class_names="
+        ) from None
+    names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    while names and not names[-1]:
+        names.pop()
+    return names

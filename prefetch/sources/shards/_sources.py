@@ -21,6 +21,7 @@ construction and safe to share between threads.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from prefetch.io import (
 )
 from prefetch.sources._folders import FileList
 from prefetch.sources.shards import _manifest as shard_manifest
+from prefetch.sources.shards import _set as shard_set
 from prefetch.sources.shards._files import CLASSES_FILE as CLASSES_FILE
 from prefetch.sources.shards._files import class_names_beside, resolve
 from prefetch.sources.shards._files import find_shards as find_shards
@@ -84,9 +86,18 @@ class ShardSource(FileList):
             at_url = is_url(self.shards[0])
             self.streaming = at_url if streaming is None else bool(streaming)
             self.shuffle_buffer = shuffle_buffer
-            manifest = shard_manifest.read_manifest(self.shards, spec.format)
+            if found.chosen is not None:
+                manifest: tuple[shard_manifest.Manifest, str] | None = (
+                    found.chosen.manifest,
+                    found.chosen.where,
+                )
+            else:
+                manifest = shard_manifest.read_manifest(self.shards, spec.format)
+                if manifest is not None:
+                    shard_set.check_shards(*manifest, self.shards, found.selects)
             if manifest is not None:
-                shard_manifest.check_shards(*manifest, self.shards, found.selects)
+                shard_set.check_sizes(*manifest, self.shards)  # before any is read
+                shard_set.check_class_names(*manifest)
             indexes = _index_all(self.shards, spec, check_urls=not self.streaming)
             if manifest is not None:
                 _check_against(manifest, self.shards, indexes, spec)
@@ -101,8 +112,9 @@ class ShardSource(FileList):
                 f"the shards {self.shards[:3]}{' ...' if len(self.shards) > 3 else ''} hold no "
                 f"samples{_what_counts(spec)}"
             )
-        self.indexes = indexes
         self.members = _member_table(self.shards, indexes, spec.format)
+        indexes = _sharing_keys(indexes, self.members)
+        self.indexes = indexes
         paths = self.members.display_paths()
         labelled = [index.labels is not None for index in indexes]
         if any(labelled) and not all(labelled):
@@ -169,7 +181,8 @@ class TFRecordSource(ShardSource):
 
     - `files`: the shards: a path or URL, a pattern (`"data/train-*.tfrecord"`; for a URL,
       only in the last part), a folder (its files whose names contain ".tfrecord"; a URL
-      ending in "/" is listed), WebDataset's braces (`"train-{00000..00127}-of-00128.tfrecord"`),
+      ending in "/" is listed, as is one without it that is not named like a shard and lists
+      as a folder), WebDataset's braces (`"train-{00000..00127}-of-00128.tfrecord"`),
       or a list of paths or URLs.
     - `image_key`: the bytes feature holding the encoded image; `None`: "image/encoded", else
       "image" (the first one the first record has).
@@ -184,9 +197,12 @@ class TFRecordSource(ShardSource):
       the randomness this costs: docs/shards.md).
     - `remote`: the `RemoteOptions` that bound reading URL shards (`None`: the defaults).
 
-    When a manifest (`prefetch.sources.shards._manifest`) is beside the shards, a set that disagrees
-    with it (an unfinished write, a missing or extra shard, another size or sample count) is
-    refused naming the difference. Every record's CRCs are checked when it is read: a damaged
+    A manifest is the set: where the folder (or the pattern's folder) holds a manifest of
+    TFRecord shards (as `prefetch shards write` leaves), exactly its shards are read, other
+    files are named in one log line and left alone, and a set that disagrees with it (an
+    unfinished write, two manifests, a missing shard or an extra one of its names, another
+    size or sample count, a `classes.txt` naming other classes) is refused naming the
+    difference. Every record's CRCs are checked when it is read: a damaged
     record raises `CorruptShardError` naming the shard and the record's byte offset (or is
     skipped with `on_error="skip"`).
     """
@@ -221,7 +237,8 @@ class TarSource(ShardSource):
     Parameters:
 
     - `files`: the shards: a path or URL, a pattern (`"data/shard-*.tar"`; for a URL, only in
-      the last part), a folder (its `.tar` files; a URL ending in "/" is listed), WebDataset's
+      the last part), a folder (its `.tar` files; a URL ending in "/" is listed, or without
+      it when it is not named like a shard and lists as a folder), WebDataset's
       braces (`"data/shard-{000000..000099}.tar"`), or a list of paths or URLs.
     - `image_ext`: the extensions of a sample's image member (compared lower-cased; the first
       member of a sample with one of them is its image). Samples without one are left out.
@@ -297,7 +314,7 @@ def _check_against(
         same_counting = spec.image_key in (None, "image/encoded")
     counts = [len(index) for index in indexes] if same_counting else None
     sizes = [index.size for index in indexes]
-    shard_manifest.check_indexes(*manifest, shards, sizes, counts)
+    shard_set.check_indexes(*manifest, shards, sizes, counts)
 
 
 def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> MemberTable:
@@ -312,6 +329,8 @@ def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> 
     }
     if format != "tar":
         return MemberTable(shards, format, columns, None)
+    if len(indexes) == 1 and indexes[0].keys is not None:
+        return MemberTable(shards, format, columns, indexes[0].keys)  # one shard: not copied
     parts = [(index.keys or PathArray()).parts() for index in indexes]
     shifts = np.cumsum([0] + [len(data) for data, _ in parts])
     starts = [starts[:-1] + shift for (_, starts), shift in zip(parts, shifts, strict=False)]
@@ -320,6 +339,22 @@ def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> 
         np.concatenate([*starts, shifts[-1:]]).astype(np.int64),
     )
     return MemberTable(shards, format, columns, keys)
+
+
+def _sharing_keys(indexes: list[ShardIndex], members: MemberTable) -> list[ShardIndex]:
+    """`indexes` whose tar member names are views of the table's (one copy of the names, not
+    two: they may be a third of a shard's bytes)."""
+    if members.keys is None or len(indexes) == 1:
+        return indexes  # TFRecord; or one shard, whose table holds the index's own names
+    data, starts = members.keys.parts()
+    shared, first = [], 0
+    for index in indexes:
+        last = first + len(index)
+        begin, end = int(starts[first]), int(starts[last])
+        keys = PathArray.from_parts(data[begin:end], starts[first : last + 1] - begin)
+        shared.append(dataclasses.replace(index, keys=keys))
+        first = last
+    return shared
 
 
 def _what_counts(spec: IndexSpec) -> str:

@@ -31,6 +31,13 @@ _SIGNED = struct.Struct("148b8x356b")  # a header's bytes less its checksum fiel
 # declaring more is damage (or an attack), refused before anything is read.
 MAX_LONG_NAME_BYTES = 64 << 10
 MAX_PAX_BYTES = 1 << 20
+# The most bytes (UTF-8) of a member's name, however it is stored (ustar, GNU long name, pax
+# path): what a ustar header holds (155 + "/" + 100), room for any WebDataset key with its
+# folders (the writer's are 13 bytes). A source keeps every image member's name, so memory is
+# about 2.6 bytes per byte of names while indexing: at 256 bytes, at most a third of the
+# shard's size (a member with a long name is at least 2 KB of tar); 60 KB names would cost
+# twice the shard's size. A longer name is refused as damage.
+MAX_MEMBER_NAME_BYTES = 256
 _EXTRA_CAPS = {
     b"L": MAX_LONG_NAME_BYTES,
     b"K": MAX_LONG_NAME_BYTES,
@@ -86,7 +93,8 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
     zero block or at end of file. At most `MAX_LONG_NAME_BYTES` of a long name and
     `MAX_PAX_BYTES` of a pax header are read (more is refused). A bad header checksum, an
     unreadable header, a member running past the end of the file, or a long name or pax
-    header over its cap raises `CorruptShardError` naming the header's offset.
+    header over its cap, or a name over `MAX_MEMBER_NAME_BYTES`, raises `CorruptShardError`
+    naming the header's offset.
     """
     size = file_size(file)
     offset = 0
@@ -139,6 +147,10 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
                 name = pax["path"].decode("utf-8", "surrogateescape")
             sparse = any(key.startswith("GNU.sparse.") for key in pax)  # data is not the file
             if kind in _REGULAR and not name.endswith("/") and not sparse:
+                length = len(name.encode("utf-8", "surrogateescape"))
+                if length > MAX_MEMBER_NAME_BYTES:
+                    what = f"a member name of {length:,} bytes (at most {MAX_MEMBER_NAME_BYTES:,})"
+                    raise corrupt_shard(path, offset, what)
                 yield TarMember(name, data_offset, member_size)
             long_name, pax = None, {}
         offset = data_offset + member_size + -member_size % _BLOCK

@@ -185,6 +185,18 @@ def next_field(view: memoryview, pos: int, end: int) -> tuple[int, int, int, int
     return tag >> 3, wire, start, pos
 
 
+class TooManyFields(ValueError):
+    """A record whose features hold more than `MAX_RECORD_FIELDS` fields: refused (damage, or
+    an attack), not walked to its end."""
+
+
+# The most protobuf fields walked in one record's features (map entries, unknown fields, the
+# lists of a feature): a real tf.train.Example has tens, and each costs about a microsecond to
+# walk in Python, so a record of 30 million empty entries (60 MB) would take 30 s to index.
+# Past this it is refused, after about 0.2 s.
+MAX_RECORD_FIELDS = 200_000
+
+
 def map_entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
     """(key start, key end, entry start, entry end) of each map entry of a serialized Example
     (a byte memoryview), in stored order; ValueError (or struct.error) on malformed bytes.
@@ -193,12 +205,16 @@ def map_entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
     is the cost of reading a record's features, and it keeps nothing (the index walks records
     of millions of entries with it: `prefetch.sources.shards._examples`). `_find` reads the value
     of the
-    entry it wants.
+    entry it wants. More than `MAX_RECORD_FIELDS` fields raise `TooManyFields`.
     """
     pos, end = 0, len(view)
+    walked = 0
     while pos < end:
         number, wire, start, pos = next_field(view, pos, end)
         while number == 1 and wire == 2 and start < pos:  # Example.features: a Features
+            walked += 1
+            if walked > MAX_RECORD_FIELDS:
+                raise TooManyFields(f"more than {MAX_RECORD_FIELDS:,} feature entries")
             if view[start] != 0x0A:  # not Features.feature (a map entry): an unknown field
                 start = next_field(view, start, pos)[3]
                 continue
@@ -211,6 +227,9 @@ def map_entries(view: Any) -> Iterator[tuple[int, int, int, int]]:
             else:
                 key_start = key_end = part_end = entry
                 while part_end < start:
+                    walked += 1
+                    if walked > MAX_RECORD_FIELDS:
+                        raise TooManyFields(f"more than {MAX_RECORD_FIELDS:,} feature entries")
                     part, part_wire, value, part_end = next_field(view, part_end, start)
                     if part == 1 and part_wire == 2:
                         key_start, key_end = value, part_end
@@ -222,10 +241,14 @@ def feature_lists(view: Any, pos: int, end: int) -> Iterator[tuple[str, int, int
     Example, in stored order: "bytes", "float" or "int64" and the span of the BytesList,
     FloatList or Int64List. Protobuf semantics are the caller's: the map entry's values
     (Features) merge, so a list of another kind than the one before replaces it, and a list
-    of the same kind adds to it."""
+    of the same kind adds to it. More than `MAX_RECORD_FIELDS` fields raise `TooManyFields`."""
+    walked = 0
     while pos < end:
         part, wire, start, pos = next_field(view, pos, end)
         while part == 2 and wire == 2 and start < pos:  # a Feature: one list of a kind
+            walked += 1
+            if walked > MAX_RECORD_FIELDS:
+                raise TooManyFields(f"more than {MAX_RECORD_FIELDS:,} lists in a feature")
             number, list_wire, list_start, start = next_field(view, start, pos)
             if number in (1, 2, 3) and list_wire == 2:
                 yield _KINDS[number - 1], list_start, start
