@@ -1,8 +1,9 @@
 """`prefetch shards`: its arguments, and running it (`prefetch.tools.shard_writer` writes).
 
 `add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
-(`handler=run_shards_write`: one line per shard as it is written, then a summary naming the
-files skipped and the Python lines that read the shards back) and `verify`
+(`handler=run_shards_write`: a progress line on stderr (`prefetch.tools.shard_progress`; none
+with --quiet), a line per shard with --verbose, then a summary naming the files skipped and the
+Python lines that read the shards back) and `verify`
 (`handler=run_shards_verify`: every shard of each manifest in OUT against its size and
 SHA-256; exit status 1 when one differs).
 """
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 from prefetch._messages import counted
+from prefetch.runtime import usable_cores
 from prefetch.sources.shards import (
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -23,6 +27,8 @@ from prefetch.sources.shards import verify as verify_manifest
 from prefetch.tools import fit_crop, shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder
+from prefetch.tools.shard_progress import ProgressLine
+from prefetch.tools.shard_resume import progress_name
 
 # `prefetch shards write` defaults.
 DEFAULT_FORMAT = "tar"
@@ -128,6 +134,26 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         f"{fit_crop.DEFAULT_QUALITY}: fewer bytes and faster reads; 95 keeps the crops closer "
         "to the original pixels); needs --fit-crop",
     )
+    write.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes that read, check and re-encode the images (default: the usable "
+        f"cores, {usable_cores()} here); the shards are the same bytes for any N",
+    )
+    shown = write.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line, only the summary at the end (default: a progress line on "
+        "stderr, redrawn on a terminal, else a line every few seconds)",
+    )
+    shown.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also a line for each shard as it is written (default: off)",
+    )
     write.set_defaults(handler=run_shards_write, parser=write)
     verify = actions.add_parser(
         "verify",
@@ -144,15 +170,21 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_shards_write(args: argparse.Namespace) -> int:
-    """`prefetch shards write`: write the shards, one line each, then the summary."""
+    """`prefetch shards write`: write the shards with a progress line, then the summary."""
     parser: argparse.ArgumentParser = args.parser
-    totals = {"samples": 0, "bytes": 0}
     skipped: list[tuple[str, str]] = []
+    line = None if args.quiet else ProgressLine(sys.stderr)
 
     def report(path: str, samples: int, size: int) -> None:
-        totals["samples"] += samples
-        totals["bytes"] += size
-        print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
+        if args.verbose:
+            if line is not None:
+                line.interrupt()
+            print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
+
+    def note(text: str) -> None:
+        if line is not None:
+            line.interrupt()
+        print(text, flush=True)
 
     if args.fit_crop_quality is not None and args.fit_crop is None:
         parser.error(
@@ -161,6 +193,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
             "--fit-crop-quality out"
         )
     quality = fit_crop.DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
+    workers = usable_cores() if args.workers is None else args.workers
+    started = time.monotonic()
     try:
         paths = shard_writer.write_shards(
             args.folder,
@@ -174,18 +208,39 @@ def run_shards_write(args: argparse.Namespace) -> int:
             strict=args.strict,
             fit_crop=args.fit_crop,
             fit_crop_quality=quality,
+            workers=workers,
             on_shard=report,
             on_skip=lambda path, reason: skipped.append((path, reason)),
+            on_progress=None if line is None else line.update,
+            on_note=note,
         )
     except (ValueError, OSError) as error:
+        if line is not None:
+            line.interrupt()
         parser.error(str(error))
-    print(
-        f"wrote {counted(totals['samples'], 'sample')} in "
-        f"{counted(len(paths), args.format + ' shard')} "
-        f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
-        + (f", skipped {len(skipped)}:" if skipped else "")
-    )
+    except BaseException:
+        if line is not None:
+            line.interrupt()
+        journal = os.path.join(args.out, progress_name(args.format, args.prefix))
+        if os.path.isfile(journal):
+            print(
+                "the shards finished so far are kept (hidden) in "
+                f"{args.out}: run the same command again to continue from them",
+                file=sys.stderr,
+            )
+        raise
+    if line is not None:
+        line.finish()
+    elapsed = time.monotonic() - started
     written = read_manifest(paths[:1], args.format)
+    entries = written[0].shards if written is not None else ()
+    samples = sum(entry.samples for entry in entries)
+    size = sum(entry.size for entry in entries)
+    print(
+        f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
+        f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
+        f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
+    )
     if written is not None and shard_set.classes_text(written[0].class_names) is None:
         print(
             f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
