@@ -6,8 +6,9 @@
 the time elapsed and the time left at this run's rate. On a terminal it redraws one line in
 place (a carriage return), at most every `TERMINAL_INTERVAL_S`; elsewhere (a log file, a
 pipe) it prints the same text as a line of its own every `PLAIN_INTERVAL_S`. `finish` draws
-the last state and ends the line. Written by hand rather than with tqdm or rich: it is one
-line of text, the plain mode is needed anyway, and the base install stays numpy and Pillow.
+the last state (unless it is shown already) and ends the line. Written by hand rather than
+with tqdm or rich: it is one line of text, the plain mode is needed anyway, and the base
+install stays numpy and Pillow.
 Not thread-safe (the writer calls it from its one thread).
 """
 
@@ -71,6 +72,7 @@ class ProgressLine:
         self._shown_at = clock()  # a plain line first after an interval, not at once
         self._width = 0
         self._last: Progress | None = None
+        self._shown: Progress | None = None
 
     def update(self, progress: Progress) -> None:
         """Take the latest state; show it if the interval has passed."""
@@ -89,11 +91,12 @@ class ProgressLine:
 
     def finish(self) -> None:
         """Show the last state taken and end the line."""
-        if self._last is not None:
+        if self._last is not None and self._last is not self._shown:
             self._show(self._last)
         self.interrupt()
 
     def _show(self, progress: Progress) -> None:
+        self._shown = progress
         text = describe(progress)
         if self.terminal:
             self.stream.write("\r" + text.ljust(self._width))
