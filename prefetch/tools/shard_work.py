@@ -244,13 +244,12 @@ class Preparer:
         for connection in self._connections:
             with contextlib.suppress(OSError, ValueError):
                 connection.send(None)
+            connection.close()  # a worker sending an answer nobody will read stops at once
         for process in self._processes:
             process.join(GRACE_S)
             if process.is_alive():
                 process.terminate()
                 process.join(GRACE_S)
-        for connection in self._connections:
-            connection.close()
         self._processes = []
         self._connections = []
 

@@ -139,8 +139,9 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         type=positive_int,
         default=None,
         metavar="N",
-        help="worker processes that read, check and re-encode the images (default: the usable "
-        f"cores, {usable_cores()} here); the shards are the same bytes for any N",
+        help="worker processes that read, check and re-encode the images (default: the cores "
+        "this process may use); the shards are the same bytes for any N; 1 works in this "
+        "process",
     )
     shown = write.add_mutually_exclusive_group()
     shown.add_argument(
