@@ -175,80 +175,81 @@ def write_shards(
     fitting.check_options(fit_crop, fit_crop_quality)
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     _check_prefix(prefix)
-    source = ImageFolder(folder)
-    top = os.fspath(folder)
-    order = (
-        np.random.default_rng(seed).permutation(len(source)) if shuffle else np.arange(len(source))
-    )
-    count = math.ceil(len(order) / shard_size)
-    names = [shard_name(format, prefix, index, count) for index in range(count)]
-    class_names = tuple(source.class_names)
-    note = on_note if on_note is not None else (lambda line: None)
+    # Started first: the worker processes start up (import) while the folder is listed.
+    preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
+    try:
+        source = ImageFolder(folder)
+        top = os.fspath(folder)
+        size = len(source)
+        order = np.random.default_rng(seed).permutation(size) if shuffle else np.arange(size)
+        count = math.ceil(len(order) / shard_size)
+        names = [shard_name(format, prefix, index, count) for index in range(count)]
+        class_names = tuple(source.class_names)
+        note = on_note if on_note is not None else (lambda line: None)
 
-    def sample(number: int) -> Sample:
-        index = int(order[number])
-        return Sample(number, str(source.paths[index]), int(source.labels[index]))
+        def sample(number: int) -> Sample:
+            index = int(order[number])
+            return Sample(number, str(source.paths[index]), int(source.labels[index]))
 
-    plan = Plan(
-        options={
-            "format": format,
-            "prefix": prefix,
-            "shard_size": shard_size,
-            "seed": seed,
-            "shuffle": shuffle,
-            "strict": strict,
-            "fit_crop": fit_crop,
-            "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
-        },
-        files=len(order),
-        listing=listing_digest((item.path, item.label) for item in map(sample, range(len(order)))),
-        shards=tuple(names),
-    )
-    with OutFolder(os.fspath(out)) as place:
-        place.lock()
-        abandoned = _earlier_write(place, format, prefix, overwrite)
-        journal = Journal(place, progress_name(format, prefix))
-        if _already_written(place, plan, journal):
-            note("the interrupted run had written every shard: its set is now in place")
-            _remove_strays(place, names, prefix, format, keep=set())
-            paths = [place.where(name) for name in names]
-        else:
-            existing = matching_shards(place.names(), format, prefix)
-            if not overwrite:
-                _refuse_existing(place, format, prefix, existing, class_names)
-            done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
-            if why is not None:
-                note(f"starting over: {why} since the interrupted run")
-            elif done:
-                kept = sum(shard.samples + len(shard.skipped) for shard in done)
-                note(
-                    f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
-                    f"{count} ({kept} of {len(order)} images), checked against the plan"
+        plan = Plan(
+            options={
+                "format": format,
+                "prefix": prefix,
+                "shard_size": shard_size,
+                "seed": seed,
+                "shuffle": shuffle,
+                "strict": strict,
+                "fit_crop": fit_crop,
+                "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
+            },
+            files=len(order),
+            listing=listing_digest((item.path, item.label) for item in map(sample, range(size))),
+            shards=tuple(names),
+        )
+        with OutFolder(os.fspath(out)) as place:
+            place.lock()
+            abandoned = _earlier_write(place, format, prefix, overwrite)
+            journal = Journal(place, progress_name(format, prefix))
+            if _already_written(place, plan, journal):
+                note("the interrupted run had written every shard: its set is now in place")
+                _remove_strays(place, names, prefix, format, keep=set())
+                paths = [place.where(name) for name in names]
+            else:
+                existing = matching_shards(place.names(), format, prefix)
+                if not overwrite:
+                    _refuse_existing(place, format, prefix, existing, class_names)
+                done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
+                if why is not None:
+                    note(f"starting over: {why} since the interrupted run")
+                elif done:
+                    kept = sum(shard.samples + len(shard.skipped) for shard in done)
+                    note(
+                        f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
+                        f"{count} ({kept} of {len(order)} images), checked against the plan"
+                    )
+                keep = {shard.temporary for shard in done} | set(abandoned)
+                _remove_strays(place, names, prefix, format, keep=keep)
+                journal.start(plan, done)
+                writing = _Writing(
+                    format=format,
+                    top=top,
+                    total=len(order),
+                    sample=sample,
+                    strict=strict,
+                    done=done,
+                    on_skip=on_skip,
+                    on_progress=on_progress,
                 )
-            keep = {shard.temporary for shard in done} | set(abandoned)
-            _remove_strays(place, names, prefix, format, keep=keep)
-            journal.start(plan, done)
-            writing = _Writing(
-                format=format,
-                top=top,
-                total=len(order),
-                sample=sample,
-                strict=strict,
-                done=done,
-                on_skip=on_skip,
-                on_progress=on_progress,
-            )
-            numbers = [
-                range(index * shard_size, min((index + 1) * shard_size, len(order)))
-                for index in range(count)
-            ]
-            chunks = (
-                [sample(number) for number in part]
-                for index in range(len(done), count)
-                for part in _chunked(numbers[index])
-            )
-            try:
-                with Preparer(workers, Options(fit_crop, fit_crop_quality)) as preparer:
+                numbers = [
+                    range(index * shard_size, min((index + 1) * shard_size, len(order)))
+                    for index in range(count)
+                ]
+                chunks = (
+                    [sample(number) for number in part]
+                    for index in range(len(done), count)
+                    for part in _chunked(numbers[index])
+                )
+                try:
                     answers = preparer.map(chunks)
                     for index in range(len(done), count):
                         shard = writing.shard(index, names[index], numbers[index], answers)
@@ -258,37 +259,40 @@ def write_shards(
                         done.append(finished)
                         if on_shard is not None:
                             on_shard(place.where(names[index]), finished.samples, written.size)
-            except BaseException:
-                if not done:
-                    journal.remove()
-                raise
-            manifest = Manifest(
-                format=format,
-                prefix=prefix,
-                shards=tuple(
-                    ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
-                    for shard in done
-                ),
-                class_names=class_names,
-                image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
-                options={
-                    "shard_size": shard_size,
-                    "seed": seed,
-                    "shuffle": shuffle,
-                    "strict": strict,
-                    **fitting.recorded(
-                        fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
+                    preparer.close()  # the workers are done: they need not wait for the commit
+                except BaseException:
+                    if not done:
+                        journal.remove()
+                    raise
+                manifest = Manifest(
+                    format=format,
+                    prefix=prefix,
+                    shards=tuple(
+                        ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
+                        for shard in done
                     ),
-                },
-                skipped=tuple(pair for shard in done for pair in shard.skipped),
-            )
-            for temporary in abandoned:
-                place.remove(temporary)
-            moves = [(shard.temporary, shard.name) for shard in done]
-            shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
-            journal.remove()
-            place.sync()
-            paths = [place.where(name) for name in names]
+                    class_names=class_names,
+                    image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
+                    options={
+                        "shard_size": shard_size,
+                        "seed": seed,
+                        "shuffle": shuffle,
+                        "strict": strict,
+                        **fitting.recorded(
+                            fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
+                        ),
+                    },
+                    skipped=tuple(pair for shard in done for pair in shard.skipped),
+                )
+                for temporary in abandoned:
+                    place.remove(temporary)
+                moves = [(shard.temporary, shard.name) for shard in done]
+                shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
+                journal.remove()
+                place.sync()
+                paths = [place.where(name) for name in names]
+    finally:
+        preparer.close()
     for path in paths:
         index_shard(path)
     return paths
