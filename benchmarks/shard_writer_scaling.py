@@ -3,7 +3,10 @@
 Writes the image folder `--root` into tar shards (`write_shards`, `--fit-crop 224` unless told
 otherwise) once per worker count, into a fresh temporary folder each time, and prints one row
 per count: wall seconds (from the call to the set in place, worker start-up included), images/s,
-the speed-up over one worker and the efficiency (speed-up / workers). Worker counts: 1, 2, 4,
+the speed-up over the first row and the efficiency (speed-up / workers), and the CPU time per
+image of all the processes together and of the writer (the parent: its serial share, which
+bounds the speed-up at about CPU / writer CPU). The CPU columns hold on a busy machine, where
+the wall-clock ones do not. Worker counts: 1, 2, 4,
 ... up to the usable cores, and the usable cores themselves (or `--workers 1,3,8`). One run per
 count, in that order; the page cache is warmed by a listing read of every file first, so the
 first row does not pay the disk. Imports no framework (TensorFlow is not needed, and is checked
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -56,6 +60,11 @@ def warm(root: str) -> int:
     return len(listing)
 
 
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", required=True, help="image folder (ROOT/<class>/<image>)")
@@ -74,13 +83,18 @@ def main() -> None:
         f"{images} images in {args.root}; {cores} usable cores; --fit-crop {fit_crop}; "
         f"shard size {args.shard_size}"
     )
-    print(f"{'workers':>7}  {'seconds':>8}  {'images/s':>9}  {'speed-up':>8}  {'efficiency':>10}")
+    print(
+        f"{'workers':>7}  {'seconds':>8}  {'images/s':>9}  {'speed-up':>8}  {'efficiency':>10}  "
+        f"{'CPU ms/image':>12}  {'writer CPU ms/image':>19}"
+    )
     first_rate = None
     resized = 0
     for count in counts:
         folder = tempfile.mkdtemp(prefix="shard-scaling-", dir=args.out)
         try:
             started = time.perf_counter()
+            parent_before = _cpu_s(resource.RUSAGE_SELF)
+            children_before = _cpu_s(resource.RUSAGE_CHILDREN)
             paths = write_shards(
                 args.root,
                 folder,
@@ -90,6 +104,8 @@ def main() -> None:
                 workers=count,
             )
             seconds = time.perf_counter() - started
+            parent_cpu = _cpu_s(resource.RUSAGE_SELF) - parent_before
+            workers_cpu = _cpu_s(resource.RUSAGE_CHILDREN) - children_before
             manifest = os.path.join(folder, "shard-tar.manifest.json")
             with open(manifest, encoding="utf-8") as file:
                 options = json.load(file)["options"]
@@ -101,7 +117,9 @@ def main() -> None:
         speedup = rate / first_rate
         efficiency = speedup / count
         print(
-            f"{count:>7}  {seconds:>8.2f}  {rate:>9.1f}  {speedup:>7.2f}x  {efficiency:>10.2f}",
+            f"{count:>7}  {seconds:>8.2f}  {rate:>9.1f}  {speedup:>7.2f}x  {efficiency:>10.2f}  "
+            f"{1000 * (parent_cpu + workers_cpu) / images:>12.1f}  "
+            f"{1000 * parent_cpu / images:>19.2f}",
             flush=True,
         )
     print(f"{resized} of {images} images re-encoded by --fit-crop; {len(paths)} shards")
