@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 
@@ -326,3 +327,28 @@ def test_elsewhere_the_progress_is_a_plain_line_every_few_seconds_and_quiet_has_
     assert main(["shards", "write", str(photos), str(tmp_path / "out"), "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.startswith("wrote ")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_stops_the_write_naming_its_exit_code_and_keeps_the_finished_shards(
+    photos: Path, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def kill_a_worker(progress: Progress) -> None:
+        if killed:
+            return
+        for child in psutil.Process().children():
+            if "--multiprocessing-fork" in child.cmdline() and "resource_tracker" not in str(
+                child.cmdline()
+            ):
+                killed.append(child.pid)
+                child.kill()  # as the kernel's out-of-memory killer would
+                return
+
+    out = tmp_path / "out"
+    with pytest.raises(ChildProcessError, match=r"died with exit code -9 .* fewer --workers"):
+        write_shards(photos, out, format="tar", shard_size=4, workers=2, on_progress=kill_a_worker)
+    assert killed
+    write_shards(photos, out, format="tar", shard_size=4, workers=2)  # resumes, completes
+    assert len(prefetch.TarSource(out)) == COUNT + 1

@@ -16,7 +16,8 @@ unyielded at any time, so the parent holds at most `workers * CHUNKS_PER_WORKER`
 encoded images (the memory bound; docs/shards.md gives it in bytes). Worker processes ignore
 SIGINT (Ctrl-C reaches the parent only), exit when their parent dies (end of file on their pipe
 or their parent pid gone), and answer an error with its type and traceback (raised in the
-parent). `close()` (idempotent; a context manager) stops and joins them, terminating any that
+parent; a worker that dies is a `ChildProcessError` naming its exit code). `close()`
+(idempotent; a context manager) stops and joins them, terminating any that
 do not exit within `GRACE_S`. One thread uses a `Preparer`.
 """
 
@@ -200,7 +201,10 @@ class Preparer:
                     exhausted = True
                     break
                 worker = min(range(self.workers), key=lambda index: len(queued[index]))
-                self._connections[worker].send((sent, item))
+                try:
+                    self._connections[worker].send((sent, item))
+                except OSError:  # its end of the pipe is closed: it died
+                    self._died(worker)
                 queued[worker].append(sent)
                 sent += 1
             if given in answered:
@@ -232,7 +236,7 @@ class Preparer:
     def _died(self, index: int) -> NoReturn:
         process = self._processes[index]
         process.join(GRACE_S)
-        raise RuntimeError(
+        raise ChildProcessError(
             f"shard writer worker process {index} (pid {process.pid}) died with exit code "
             f"{process.exitcode} (a negative code is the signal that ended it: -9 is often the "
             "kernel's out-of-memory killer); write again with fewer --workers, or --workers 1 to "
