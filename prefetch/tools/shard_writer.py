@@ -3,15 +3,21 @@
 `write_shards(folder, out, ...)` lists `folder` with `ImageFolder` (Keras's rules), shuffles the
 samples once, cuts them into shards of `shard_size` samples and writes each shard, copying the
 image bytes as stored (re-encoded only with `fit_crop`). Each image's header is read first
-(Pillow): an empty file or one that is not an image is skipped and reported (`on_skip`), or
-refused with `strict=True`. It runs in the calling thread and owns only the files it writes
-in `out`.
+(Pillow): an empty file, one that is not an image, one over the readers' limits or (with
+`fit_crop`) one that cannot be decoded is skipped and reported (`on_skip`), or refused with
+`strict=True`. That per-sample work runs in `workers` processes (`prefetch.tools.shard_work`;
+1: in the calling thread), the shards are written in order by the calling thread, and the
+bytes do not depend on the number of workers. It owns the files it writes in `out`, holds
+`out`'s lock while it runs (a second writer is refused at once), and reports its progress
+(`on_progress`, a `Progress` after each chunk of samples).
 
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
 as a folder descriptor, every file is created under a fresh unpredictable name, never through
 a link (`out_folder`); all shards are written first, committed together with a journal, and
 the manifest (names, sizes, sample counts, SHA-256, class names) last (`shard_set`): an
 interrupted or failed write leaves the old complete set or the new one, never a mixed set.
+The shards it finished stay hidden, recorded in a progress journal (`shard_resume`), and the
+same write again continues from them.
 The shards depend only on the files, the order (`seed`, `shuffle`) and the options (tar
 headers carry mtime 0): the same input gives the same bytes.
 

@@ -70,8 +70,10 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
             "together and its manifest (OUT/PREFIX-FORMAT.manifest.json: names, sizes, "
             "sample counts, SHA-256, class names) written last, so an interrupted or failed "
             "run leaves the earlier set or the new one, never a mix; the same input and "
-            "options give the same bytes. OUT/classes.txt (line i names label i) is written "
-            "when no class name holds a line break."
+            "options give the same bytes, for any --workers. An interrupted run keeps the "
+            "shards it finished (hidden): the same command again continues from them. One "
+            "writer at a time: OUT is locked while a write runs. OUT/classes.txt (line i names "
+            "label i) is written when no class name holds a line break."
         ),
     )
     write.add_argument("folder", metavar="FOLDER", help="image folder (FOLDER/<class>/<image>)")
