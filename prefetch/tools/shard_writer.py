@@ -231,7 +231,7 @@ def write_shards(
                     kept = sum(shard.samples + len(shard.skipped) for shard in done)
                     note(
                         f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
-                        f"{count} ({kept} of {len(order)} images), checked against the plan"
+                        f"{count:,} ({kept:,} of {len(order):,} images), checked against the plan"
                     )
                 keep = {shard.temporary for shard in done} | set(abandoned)
                 _remove_strays(place, names, prefix, format, keep=keep)
