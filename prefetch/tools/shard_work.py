@@ -41,6 +41,7 @@ from prefetch.backends import main_script_hidden, rebuild_error, with_traceback_
 from prefetch.coordinator import POLL_S
 from prefetch.io import check_image_bytes, read_location
 from prefetch.tools import fit_crop as fitting
+from prefetch.tools.shard_layout import Sample
 
 # Samples per task sent to a worker: large enough that a message per chunk costs little next to
 # its images (8 decodes of a 2 MP photo take about 0.3 s), small enough to balance the workers
@@ -51,14 +52,6 @@ CHUNK_SAMPLES = 8
 CHUNKS_PER_WORKER = 2
 # Seconds a worker process is given to exit after it is asked to, before it is terminated.
 GRACE_S = 2.0
-
-
-class Sample(NamedTuple):
-    """One sample to write: its number across shards, its file and its label."""
-
-    number: int
-    path: str
-    label: int
 
 
 class Options(NamedTuple):

@@ -48,22 +48,24 @@ from typing import NamedTuple
 import numpy as np
 
 from prefetch._messages import counted
-from prefetch.io import frame_record
 from prefetch.sources import ImageFolder
 from prefetch.sources.shards import (
-    TAR_END,
     Manifest,
     ShardEntry,
-    encode_example,
     index_shard,
     manifest_name,
     parse_class_names,
-    tar_header,
-    tar_padding,
 )
 from prefetch.tools import fit_crop as fitting
 from prefetch.tools import shard_set
 from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
+from prefetch.tools.shard_layout import (
+    Sample,
+    extension_of,
+    relative_to,
+    sample_bytes,
+    shard_end,
+)
 from prefetch.tools.shard_resume import (
     Done,
     Journal,
@@ -73,7 +75,7 @@ from prefetch.tools.shard_resume import (
     resumable,
     written_by,
 )
-from prefetch.tools.shard_work import CHUNK_SAMPLES, Answer, Options, Preparer, Sample, Skip
+from prefetch.tools.shard_work import CHUNK_SAMPLES, Answer, Options, Preparer, Skip
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
@@ -83,8 +85,6 @@ DEFAULT_PREFIX = "shard"
 CLASSES_FILE = shard_set.CLASSES_FILE
 # The most bytes read of a `classes.txt` already in the output folder.
 MAX_CLASSES_BYTES = 16 << 20
-# `image/format` of a TFRecord example, by lower-cased file extension (TF's conventions).
-IMAGE_FORMATS = {"jpg": b"jpeg", "jpeg": b"jpeg", "png": b"png", "bmp": b"bmp", "gif": b"gif"}
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.
@@ -278,7 +278,7 @@ def write_shards(
                         for shard in done
                     ),
                     class_names=class_names,
-                    image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
+                    image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
                     options={
                         "shard_size": shard_size,
                         "seed": seed,
@@ -480,7 +480,7 @@ class _Writing:
             )
         if self.on_skip is not None:
             self.on_skip(path, reason)
-        return _relative(path, self.top), reason
+        return relative_to(path, self.top), reason
 
     def advance(self, samples: int, skipped: int, size: int) -> None:
         last = self.progress
@@ -554,38 +554,6 @@ def _shard_chunks(
     format: str, samples: Iterable[tuple[Sample, bytes]], top: str
 ) -> Iterable[bytes]:
     """The bytes of one shard of `samples`, in pieces (a sample's image is read when reached)."""
-    if format == "tar":
-        for sample, image in samples:
-            key = f"{sample.number:09d}"
-            label = str(sample.label).encode("ascii")
-            for name, data in ((f"{key}.{_extension(sample.path)}", image), (f"{key}.cls", label)):
-                yield tar_header(name, len(data), mtime=0)
-                yield data
-                yield tar_padding(len(data))
-        yield TAR_END
-    else:
-        for sample, image in samples:
-            extension = _extension(sample.path)
-            example = encode_example(
-                {
-                    "image/encoded": image,
-                    "image/class/label": sample.label,
-                    "image/format": IMAGE_FORMATS.get(extension, extension.encode()),
-                    "image/filename": _relative(sample.path, top).encode(
-                        "utf-8", "surrogateescape"
-                    ),
-                }
-            )
-            yield frame_record(example)
-
-
-def _extension(path: str) -> str:
-    """The lower-cased extension of `path`, without its dot (`"jpg"`, `"jpeg"`, `"png"`)."""
-    return os.path.splitext(path)[1][1:].lower()
-
-
-def _relative(path: str, top: str) -> str:
-    """`path` relative to the listed folder `top`, with `/` separators."""
-    inside = path.startswith(top)
-    relative = path[len(top) :].lstrip("/" + os.sep) if inside else os.path.relpath(path, top)
-    return relative.replace(os.sep, "/")
+    for sample, image in samples:
+        yield from sample_bytes(format, sample, image, top)
+    yield shard_end(format)
