@@ -65,12 +65,20 @@ def files_of(out: Path) -> dict[str, bytes]:
 
 @pytest.mark.timeout(120)  # worker processes start
 @pytest.mark.parametrize(
-    ("format", "fit_crop"), [("tar", 64), ("tfrecord", None)], ids=["tar-fit-crop", "tfrecord"]
+    ("format", "fit_crop", "shard_size"),
+    [("tar", 64, 7), ("tfrecord", None, 7), ("tar", 64, 30), ("tfrecord", None, 30)],
+    # 8 shards: each worker writes whole shards; 2 shards: the workers share each one's samples
+    ids=[
+        "tar-fit-crop-by-shard",
+        "tfrecord-by-shard",
+        "tar-fit-crop-by-sample",
+        "tfrecord-by-sample",
+    ],
 )
 def test_one_worker_and_three_write_the_same_bytes(
-    photos: Path, tmp_path: Path, format: str, fit_crop: int | None
+    photos: Path, tmp_path: Path, format: str, fit_crop: int | None, shard_size: int
 ) -> None:
-    options = {"format": format, "shard_size": 7, "fit_crop": fit_crop, "seed": 5}
+    options = {"format": format, "shard_size": shard_size, "fit_crop": fit_crop, "seed": 5}
     one = write_shards(photos, tmp_path / "one", workers=1, **options)  # type: ignore[arg-type]
     three = write_shards(photos, tmp_path / "three", workers=3, **options)  # type: ignore[arg-type]
     assert [Path(path).name for path in one] == [Path(path).name for path in three]
@@ -214,7 +222,7 @@ def test_other_options_or_a_changed_folder_start_over_saying_why(
             os.remove(out / name)
 
 
-def test_a_finished_shard_changed_since_the_interruption_is_written_again(
+def test_a_finished_shard_changed_since_the_interruption_is_written_again_the_others_kept(
     photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
@@ -230,7 +238,7 @@ def test_a_finished_shard_changed_since_the_interruption_is_written_again(
     notes: list[str] = []
     write_shards(photos, out, format="tar", shard_size=8, on_note=notes.append)
     assert notes == [
-        f"resuming: the interrupted run wrote 1 shard of 7 (8 of {COUNT + 3} images), "
+        f"resuming: the interrupted run wrote 2 shards of 7 (16 of {COUNT + 3} images), "
         "checked against the plan"
     ]
     whole = tmp_path / "whole"
@@ -352,3 +360,12 @@ def test_a_worker_that_dies_stops_the_write_naming_its_exit_code_and_keeps_the_f
     assert killed
     write_shards(photos, out, format="tar", shard_size=4, workers=2)  # resumes, completes
     assert len(prefetch.TarSource(out)) == COUNT + 1
+
+
+@pytest.mark.timeout(60)
+def test_strict_refuses_a_file_that_is_not_an_image_with_workers_writing_whole_shards(
+    photos: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=r"(empty|notes)\.jpg'?: .* without --strict"):
+        write_shards(photos, tmp_path / "out", format="tar", shard_size=4, workers=2, strict=True)
+    assert not [name for name in os.listdir(tmp_path / "out") if not name.startswith(".")]

@@ -60,6 +60,15 @@ class OutFolder:
                 ) from None
             raise OSError(error.errno, f"cannot open the output folder {path!r}: {error}") from None
 
+    @classmethod
+    def from_descriptor(cls, descriptor: int, path: str) -> OutFolder:
+        """The folder `path` already open as `descriptor` (received from the process that
+        opened it); closing it closes the descriptor."""
+        folder = cls.__new__(cls)
+        folder.path = path
+        folder.fd = descriptor
+        return folder
+
     def __enter__(self) -> OutFolder:
         return self
 

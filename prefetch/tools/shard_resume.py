@@ -8,8 +8,9 @@ completes. The journal's first line is the plan: the write's options and a finge
 input listing (each file's path, label, size and modification time, in the written order).
 
 A rerun with the same plan (`resumable`) keeps the recorded shards whose temporary file is
-still there with the recorded size and SHA-256 (hashed again), in order, up to the first one
-that is not, and writes only the rest; the set's bytes are then those of an uninterrupted run.
+still there with the recorded size and SHA-256 (hashed again), and writes only the others
+(shards written by several workers finish in any order, so the recorded ones need not be the
+first); the set's bytes are then those of an uninterrupted run.
 A rerun with another plan starts over and says why (`Plan.difference`). The journal is removed
 when the set is committed (`prefetch.tools.shard_set`), after the manifest. Readers never see
 it (a hidden name) nor the temporary shards. One writer at a time (the folder's lock); not
@@ -145,10 +146,10 @@ class Done:
 def resumable(
     out: OutFolder, name: str, plan: Plan, is_temporary: Callable[[str, str], bool]
 ) -> tuple[list[Done], str | None]:
-    """The shards of an interrupted write of `plan` that are still good, in order, and why the
+    """The shards of an interrupted write of `plan` that are still good, by index, and why the
     journal `name` in `out` was not used (None when it was used, or there is none). A shard is
-    good when its temporary file (`is_temporary(temporary, final)` says it is the writer's) is
-    there with the recorded size and SHA-256, and it is the next one of the plan."""
+    good when it is one of the plan's, and its temporary file (`is_temporary(temporary,
+    final)` says it is the writer's) is there with the recorded size and SHA-256."""
     try:
         data = out.read_small(name, MAX_PROGRESS_BYTES)
     except OSError as error:
@@ -163,7 +164,7 @@ def resumable(
     why = plan.difference(header) if isinstance(header, dict) else "its progress journal is damaged"
     if why is not None:
         return [], why
-    done: list[Done] = []
+    done: dict[int, Done] = {}
     for line in lines[1:]:
         if not line.strip():
             continue
@@ -171,15 +172,13 @@ def resumable(
             shard = Done.parse(json.loads(line))
         except (ValueError, KeyError, TypeError):
             break  # a line cut short by the interruption
-        expected = len(done)
-        if shard.index != expected or expected >= len(plan.shards):
-            break
-        if shard.name != plan.shards[expected] or not is_temporary(shard.temporary, shard.name):
-            break
-        if not _holds(out, shard):
-            break
-        done.append(shard)
-    return done, None
+        if not 0 <= shard.index < len(plan.shards) or shard.index in done:
+            continue
+        if shard.name != plan.shards[shard.index] or not is_temporary(shard.temporary, shard.name):
+            continue
+        if _holds(out, shard):
+            done[shard.index] = shard
+    return [done[index] for index in sorted(done)], None
 
 
 def written_by(out: OutFolder, name: str, plan: Plan) -> list[Done] | None:

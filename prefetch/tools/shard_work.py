@@ -29,9 +29,10 @@ import multiprocessing
 import os
 import signal
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import recv_handle, send_handle
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
@@ -41,7 +42,8 @@ from prefetch.backends import main_script_hidden, rebuild_error, with_traceback_
 from prefetch.coordinator import POLL_S
 from prefetch.io import check_image_bytes, read_location
 from prefetch.tools import fit_crop as fitting
-from prefetch.tools.shard_layout import Sample
+from prefetch.tools.out_folder import OutFolder
+from prefetch.tools.shard_layout import Sample, sample_bytes, shard_end
 
 # Samples per task sent to a worker: large enough that a message per chunk costs little next to
 # its images (8 decodes of a 2 MP photo take about 0.3 s), small enough to balance the workers
@@ -59,6 +61,35 @@ class Options(NamedTuple):
 
     fit_crop: int | None
     quality: int
+
+
+class ShardTask(NamedTuple):
+    """A shard for a worker to write: its number and final name, its samples, the layout
+    (`format`), the listed folder (`top`) and whether a file to skip is refused (`strict`)."""
+
+    shard: int
+    name: str
+    samples: list[Sample]
+    format: str
+    top: str
+    strict: bool
+
+
+class ShardWritten(NamedTuple):
+    """A shard a worker wrote: its temporary name, size, SHA-256, samples written, files
+    skipped (path, reason) and images re-encoded."""
+
+    shard: int
+    temporary: str
+    size: int
+    sha256: str
+    samples: int
+    skipped: tuple[tuple[str, str], ...]
+    resized: int
+
+
+# What `Preparer.write` calls after each chunk of samples: (samples, skipped, bytes of images).
+ShardProgress = Callable[[int, int, int], None]
 
 
 class Prepared(NamedTuple):
@@ -195,7 +226,7 @@ class Preparer:
                     break
                 worker = min(range(self.workers), key=lambda index: len(queued[index]))
                 try:
-                    self._connections[worker].send((sent, item))
+                    self._connections[worker].send(("chunk", sent, item))
                 except OSError:  # its end of the pipe is closed: it died
                     self._died(worker)
                 queued[worker].append(sent)
@@ -211,20 +242,64 @@ class Preparer:
     def _receive(self, queued: list[deque[int]], answered: dict[int, list[Answer]]) -> None:
         """Take the answers that arrive within `POLL_S`; raise a worker's error, or say which
         worker died."""
-        for connection in wait(self._connections, timeout=POLL_S):
-            assert isinstance(connection, Connection)
-            index = self._connections.index(connection)
-            try:
-                chunk, answers, error = connection.recv()
-            except (EOFError, OSError):
-                self._died(index)
+        for index, message in self._messages(queued):
+            _, chunk, answers, error = message
             if error is not None:
                 raise rebuild_error(*error)
             queued[index].remove(chunk)
             answered[chunk] = answers
+
+    def _messages(self, queued: list[deque[int]]) -> Iterator[tuple[int, Any]]:
+        """(worker, message) for the messages that arrive within `POLL_S`; ChildProcessError
+        when a worker with work queued has died."""
+        for connection in wait(self._connections, timeout=POLL_S):
+            assert isinstance(connection, Connection)
+            index = self._connections.index(connection)
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                self._died(index)
+            yield index, message
         for index, process in enumerate(self._processes):
             if queued[index] and not process.is_alive():
                 self._died(index)
+
+    def write(
+        self, tasks: Iterable[ShardTask], out: OutFolder, on_progress: ShardProgress
+    ) -> Iterator[ShardWritten]:
+        """Each shard of `tasks` written by a worker process into `out` under a temporary name
+        (`write_shard`), in the order they finish; `on_progress(samples, skipped, bytes)` after
+        each chunk of samples. At most `CHUNKS_PER_WORKER` shards per worker are sent at once."""
+        assert self.workers > 1, "one worker writes its shards in the calling thread"
+        for connection, process in zip(self._connections, self._processes, strict=True):
+            connection.send(("folder", out.path))
+            send_handle(connection, out.fd, process.pid or 0)
+        feed: Iterator[ShardTask | None] = iter(tasks)
+        queued: list[deque[int]] = [deque() for _ in self._processes]  # shard indexes
+        exhausted = False
+        while True:
+            while not exhausted and min(len(items) for items in queued) < CHUNKS_PER_WORKER:
+                task = next(feed, None)
+                if task is None:
+                    exhausted = True
+                    break
+                worker = min(range(self.workers), key=lambda index: len(queued[index]))
+                try:
+                    self._connections[worker].send(("shard", task))
+                except OSError:
+                    self._died(worker)
+                queued[worker].append(task.shard)
+            if exhausted and not any(queued):
+                return
+            for index, message in self._messages(queued):
+                if message[0] == "progress":
+                    on_progress(*message[1:])
+                    continue
+                _, shard, written, error = message
+                if error is not None:
+                    raise rebuild_error(*error)
+                queued[index].remove(shard)
+                yield written
 
     def _died(self, index: int) -> NoReturn:
         process = self._processes[index]
@@ -251,26 +326,143 @@ class Preparer:
         self._connections = []
 
 
-def _serve(connection: Connection, options: Options, parent: int) -> None:
-    """A worker process: answer chunks until told to stop or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
+class _Stopped(Exception):
+    """The parent asked a worker to stop (or is gone) while it wrote a shard."""
+
+
+class _Worker:
+    """A worker process's side of its pipe: messages kept aside while a shard is written."""
+
+    def __init__(self, connection: Connection, options: Options, parent: int) -> None:
+        self.connection = connection
+        self.options = options
+        self.parent = parent
+        self.kept: deque[Any] = deque()
+        self.folder: OutFolder | None = None
+
+    def next_message(self) -> Any:
+        """The next message; None to stop (asked, or the parent is gone)."""
+        if self.kept:
+            return self.kept.popleft()
+        while True:
+            try:
+                if self.connection.poll(POLL_S):
+                    return self.connection.recv()
+            except (EOFError, OSError):
+                return None
+            if os.getppid() != self.parent:
+                return None
+
+    def check_stop(self) -> None:
+        """Between samples of a shard: raise `_Stopped` when the parent asks to stop or is
+        gone; keep other messages for later."""
         try:
-            if not connection.poll(POLL_S):
-                if os.getppid() != parent:
-                    return
-                continue
-            message: Any = connection.recv()
+            while self.connection.poll(0):
+                message = self.connection.recv()
+                if message is None:
+                    raise _Stopped
+                self.kept.append(message)
         except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        chunk, samples = message
+            raise _Stopped from None
+        if os.getppid() != self.parent:
+            raise _Stopped
+
+    def send(self, message: tuple[Any, ...]) -> None:
         try:
-            answer: tuple[Any, ...] = (chunk, prepare(samples, options), None)
-        except BaseException as error:
-            answer = (chunk, None, with_traceback_text(error))
-        try:
-            connection.send(answer)
+            self.connection.send(message)
         except (OSError, ValueError):
-            return
+            raise _Stopped from None
+
+    def serve(self) -> None:
+        while True:
+            message = self.next_message()
+            if message is None:
+                return
+            kind = message[0]
+            if kind == "folder":
+                if self.folder is not None:
+                    self.folder.close()
+                descriptor = recv_handle(self.connection)
+                self.folder = OutFolder.from_descriptor(descriptor, message[1])
+            elif kind == "chunk":
+                _, chunk, samples = message
+                try:
+                    answer: tuple[Any, ...] = ("chunk", chunk, prepare(samples, self.options), None)
+                except BaseException as error:
+                    answer = ("chunk", chunk, None, with_traceback_text(error))
+                self.send(answer)
+            else:
+                task: ShardTask = message[1]
+                try:
+                    assert self.folder is not None, "a shard before its folder"
+                    written = write_shard(self.folder, task, self.options, self)
+                    answer = ("shard", task.shard, written, None)
+                except _Stopped:
+                    return
+                except BaseException as error:
+                    answer = ("shard", task.shard, None, with_traceback_text(error))
+                self.send(answer)
+
+
+def _serve(connection: Connection, options: Options, parent: int) -> None:
+    """A worker process: answer chunks and write shards until told to stop or the parent is
+    gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = _Worker(connection, options, parent)
+    try:
+        worker.serve()
+    except _Stopped:
+        pass
+    finally:
+        if worker.folder is not None:
+            worker.folder.close()
+
+
+def write_shard(
+    out: OutFolder, task: ShardTask, options: Options, worker: _Worker | None = None
+) -> ShardWritten:
+    """Write the shard `task` into `out` under a temporary name, one sample at a time (a worker
+    process's part of `Preparer.write`); a skipped file with `task.strict` is refused
+    (`strict_refusal`)."""
+    counts = {"samples": 0, "resized": 0}
+    skipped: list[tuple[str, str]] = []
+
+    def pieces() -> Iterator[bytes]:
+        for start in range(0, len(task.samples), CHUNK_SAMPLES):
+            part = task.samples[start : start + CHUNK_SAMPLES]
+            size = skips = 0
+            for sample in part:
+                if worker is not None:
+                    worker.check_stop()
+                (answer,) = prepare([sample], options)
+                if isinstance(answer, Skip):
+                    if task.strict:
+                        raise strict_refusal(sample.path, answer.reason)
+                    skipped.append((sample.path, answer.reason))
+                    skips += 1
+                    continue
+                counts["samples"] += 1
+                counts["resized"] += answer.resized
+                size += len(answer.data)
+                yield from sample_bytes(task.format, sample, answer.data, task.top)
+            if worker is not None:
+                worker.send(("progress", len(part), skips, size))
+        yield shard_end(task.format)
+
+    written = out.write_temporary(task.name, pieces(), "shard")
+    return ShardWritten(
+        task.shard,
+        written.temporary,
+        written.size,
+        written.sha256,
+        counts["samples"],
+        tuple(skipped),
+        counts["resized"],
+    )
+
+
+def strict_refusal(path: str, reason: str) -> ValueError:
+    """The error that refuses a file with `strict` (a file that would be skipped)."""
+    return ValueError(
+        f"{path!r}: {reason}; remove it, or write without --strict to skip such files"
+    )

@@ -75,7 +75,16 @@ from prefetch.tools.shard_resume import (
     resumable,
     written_by,
 )
-from prefetch.tools.shard_work import CHUNK_SAMPLES, Answer, Options, Preparer, Skip
+from prefetch.tools.shard_work import (
+    CHUNK_SAMPLES,
+    Answer,
+    Options,
+    Preparer,
+    ShardTask,
+    ShardWritten,
+    Skip,
+    strict_refusal,
+)
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
@@ -250,26 +259,48 @@ def write_shards(
                     range(index * shard_size, min((index + 1) * shard_size, len(order)))
                     for index in range(count)
                 ]
-                chunks = (
-                    [sample(number) for number in part]
-                    for index in range(len(done), count)
-                    for part in _chunked(numbers[index])
-                )
+                finished_already = {shard.index for shard in done}
+                remaining = [index for index in range(count) if index not in finished_already]
+
+                def record(finished: Done) -> None:
+                    journal.append(finished)
+                    done.append(finished)
+                    if on_shard is not None:
+                        path = place.where(finished.name)
+                        on_shard(path, finished.samples, finished.size)
+
                 try:
-                    answers = preparer.map(chunks)
-                    for index in range(len(done), count):
-                        shard = writing.shard(index, names[index], numbers[index], answers)
-                        written = place.write_temporary(names[index], shard.chunks(), "shard")
-                        finished = shard.done(written.temporary, written.size, written.sha256)
-                        journal.append(finished)
-                        done.append(finished)
-                        if on_shard is not None:
-                            on_shard(place.where(names[index]), finished.samples, written.size)
+                    if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
+                        tasks = (
+                            ShardTask(
+                                index,
+                                names[index],
+                                [sample(number) for number in numbers[index]],
+                                format,
+                                top,
+                                strict,
+                            )
+                            for index in remaining
+                        )
+                        for by_worker in preparer.write(tasks, place, writing.advance):
+                            record(writing.finished(by_worker, names[by_worker.shard]))
+                    else:
+                        chunks = (
+                            [sample(number) for number in part]
+                            for index in remaining
+                            for part in _chunked(numbers[index])
+                        )
+                        answers = preparer.map(chunks)
+                        for index in remaining:
+                            shard = writing.shard(index, names[index], numbers[index], answers)
+                            written = place.write_temporary(names[index], shard.chunks(), "shard")
+                            record(shard.done(written.temporary, written.size, written.sha256))
                     preparer.close()  # the workers are done: they need not wait for the commit
                 except BaseException:
                     if not done:
                         journal.remove()
                     raise
+                done.sort(key=lambda shard: shard.index)
                 manifest = Manifest(
                     format=format,
                     prefix=prefix,
@@ -423,6 +454,12 @@ def _remove_strays(
             out.remove(name)
 
 
+# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
+# many per worker are left to write; fewer, and the samples of each shard are shared among the
+# workers instead (one shard written at a time, in order, by this process).
+SHARDS_PER_WORKER = 2
+
+
 def _chunked(numbers: range) -> Iterator[range]:
     """`numbers` (one shard's samples) in chunks of `CHUNK_SAMPLES`, the work sent at once."""
     for start in range(numbers.start, numbers.stop, CHUNK_SAMPLES):
@@ -475,12 +512,24 @@ class _Writing:
 
     def skip(self, path: str, reason: str) -> tuple[str, str]:
         if self.strict:
-            raise ValueError(
-                f"{path!r}: {reason}; remove it, or write without --strict to skip such files"
-            )
+            raise strict_refusal(path, reason)
         if self.on_skip is not None:
             self.on_skip(path, reason)
         return relative_to(path, self.top), reason
+
+    def finished(self, written: ShardWritten, name: str) -> Done:
+        """The record of a shard a worker wrote (`Preparer.write`); its skips are reported."""
+        skipped = tuple(self.skip(path, reason) for path, reason in written.skipped)
+        return Done(
+            written.shard,
+            name,
+            written.temporary,
+            written.size,
+            written.samples,
+            written.sha256,
+            skipped,
+            written.resized,
+        )
 
     def advance(self, samples: int, skipped: int, size: int) -> None:
         last = self.progress
