@@ -40,7 +40,7 @@ def sample_bytes(format: str, sample: Sample, image: bytes, top: str) -> list[by
         pieces = []
         for name, data in ((f"{key}.{extension}", image), (f"{key}.cls", label)):
             pieces += [tar_header(name, len(data), mtime=0), data, tar_padding(len(data))]
-        return pieces
+        return joined(pieces)
     example = encode_example(
         {
             "image/encoded": image,
@@ -50,6 +50,16 @@ def sample_bytes(format: str, sample: Sample, image: bytes, top: str) -> list[by
         }
     )
     return [frame_record(example)]
+
+
+def joined(pieces: list[bytes]) -> list[bytes]:
+    """`pieces` as one piece when they are small (one write instead of six for a small tar
+    sample), else as they are (a large image is not copied to join it)."""
+    return [b"".join(pieces)] if sum(map(len, pieces)) <= JOIN_BELOW_BYTES else pieces
+
+
+# Pieces of a sample up to this many bytes in all are joined before they are written.
+JOIN_BELOW_BYTES = 256 << 10
 
 
 def shard_end(format: str) -> bytes:

@@ -52,6 +52,8 @@ CHUNK_SAMPLES = 8
 # Chunks sent to or answered by a worker and not yet written, per worker: one being worked on,
 # one queued, so a worker never waits for the parent between chunks.
 CHUNKS_PER_WORKER = 2
+# Samples between two progress messages of a worker that writes a whole shard.
+PROGRESS_SAMPLES = 64
 # Seconds a worker process is given to exit after it is asked to, before it is terminated.
 GRACE_S = 2.0
 
@@ -428,8 +430,8 @@ def write_shard(
     skipped: list[tuple[str, str]] = []
 
     def pieces() -> Iterator[bytes]:
-        for start in range(0, len(task.samples), CHUNK_SAMPLES):
-            part = task.samples[start : start + CHUNK_SAMPLES]
+        for start in range(0, len(task.samples), PROGRESS_SAMPLES):
+            part = task.samples[start : start + PROGRESS_SAMPLES]
             size = skips = 0
             for sample in part:
                 if worker is not None:
