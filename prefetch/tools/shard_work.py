@@ -10,15 +10,19 @@ number of workers.
 
 `Preparer(workers, options)` runs `prepare` on chunks of samples: in the calling thread for one
 worker, else in `workers` spawned worker processes (the loader's start-up rules:
-`prefetch.backends.main_script_hidden`, spawn, never fork). `map(chunks)` yields each chunk's
-answers in the chunks' order; at most `CHUNKS_PER_WORKER` chunks per worker are sent or held
-unyielded at any time, so the parent holds at most `workers * CHUNKS_PER_WORKER` chunks of
-encoded images (the memory bound; docs/shards.md gives it in bytes). Worker processes ignore
-SIGINT (Ctrl-C reaches the parent only), exit when their parent dies (end of file on their pipe
-or their parent pid gone), and answer an error with its type and traceback (raised in the
-parent; a worker that dies is a `ChildProcessError` naming its exit code). `close()`
-(idempotent; a context manager) stops and joins them, terminating any that
-do not exit within `GRACE_S`. One thread uses a `Preparer`.
+`prefetch.backends.main_script_hidden`, spawn, never fork). `write(tasks, out, on_progress)`
+has the workers write whole shards instead (`write_shard`: each image prepared, framed by
+`prefetch.tools.shard_layout`, hashed and written to a temporary file of `out`, whose folder
+descriptor is passed to each worker over its pipe), yielding each `ShardWritten` as it
+finishes; a worker checks between two images whether it is asked to stop. `map(chunks)`
+yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER` chunks per
+worker are sent or held unyielded at any time, so the parent holds at most
+`workers * CHUNKS_PER_WORKER` chunks of encoded images (the memory bound; docs/shards.md gives
+it in bytes). Worker processes ignore SIGINT (Ctrl-C reaches the parent only), exit when their
+parent dies (end of file on their pipe or their parent pid gone), and answer an error with its
+type and traceback (raised in the parent; a worker that dies is a `ChildProcessError` naming
+its exit code). `close()` (idempotent; a context manager) stops and joins them, terminating
+any that do not exit within `GRACE_S`. One thread uses a `Preparer`.
 """
 
 from __future__ import annotations
