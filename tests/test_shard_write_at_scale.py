@@ -369,3 +369,30 @@ def test_strict_refuses_a_file_that_is_not_an_image_with_workers_writing_whole_s
     with pytest.raises(ValueError, match=r"(empty|notes)\.jpg'?: .* without --strict"):
         write_shards(photos, tmp_path / "out", format="tar", shard_size=4, workers=2, strict=True)
     assert not [name for name in os.listdir(tmp_path / "out") if not name.startswith(".")]
+
+
+def test_a_commit_interrupted_after_shards_finished_in_any_order_is_finished_by_the_same_command(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    real = OutFolder.replace
+    renames: list[str] = []
+
+    def failing(self: OutFolder, source: str, target: str) -> None:
+        renames.append(target)
+        if len(renames) == 3:  # the progress journal, the commit journal, then the first shard
+            raise OSError(28, "No space left on device")
+        real(self, source, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OutFolder, "replace", failing)
+        with pytest.raises(OSError, match="No space left"):
+            write_shards(photos, out, format="tar", shard_size=8)
+    lines = (out / PROGRESS).read_text().splitlines()
+    # workers that write whole shards finish them in any order: so may the journal's lines be
+    (out / PROGRESS).write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    notes: list[str] = []
+    write_shards(photos, out, format="tar", shard_size=8, on_note=notes.append)
+    assert notes == ["the interrupted run had written every shard: its set is now in place"]
+    assert not [name for name in os.listdir(out) if name.startswith(".")]
+    assert len(prefetch.TarSource(out)) == COUNT + 1

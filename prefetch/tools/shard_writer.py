@@ -431,6 +431,7 @@ def _already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
     if recorded is None:
         return False
     shards = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
+    recorded = sorted(recorded, key=lambda shard: shard.index)  # workers finish in any order
     if [(d.name, d.size, d.samples, d.sha256) for d in recorded] != shards:
         return False
     if list(plan.shards) != [entry.name for entry in manifest.shards]:
