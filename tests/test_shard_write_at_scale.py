@@ -92,15 +92,18 @@ def test_one_worker_and_three_write_the_same_bytes(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("shard_size", [1, 20], ids=["by-shard", "by-sample"])
 def test_a_worker_that_fails_reaches_the_writer_with_its_type_and_file(
-    photos: Path, tmp_path: Path
+    photos: Path, tmp_path: Path, shard_size: int
 ) -> None:
     unreadable = tmp_path / "unreadable"
-    unreadable.mkdir()
-    (unreadable / "a").mkdir()
+    (unreadable / "a").mkdir(parents=True)
+    for number in range(5):
+        source = photos / "cat" / f"{number:02d}.jpg"
+        (unreadable / "a" / source.name).write_bytes(source.read_bytes())
     (unreadable / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     with pytest.raises(FileNotFoundError, match=r"gone\.jpg"):
-        write_shards(unreadable, tmp_path / "out", format="tar", shard_size=4, workers=2)
+        write_shards(unreadable, tmp_path / "out", format="tar", shard_size=shard_size, workers=2)
 
 
 # ---------------------------------------------------------------- resume after a real Ctrl-C
