@@ -80,10 +80,12 @@ class Plan:
             )
             return f"the options changed ({shown})"
         if record.get("files") != self.files:
-            return f"the input folder changed ({record.get('files')} files then, {self.files} now)"
+            then = record.get("files")
+            then_text = f"{then:,}" if isinstance(then, int) else repr(then)
+            return f"the input folder changed ({then_text} files then, {self.files:,} now)"
         if record.get("listing") != self.listing or record.get("shards") != list(self.shards):
             return (
-                f"the input folder changed (the same {self.files} files in number, but a "
+                f"the input folder changed (the same {self.files:,} files in number, but a "
                 "name, class, size or modification time differs)"
             )
         return None
