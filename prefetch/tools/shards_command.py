@@ -64,8 +64,8 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
             "members <k:09d>.<ext> (the image) and <k:09d>.cls (its label). tfrecord: "
             "PREFIX-00000-of-0000N.tfrecord, ..., one tf.train.Example per sample "
             f"(image/encoded, image/class/label, image/format, image/filename). {_SHUFFLE_WHY} "
-            "Each image's header is read: an empty file or one that is not an image is "
-            "skipped and named in the summary (--strict: refused). "
+            "Each image's header is read: an empty file, one that is not an image or one over "
+            "the readers' limits is skipped and named in the summary (--strict: refused). "
             "Every shard is written under a temporary name, then the set is put in place "
             "together and its manifest (OUT/PREFIX-FORMAT.manifest.json: names, sizes, "
             "sample counts, SHA-256, class names) written last, so an interrupted or failed "
@@ -114,7 +114,8 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     write.add_argument(
         "--strict",
         action="store_true",
-        help="refuse a file that is empty or not an image (default: skip it and name it)",
+        help="refuse a file that is empty, not an image, over the readers' limits or (with "
+        "--fit-crop) one that cannot be decoded (default: skip it and name it)",
     )
     write.add_argument(
         "--fit-crop",
