@@ -22,7 +22,7 @@ says how many images were re-encoded. For the re-encoding rate use 2 MP photos:
         [--fit-crop 224 | --fit-crop 0 (off)] [--shard-size 25] [--out /tmp]
 
 The shard size is 25 by default (the command's is 1000) so that 4,000 photos make 160 shards:
-the writer gives whole shards to the workers when at least 2 per worker are left (and shares
+the writer gives whole shards to the workers when there are at least 4 per worker (and shares
 each shard's samples among them otherwise; both give the same bytes), and with 10 shards per
 worker the last round, where some workers have no shard left, costs little. A real dataset
 has thousands of shards of 1,000. Rows after the first pay

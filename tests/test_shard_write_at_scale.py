@@ -66,8 +66,8 @@ def files_of(out: Path) -> dict[str, bytes]:
 @pytest.mark.timeout(120)  # worker processes start
 @pytest.mark.parametrize(
     ("format", "fit_crop", "shard_size"),
-    [("tar", 64, 7), ("tfrecord", None, 7), ("tar", 64, 30), ("tfrecord", None, 30)],
-    # 8 shards: each worker writes whole shards; 2 shards: the workers share each one's samples
+    [("tar", 64, 3), ("tfrecord", None, 3), ("tar", 64, 30), ("tfrecord", None, 30)],
+    # 17 shards: each worker writes whole shards; 2 shards: the workers share each one's samples
     ids=[
         "tar-fit-crop-by-shard",
         "tfrecord-by-shard",
@@ -98,7 +98,7 @@ def test_a_worker_that_fails_reaches_the_writer_with_its_type_and_file(
 ) -> None:
     unreadable = tmp_path / "unreadable"
     (unreadable / "a").mkdir(parents=True)
-    for number in range(5):
+    for number in range(9):  # 10 shards of 1 for 2 workers: whole shards
         source = photos / "cat" / f"{number:02d}.jpg"
         (unreadable / "a" / source.name).write_bytes(source.read_bytes())
     (unreadable / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")

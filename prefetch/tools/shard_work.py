@@ -56,6 +56,9 @@ CHUNK_SAMPLES = 8
 # Chunks sent to or answered by a worker and not yet written, per worker: one being worked on,
 # one queued, so a worker never waits for the parent between chunks.
 CHUNKS_PER_WORKER = 2
+# Whole shards sent to a worker at a time (the next is sent as it finishes one: a round trip of
+# about a millisecond against a shard's seconds).
+SHARDS_AT_ONCE = 1
 # Samples between two progress messages of a worker that writes a whole shard.
 PROGRESS_SAMPLES = 64
 # Seconds a worker process is given to exit after it is asked to, before it is terminated.
@@ -275,7 +278,8 @@ class Preparer:
     ) -> Iterator[ShardWritten]:
         """Each shard of `tasks` written by a worker process into `out` under a temporary name
         (`write_shard`), in the order they finish; `on_progress(samples, skipped, bytes)` after
-        each chunk of samples. At most `CHUNKS_PER_WORKER` shards per worker are sent at once."""
+        each chunk of samples. One shard per worker at a time: the next goes to the first
+        worker free, so the last ones are spread over the workers."""
         assert self.workers > 1, "one worker writes its shards in the calling thread"
         for connection, process in zip(self._connections, self._processes, strict=True):
             connection.send(("folder", out.path))
@@ -284,7 +288,7 @@ class Preparer:
         queued: list[deque[int]] = [deque() for _ in self._processes]  # shard indexes
         exhausted = False
         while True:
-            while not exhausted and min(len(items) for items in queued) < CHUNKS_PER_WORKER:
+            while not exhausted and min(len(items) for items in queued) < SHARDS_AT_ONCE:
                 task = next(feed, None)
                 if task is None:
                     exhausted = True

@@ -457,8 +457,11 @@ def _remove_strays(
 
 # Whole shards are given to the workers (each writes, and hashes, its own) when at least this
 # many per worker are left to write; fewer, and the samples of each shard are shared among the
-# workers instead (one shard written at a time, in order, by this process).
-SHARDS_PER_WORKER = 2
+# workers instead (one shard written at a time, in order, by this process). With whole shards
+# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
+# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
+# with dozens of workers re-encoding.
+SHARDS_PER_WORKER = 4
 
 
 def _chunked(numbers: range) -> Iterator[range]:
