@@ -399,3 +399,33 @@ def test_a_commit_interrupted_after_shards_finished_in_any_order_is_finished_by_
     assert notes == ["the interrupted run had written every shard: its set is now in place"]
     assert not [name for name in os.listdir(out) if name.startswith(".")]
     assert len(prefetch.TarSource(out)) == COUNT + 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shard_size", [2, 100], ids=["by-shard", "by-sample"])
+def test_the_workers_exit_when_the_writer_is_killed(
+    photos: Path, tmp_path: Path, shard_size: int
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(COUNTING_SITE)
+    log = tmp_path / "decodes.log"
+    command = [sys.executable, "-m", "prefetch", "shards", "write", str(photos)]
+    command += [str(tmp_path / "out"), "--fit-crop", "64", "--workers", "2", "--quiet"]
+    command += ["--shard-size", str(shard_size)]
+    environment = {**os.environ, "PYTHONPATH": str(site), "DECODE_LOG": str(log)}
+    child = subprocess.Popen(
+        command,
+        env={**environment, "DECODE_SLEEP_S": "0.2"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while decodes(log) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = psutil.Process(child.pid).children()
+    assert len([w for w in workers if "resource_tracker" not in " ".join(w.cmdline())]) == 2
+    child.kill()  # no cleanup in the writer: the workers must notice on their own
+    child.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [process.pid for process in alive]
