@@ -429,3 +429,19 @@ def test_the_workers_exit_when_the_writer_is_killed(
     child.wait(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, [process.pid for process in alive]
+
+
+def test_a_tfrecord_write_that_starts_over_with_another_shard_count_leaves_no_temporary_file(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        interrupt_at_read(patch, 20)
+        with pytest.raises(KeyboardInterrupt):
+            write_shards(photos, out, format="tfrecord", shard_size=8)  # of 7 shards
+    assert any(name.endswith("-of-00007.tfrecord") for name in os.listdir(out)) is False
+    assert any("-of-00007.tfrecord." in name for name in os.listdir(out))
+    notes: list[str] = []
+    write_shards(photos, out, format="tfrecord", shard_size=10, on_note=notes.append)  # of 6
+    assert notes and notes[0].startswith("starting over: the options changed (shard_size 8 -> 10")
+    assert not [name for name in os.listdir(out) if name.startswith(".")]

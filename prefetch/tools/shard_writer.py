@@ -444,14 +444,18 @@ def _already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
 def _remove_strays(
     out: OutFolder, names: list[str], prefix: str, format: str, keep: set[str]
 ) -> None:
-    """Remove the temporary files in `out` of this set's names (its shards, manifest, class
-    list and progress journal) that are not in `keep`: left by a run that was killed, or by one
+    """Remove the temporary files in `out` of this set's names (its shards, or any shard name
+    of this prefix and format, its manifest, class list and progress journal) that are not in
+    `keep`: left by a run that was killed, or by one
     this write does not continue. Only under the folder's lock: no other writer is at work."""
     finals = {*names, manifest_name(format, prefix), CLASSES_FILE, progress_name(format, prefix)}
     pattern = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * TOKEN_BYTES}}}{re.escape(TEMPORARY_SUFFIX)}")
     for name in out.names():
         found = pattern.fullmatch(name)
-        if found and found.group(1) in finals and name not in keep:
+        if not found or name in keep:
+            continue
+        final = found.group(1)
+        if final in finals or matching_shards([final], format, prefix):  # of another plan too
             out.remove(name)
 
 
