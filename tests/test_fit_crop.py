@@ -15,7 +15,9 @@ from PIL import Image
 
 import prefetch
 from prefetch.cli import main
+from prefetch.decode import DecodeOptions, decode_bytes
 from prefetch.testing import write_image_folder
+from prefetch.testing.bombs import write_scan_bomb
 from prefetch.tools.fit_crop import DEFAULT_QUALITY, fit_image, fitted_size
 from prefetch.tools.shard_writer import write_shards
 
@@ -45,12 +47,12 @@ def stored_images(out: Path, folder: Path) -> dict[str, bytes]:
             for member in archive.getmembers()
         }
     listing = prefetch.ImageFolder(folder)
-    return {
-        Path(path).relative_to(folder).as_posix(): members[
-            f"{number:09d}{Path(path).suffix.lower()}"
-        ]
-        for number, path in enumerate(listing.paths.tolist())
-    }
+    stored = {}
+    for number, path in enumerate(listing.paths.tolist()):
+        member = f"{number:09d}{Path(path).suffix.lower()}"
+        if member in members:  # else skipped
+            stored[Path(path).relative_to(folder).as_posix()] = members[member]
+    return stored
 
 
 def originals(folder: Path) -> dict[str, bytes]:
@@ -186,3 +188,105 @@ def test_a_set_whose_manifest_predates_the_quality_still_reads_and_verifies(
     assert len(prefetch.TarSource(out)) == len(originals(images))
     assert main(["shards", "verify", str(out)]) == 0
     assert ": OK" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- what the loader reads, kept
+
+
+def ramp(width: int, height: int, top: int) -> np.ndarray:
+    """A smooth diagonal gradient from 0 to `top` (resampling changes it little)."""
+    return np.add.outer(np.linspace(0, top / 2, height), np.linspace(0, top / 2, width))
+
+
+def loader_pixels(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
+    """What the loader reads from the image `data` at `size` (width, height)."""
+    options = DecodeOptions((size[1], size[0]), channels=channels, antialias=True)
+    return decode_bytes(data, options).astype(np.int64)
+
+
+@pytest.fixture
+def kinds(tmp_path: Path) -> Path:
+    """Large images of the kinds the loader converts: 16-bit gray PNG, transparent palette PNG,
+    CMYK JPEG, and an RGB JPEG whose EXIF says to rotate it."""
+    root = tmp_path / "kinds"
+    for name in ("gray16", "palette", "cmyk", "exif"):
+        (root / name).mkdir(parents=True)
+    wide = ramp(1200, 1000, 65535).astype(np.uint16)
+    Image.fromarray(wide).save(root / "gray16" / "a.png")  # mode I;16
+    palette = Image.fromarray(ramp(1200, 1000, 255).astype(np.uint8)).convert(
+        "P", palette=Image.Palette.ADAPTIVE, colors=64
+    )
+    palette.save(root / "palette" / "a.png", transparency=0)
+    levels = ramp(1200, 1000, 255).astype(np.uint8)
+    cmyk = np.stack([levels, 255 - levels, levels // 2, np.full_like(levels, 40)], axis=-1)
+    Image.fromarray(cmyk, "CMYK").save(root / "cmyk" / "a.jpg", quality=95)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90
+    rgb = np.stack([levels, levels[::-1], 255 - levels], axis=-1)
+    Image.fromarray(rgb).save(root / "exif" / "a.jpg", quality=95, exif=exif.tobytes())
+    return root
+
+
+def test_fit_crop_stores_what_the_loader_reads_from_16_bit_palette_cmyk_and_exif_images(
+    kinds: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    write_shards(kinds, out, format="tar", shard_size=100, shuffle=False, fit_crop=224)
+    before = originals(kinds)
+    for name, data in stored_images(out, kinds).items():
+        with Image.open(io.BytesIO(data)) as image:
+            size = image.size
+            assert size == fitted_size(1200, 1000, 224), name
+            mode, orientation = image.mode, image.getexif().get(0x0112)
+        channels = 4 if name.startswith("palette") else 3
+        stored = loader_pixels(data, size, channels)
+        original = loader_pixels(before[name], size, channels)
+        difference = np.abs(stored - original).mean()
+        assert difference < 2.0, (name, mode, difference)  # 127.5 levels for 16-bit before
+        expected_mode = {"gray16": "L", "palette": "RGBA", "cmyk": "RGB", "exif": "RGB"}
+        assert mode == expected_mode[name.split("/")[0]], name
+        assert orientation == (6 if name.startswith("exif") else None), name
+
+
+@pytest.fixture
+def damaged(images: Path) -> Path:
+    """`images` plus a large JPEG cut in half and a small progressive JPEG of 600 scans."""
+    rng = np.random.default_rng(2)
+    whole = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (1000, 1200, 3), dtype=np.uint8)).save(whole, "JPEG")
+    (images / "circle" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    write_scan_bomb(images / "square" / "scans.jpg")
+    return images
+
+
+def test_fit_crop_skips_and_names_an_image_it_cannot_decode_or_the_readers_refuse(
+    damaged: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["shards", "write", str(damaged), str(out), "--fit-crop", "224", "--no-shuffle"]
+    assert main(argv) == 0
+    summary = capsys.readouterr().out
+    cut = str(damaged / "circle" / "cut.jpg")
+    scans = str(damaged / "square" / "scans.jpg")
+    assert f"skipped {cut}: cannot be decoded (OSError: image file is truncated" in summary
+    assert f"skipped {scans}: over the readers' limits (progressive JPEG with 600 scans" in summary
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert sorted(item["file"] for item in manifest["skipped"]) == [
+        "circle/cut.jpg",
+        "square/scans.jpg",
+    ]
+    stored = stored_images(out, damaged)
+    assert "circle/cut.jpg" not in stored and "circle/large.jpg" in stored
+    # without --fit-crop a truncated file is stored as it is (only its header is read)
+    write_shards(damaged, tmp_path / "copied", format="tar", shard_size=100, shuffle=False)
+    assert "circle/cut.jpg" in stored_images(tmp_path / "copied", damaged)
+
+
+def test_fit_crop_with_strict_refuses_an_image_it_cannot_decode_naming_it(
+    damaged: Path, tmp_path: Path
+) -> None:
+    (damaged / "square" / "scans.jpg").unlink()
+    with pytest.raises(ValueError, match=r"cut\.jpg'?: cannot be decoded .* without --strict"):
+        write_shards(
+            damaged, tmp_path / "out", format="tar", shard_size=5, fit_crop=224, strict=True
+        )

@@ -122,7 +122,8 @@ def test_temporary_files_are_created_exclusively_with_unpredictable_names(
     write_shards(folder, tmp_path / "a", format="tar", shard_size=10)
     write_shards(folder, tmp_path / "b", format="tar", shard_size=10)
     names = [path for path, _, _ in seen]
-    assert len(names) == 2 * 6  # 3 shards, the journal, classes.txt, the manifest: twice
+    # 3 shards, the progress journal, the commit journal, classes.txt, the manifest: twice
+    assert len(names) == 2 * 7
     assert len(set(names)) == len(names)  # a random part: never the same name twice
     required = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     assert all(flags & required == required and mode == 0o644 for _, flags, mode in seen)
@@ -183,37 +184,50 @@ def hidden_partials(out: Path) -> int:
 
 @pytest.mark.timeout(150)  # a child process, fed over loopback HTTP at 50 ms an image
 @pytest.mark.parametrize("overwrite", [False, True], ids=["first-write", "overwrite"])
-def test_ctrl_c_during_a_write_leaves_the_old_set_or_none(
+def test_ctrl_c_during_a_write_leaves_the_old_set_or_none_and_the_rerun_finishes_it(
     folder: Path, tmp_path: Path, overwrite: bool
 ) -> None:
     pytest.importorskip("fsspec", reason="the remote extra is not installed")
     out = tmp_path / "out"
     if overwrite:
         write_shards(folder, out, format="tar", shard_size=5)
-    before = files_of(out) if overwrite else {}
+    before = visible(out) if overwrite else {}
     with serve_folder(folder, latency_s=0.05) as url:
         command = ["shards", "write", url, str(out), "--shard-size", "2", "--seed", "1"]
+        command += ["--workers", "1", *(["--overwrite"] if overwrite else [])]
         child = subprocess.Popen(
-            [sys.executable, "-m", "prefetch", *command, *(["--overwrite"] if overwrite else [])],
+            [sys.executable, "-m", "prefetch", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         deadline = time.monotonic() + 100
-        while hidden_partials(out) < 2 and child.poll() is None and time.monotonic() < deadline:
+        while hidden_partials(out) < 3 and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)  # until 2 of the 12 new shards are written: mid-way, not sooner
         child.send_signal(signal.SIGINT)
         _, errors = child.communicate(timeout=100)
-    assert child.returncode == 130, errors
-    assert "interrupted" in errors and "Traceback" not in errors
-    assert hidden(out) == []
-    if overwrite:
-        assert files_of(out) == before
-        assert len(prefetch.TarSource(out)) == COUNT
-    else:
-        assert os.listdir(out) == []
-        with pytest.raises(FileNotFoundError):
-            prefetch.TarSource(out)
+        assert child.returncode == 130, errors
+        assert "interrupted" in errors and "Traceback" not in errors
+        left = hidden(out)  # the finished shards and the progress journal, for the rerun
+        assert left[-1] == ".shard-tar.progress.jsonl", left
+        assert len(left) >= 2 and all(name.endswith(".partial") for name in left[:-1]), left
+        assert "run the same command again to continue" in errors
+        if overwrite:
+            assert visible(out) == before
+            assert len(prefetch.TarSource(out)) == COUNT
+        else:
+            assert visible(out) == {}
+            with pytest.raises(FileNotFoundError):
+                prefetch.TarSource(out)
+        rerun = run_cli(*command)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming: the interrupted run wrote" in rerun.stdout
+    assert hidden(out) == [] and len(prefetch.TarSource(out)) == COUNT
+
+
+def visible(out: Path) -> dict[str, bytes]:
+    """`files_of(out)` less the hidden files (temporary shards, a progress journal)."""
+    return {name: data for name, data in files_of(out).items() if not name.startswith(".")}
 
 
 def limit_file_size(size: int) -> Callable[[], None]:
@@ -261,12 +275,12 @@ def fail_at_rename(monkeypatch: pytest.MonkeyPatch, number: int) -> None:
     monkeypatch.setattr(out_folder.OutFolder, "replace", failing)
 
 
-def test_a_write_that_fails_while_put_in_place_is_refused_then_finished_by_the_next(
+def test_a_write_that_fails_while_put_in_place_is_refused_then_finished_by_the_same_command(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_shards(folder, tmp_path, format="tar", shard_size=5)  # 5 shards
     with monkeypatch.context() as patch:
-        fail_at_rename(patch, 3)  # the journal, shard 0, then shard 1 fails
+        fail_at_rename(patch, 4)  # the progress and commit journals, shard 0, then shard 1 fails
         with pytest.raises(OSError, match="No space left"):
             write_shards(folder, tmp_path, format="tar", shard_size=10, seed=1, overwrite=True)
     for reader in (prefetch.TarSource, lambda out: prefetch.TarSource(out / "shard-*.tar")):
@@ -274,9 +288,13 @@ def test_a_write_that_fails_while_put_in_place_is_refused_then_finished_by_the_n
             reader(tmp_path)
         assert str(tmp_path / MANIFEST) in str(raised.value)
     assert main(["shards", "verify", str(tmp_path)]) == 1
-    # the next write into the folder finishes the interrupted one first
-    with pytest.raises(FileExistsError, match="already holds shards"):
-        write_shards(folder, tmp_path, format="tar", shard_size=10, seed=1)
+    # a crash in the commit's last steps leaves a class list's or manifest's temporary file
+    for name in ("classes.txt", MANIFEST):
+        (tmp_path / f".{name}.0123456789abcdef.partial").write_bytes(b"cut short")
+    # the same command again finishes the interrupted commit, and that is what it asked for
+    notes: list[str] = []
+    write_shards(folder, tmp_path, format="tar", shard_size=10, seed=1, on_note=notes.append)
+    assert notes == ["the interrupted run had written every shard: its set is now in place"]
     source = prefetch.TarSource(tmp_path)
     assert len(source.shards) == 3 and len(source) == COUNT
     assert hidden(tmp_path) == []
@@ -287,7 +305,7 @@ def test_an_interrupted_write_that_cannot_be_finished_says_to_overwrite(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
-        fail_at_rename(patch, 2)
+        fail_at_rename(patch, 3)  # the progress and commit journals, then shard 0
         with pytest.raises(OSError):
             write_shards(folder, tmp_path, format="tar", shard_size=10)
     for name in hidden(tmp_path):

@@ -16,8 +16,9 @@ from PIL import Image
 
 from prefetch.cli import main
 from prefetch.sources._folders import ImageFolder
+from prefetch.sources.shards import TarSource
 from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
-from prefetch.tools import shard_writer
+from prefetch.tools import shard_work, shard_writer
 from prefetch.tools.shard_writer import write_shards
 from prefetch.tools.shards_command import add_shards_parser
 
@@ -83,6 +84,13 @@ def written_files(out: Path) -> list[str]:
     names = sorted(os.listdir(out))
     assert [name for name in names if name.startswith(".")] == []
     return [name for name in names if name.endswith((".tar", ".tfrecord", ".txt"))]
+
+
+def files_of(out: Path) -> dict[str, bytes]:
+    """Every file in `out` (hidden ones included) by name, with its bytes, less the offset
+    indexes (they record the shard file's identity: its inode and time)."""
+    names = [name for name in sorted(os.listdir(out)) if not name.endswith(INDEX_SUFFIX)]
+    return {name: (out / name).read_bytes() for name in names}
 
 
 def write(folder: Path, out: Path, *options: str) -> int:
@@ -233,11 +241,11 @@ def test_the_output_holds_only_the_shards_and_classes_txt(folder: Path, tmp_path
     ]
 
 
-def test_an_interrupted_first_run_leaves_no_shard_and_no_temporary_file(
+def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_from_its_shards(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_location = shard_writer.read_location
-    reads = []
+    read_location = shard_work.read_location
+    reads: list[str] = []
 
     def failing_read(path: str) -> bytes:
         reads.append(path)
@@ -245,11 +253,28 @@ def test_an_interrupted_first_run_leaves_no_shard_and_no_temporary_file(
             raise KeyboardInterrupt
         return read_location(path)
 
-    monkeypatch.setattr(shard_writer, "read_location", failing_read)
-    with pytest.raises(KeyboardInterrupt):
-        write_shards(folder, tmp_path, format="tar", shard_size=10)
-    # shard 0 was whole, but a set is put in place only when all of it is written
-    assert os.listdir(tmp_path) == []
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(shard_work, "read_location", failing_read)
+        with pytest.raises(KeyboardInterrupt):
+            write_shards(folder, out, format="tar", shard_size=10)
+    # shard 0 was whole: kept, hidden, for the rerun; a set is put in place only when whole
+    hidden = sorted(os.listdir(out))
+    assert hidden[1] == ".shard-tar.progress.jsonl" and len(hidden) == 2, hidden
+    assert hidden[0].startswith(".shard-000000.tar.") and hidden[0].endswith(".partial")
+    with pytest.raises(FileNotFoundError):
+        TarSource(out)
+    reads.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            shard_work, "read_location", lambda path: reads.append(path) or read_location(path)
+        )
+        write_shards(folder, out, format="tar", shard_size=10)
+    assert len(reads) == 15  # shards 1 and 2 only
+    whole = tmp_path / "whole"
+    write_shards(folder, whole, format="tar", shard_size=10)
+    assert files_of(out) == files_of(whole)
+    written_files(out)  # nothing hidden is left
 
 
 def test_shards_with_the_same_names_are_refused_unless_overwrite(
@@ -379,10 +404,14 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(default shard)" in text and "(default 0)" in text
 
 
-def test_the_command_prints_each_shard_and_how_to_read_them_back(
+def test_the_command_prints_each_shard_with_verbose_and_how_to_read_them_back(
     folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert write(folder, tmp_path, "--format", "tfrecord", "--shard-size", "10") == 0
+    options = ("--format", "tfrecord", "--shard-size", "10", "--workers", "1")
+    assert write(folder, tmp_path / "quiet", *options) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("wrote 25 samples in 3 tfrecord shards")  # no line per shard
+    assert write(folder, tmp_path, *options, "--verbose") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(str(tmp_path / "shard-00000-of-00003.tfrecord"))
     assert "10 samples" in lines[0] and lines[0].endswith(" MB")

@@ -21,8 +21,11 @@ from prefetch.backends._options import (
 )
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._reader import SampleReader
+from prefetch.backends._remote_error import rebuild as rebuild_error
+from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
 from prefetch.backends._shm import SlotLayout, fits_free_space, sweep_stale
+from prefetch.backends._spawning import main_script_hidden
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
 from prefetch.sources import reads_over_network
@@ -84,9 +87,12 @@ __all__ = [
     "ThreadBackend",
     "choose_backend",
     "fits_free_space",
+    "main_script_hidden",
     "make_backend",
     "reader_threads",
     "reads_over_network",
+    "rebuild_error",
     "ring_capacity",
     "sweep_stale",
+    "with_traceback_text",
 ]

@@ -9,10 +9,12 @@ least the target on each side, so the loader still scales it down (never up). Th
 are fractions of the image, so the same draws give the same windows, in proportion.
 
 `fit_image(data, target, quality)` returns the bytes to store: the image's own bytes, unchanged,
-when it is already no larger than that (or is not a JPEG or PNG), else the image resized
-(Pillow, Lanczos, after a DCT-scaled JPEG decode that keeps at least the size) and encoded
-again in its own format: JPEG at `quality` (default `DEFAULT_QUALITY`; lossy: a second
-compression), PNG losslessly. EXIF and ICC profile data are kept. `check_options` validates
+when it is already no larger than that (or is not a JPEG or PNG), else the image converted
+as the loader converts it (`as_the_loader_sees`: 16-bit, palette, CMYK), resized (Pillow,
+Lanczos, after a DCT-scaled JPEG decode that keeps at least the size) and encoded again in its
+own format: JPEG at `quality` (default `DEFAULT_QUALITY`; lossy: a second compression), PNG
+losslessly. EXIF data (the orientation, not applied, as the loader does not) and, where the
+colours are unchanged, the ICC profile are kept. `check_options` validates
 the writer's two options and `recorded` is what the shard set's manifest says of them. Pure
 functions; thread-safe.
 """
@@ -23,6 +25,8 @@ import io
 import math
 
 from PIL import Image
+
+from prefetch.decode import convert_mode
 
 # The RandomResizedCrop recipe the sizes are fitted to (torchvision's and prefetch's defaults).
 DEFAULT_SCALE = (0.08, 1.0)
@@ -94,7 +98,8 @@ def recorded(size: int | None, quality: int, resized: int) -> dict[str, object]:
 
 def fit_image(data: bytes, target: int, quality: int = DEFAULT_QUALITY) -> tuple[bytes, bool]:
     """`(bytes to store, whether they were resized)` for the image `data`; a JPEG resized is
-    encoded at `quality` (module docstring)."""
+    encoded at `quality` (module docstring). Raises what Pillow raises for an image it cannot
+    decode (a truncated file: OSError)."""
     with Image.open(io.BytesIO(data)) as image:
         if image.format not in _FORMATS:
             return data, False
@@ -102,10 +107,13 @@ def fit_image(data: bytes, target: int, quality: int = DEFAULT_QUALITY) -> tuple
         if size is None:
             return data, False
         kind = image.format
-        info = {key: image.info[key] for key in ("exif", "icc_profile") if image.info.get(key)}
         if kind == "JPEG":
             image.draft(image.mode, size)  # decode at a DCT scale that keeps at least `size`
-        loaded = image if image.mode in ("L", "RGB", "RGBA", "CMYK", "LA") else _plain(image)
+        image.load()
+        loaded = as_the_loader_sees(image)
+        info = {"exif": image.info["exif"]} if image.info.get("exif") else {}
+        if loaded.mode == image.mode and image.info.get("icc_profile"):
+            info["icc_profile"] = image.info["icc_profile"]  # of these colours: still true
         resized = loaded.resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()
     if kind == "JPEG":
@@ -115,7 +123,21 @@ def fit_image(data: bytes, target: int, quality: int = DEFAULT_QUALITY) -> tuple
     return out.getvalue(), True
 
 
-def _plain(image: Image.Image) -> Image.Image:
-    """A palette, bilevel or 16-bit image as RGB(A), which resizes with any filter."""
-    transparent = image.mode in ("P", "PA") and "transparency" in image.info
-    return image.convert("RGBA" if transparent or image.mode == "PA" else "RGB")
+def as_the_loader_sees(image: Image.Image) -> Image.Image:
+    """`image` in a mode that keeps what the loader reads from it (`prefetch.decode.convert_mode`,
+    the rules of `tf.io.decode_image`): 16-bit gray as its top 8 bits (not clipped at 255), CMYK
+    as the loader's RGB, palette images as RGB, or RGBA where they are transparent; 8-bit gray,
+    RGB and RGBA (and gray with alpha) as they are. The EXIF orientation is kept, not applied:
+    the loader does not apply it either."""
+    if image.mode in ("L", "RGB", "RGBA", "LA"):
+        return image
+    if image.mode in ("P", "PA"):
+        transparent = image.mode == "PA" or "transparency" in image.info
+        return convert_mode(image, "RGBA" if transparent else "RGB")
+    if image.mode in _GRAY_MODES:
+        return convert_mode(image, "L")
+    return convert_mode(image, "RGBA" if image.mode in ("RGBa", "La") else "RGB")
+
+
+# Pillow modes the loader reads as 8-bit gray: bilevel and 16- or 32-bit integer gray.
+_GRAY_MODES = ("1", "I", "I;16", "I;16B", "I;16L", "I;16N")

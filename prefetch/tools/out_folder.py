@@ -8,13 +8,16 @@ O_NOFOLLOW`, mode 0o644), so a link planted at any name is never written through
 place with `os.replace` (which replaces a link at the final name, never follows it). Files
 read from the folder (`read_small`) are opened without following a link and without blocking
 (a FIFO does not hang), must be regular files, and are capped in size. Not thread-safe: one
-writer uses one `OutFolder`, and closes it (a context manager).
+writer uses one `OutFolder`, and closes it (a context manager). `lock()` takes the folder's
+exclusive lock (`flock` on the descriptor, so on the folder itself, never through a link),
+held until `close()`: a second writer is refused at once (`FolderBusyError`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import secrets
@@ -35,6 +38,10 @@ FILE_MODE = 0o644
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
+class FolderBusyError(BlockingIOError):
+    """Another writer holds the output folder's lock."""
+
+
 class OutFolder:
     """The folder `path` (created with its parents when missing), opened as a descriptor."""
 
@@ -53,6 +60,15 @@ class OutFolder:
                 ) from None
             raise OSError(error.errno, f"cannot open the output folder {path!r}: {error}") from None
 
+    @classmethod
+    def from_descriptor(cls, descriptor: int, path: str) -> OutFolder:
+        """The folder `path` already open as `descriptor` (received from the process that
+        opened it); closing it closes the descriptor."""
+        folder = cls.__new__(cls)
+        folder.path = path
+        folder.fd = descriptor
+        return folder
+
     def __enter__(self) -> OutFolder:
         return self
 
@@ -69,6 +85,18 @@ class OutFolder:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def lock(self) -> None:
+        """Take the folder's exclusive lock until `close()`; `FolderBusyError` at once when
+        another writer (another process, or another `OutFolder` of this folder) holds it."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusyError(
+                errno.EWOULDBLOCK,
+                f"{self.path!r} is being written by another `prefetch shards write` (it holds "
+                "the folder's lock): wait until it ends, or write into another folder",
+            ) from None
 
     def names(self) -> list[str]:
         """The names in the folder."""
@@ -128,6 +156,30 @@ class OutFolder:
         except BaseException:
             self.remove(written.temporary)
             raise
+
+    def append(self, name: str, data: bytes, what: str) -> None:
+        """Append `data` to the regular file `name` (never through a link), fsynced; an OSError
+        names `what` and the file."""
+        flags = os.O_WRONLY | os.O_APPEND | _O_NOFOLLOW | _O_CLOEXEC
+        try:
+            handle = os.open(name, flags, dir_fd=self.fd)
+        except OSError as error:
+            raise OSError(
+                error.errno, f"cannot append to {what} {self.where(name)!r}: {error.strerror}"
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                raise OSError(f"{self.where(name)!r} is not a regular file: not written")
+            _write_all(handle, data)
+            os.fsync(handle)
+        except OSError as error:
+            if error.errno is None:
+                raise
+            raise OSError(
+                error.errno, f"cannot append to {what} {self.where(name)!r}: {error.strerror}"
+            ) from error
+        finally:
+            os.close(handle)
 
     def replace(self, source: str, target: str) -> None:
         """Rename `source` to `target` in the folder (a link at `target` is replaced)."""

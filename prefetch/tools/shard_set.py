@@ -91,7 +91,7 @@ def roll_forward(out: OutFolder, journal: Manifest) -> str | None:
 def temporaries(journal: Manifest) -> list[str]:
     """The temporary files a journal names that are the writer's (to remove when it is
     abandoned)."""
-    return [temporary for temporary, final in journal.moves if _is_temporary(temporary, final)]
+    return [temporary for temporary, final in journal.moves if is_temporary(temporary, final)]
 
 
 def classes_text(names: tuple[str, ...]) -> str | None:
@@ -127,7 +127,7 @@ def _foreign_names(journal: Manifest) -> str | None:
     """Why a journal read from the folder names files that are not its set's, or None."""
     finals = {entry.name for entry in journal.shards}
     for temporary, final in journal.moves:
-        if final not in finals or not _is_temporary(temporary, final):
+        if final not in finals or not is_temporary(temporary, final):
             return f"it names {temporary!r} -> {final!r}, not a shard of the set"
     for name in journal.remove:
         if shard_prefix(name, journal.format) != journal.prefix:
@@ -135,7 +135,8 @@ def _foreign_names(journal: Manifest) -> str | None:
     return None
 
 
-def _is_temporary(temporary: str, final: str) -> bool:
+def is_temporary(temporary: str, final: str) -> bool:
+    """Whether `temporary` is a name `OutFolder.write_temporary` gives a file for `final`."""
     pattern = rf"\.{re.escape(final)}\.[0-9a-f]{{{2 * TOKEN_BYTES}}}{re.escape(TEMPORARY_SUFFIX)}"
     return re.fullmatch(pattern, temporary) is not None
 

@@ -3,15 +3,21 @@
 `write_shards(folder, out, ...)` lists `folder` with `ImageFolder` (Keras's rules), shuffles the
 samples once, cuts them into shards of `shard_size` samples and writes each shard, copying the
 image bytes as stored (re-encoded only with `fit_crop`). Each image's header is read first
-(Pillow): an empty file or one that is not an image is skipped and reported (`on_skip`), or
-refused with `strict=True`. It runs in the calling thread and owns only the files it writes
-in `out`.
+(Pillow): an empty file, one that is not an image, one over the readers' limits or (with
+`fit_crop`) one that cannot be decoded is skipped and reported (`on_skip`), or refused with
+`strict=True`. That per-sample work runs in `workers` processes (`prefetch.tools.shard_work`;
+1: in the calling thread), the shards are written in order by the calling thread, and the
+bytes do not depend on the number of workers. It owns the files it writes in `out`, holds
+`out`'s lock while it runs (a second writer is refused at once), and reports its progress
+(`on_progress`, a `Progress` after each chunk of samples).
 
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
 as a folder descriptor, every file is created under a fresh unpredictable name, never through
 a link (`out_folder`); all shards are written first, committed together with a journal, and
 the manifest (names, sizes, sample counts, SHA-256, class names) last (`shard_set`): an
 interrupted or failed write leaves the old complete set or the new one, never a mixed set.
+The shards it finished stay hidden, recorded in a progress journal (`shard_resume`), and the
+same write again continues from them.
 The shards depend only on the files, the order (`seed`, `shuffle`) and the options (tar
 headers carry mtime 0): the same input gives the same bytes.
 
@@ -32,31 +38,53 @@ Layouts (the names the readers expect):
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
-from PIL import Image
 
-from prefetch.io import frame_record, read_location
+from prefetch._messages import counted
 from prefetch.sources import ImageFolder
 from prefetch.sources.shards import (
-    TAR_END,
     Manifest,
     ShardEntry,
-    encode_example,
     index_shard,
     manifest_name,
     parse_class_names,
-    tar_header,
-    tar_padding,
 )
 from prefetch.tools import fit_crop as fitting
 from prefetch.tools import shard_set
-from prefetch.tools.out_folder import OutFolder
+from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
+from prefetch.tools.shard_layout import (
+    Sample,
+    extension_of,
+    relative_to,
+    sample_bytes,
+    shard_end,
+)
+from prefetch.tools.shard_resume import (
+    Done,
+    Journal,
+    Plan,
+    listing_digest,
+    progress_name,
+    resumable,
+    written_by,
+)
+from prefetch.tools.shard_work import (
+    CHUNK_SAMPLES,
+    Answer,
+    Options,
+    Preparer,
+    ShardTask,
+    ShardWritten,
+    Skip,
+    strict_refusal,
+)
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
@@ -66,13 +94,15 @@ DEFAULT_PREFIX = "shard"
 CLASSES_FILE = shard_set.CLASSES_FILE
 # The most bytes read of a `classes.txt` already in the output folder.
 MAX_CLASSES_BYTES = 16 << 20
-# `image/format` of a TFRecord example, by lower-cased file extension (TF's conventions).
-IMAGE_FORMATS = {"jpg": b"jpeg", "jpeg": b"jpeg", "png": b"png", "bmp": b"bmp", "gif": b"gif"}
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.
 ShardCallback = Callable[[str, int, int], None]
 SkipCallback = Callable[[str, str], None]
+# What `write_shards` calls with a `Progress` after each chunk of samples, and with a line for a
+# person (resuming, starting over).
+ProgressCallback = Callable[["Progress"], None]
+NoteCallback = Callable[[str], None]
 
 
 def write_shards(
@@ -88,8 +118,11 @@ def write_shards(
     strict: bool = False,
     fit_crop: int | None = None,
     fit_crop_quality: int = fitting.DEFAULT_QUALITY,
+    workers: int = 1,
     on_shard: ShardCallback | None = None,
     on_skip: SkipCallback | None = None,
+    on_progress: ProgressCallback | None = None,
+    on_note: NoteCallback | None = None,
 ) -> list[str]:
     """Write the images of `folder` into shards in `out`; return the shard paths, in order.
 
@@ -98,7 +131,8 @@ def write_shards(
     - `folder`: an image folder with one subfolder per class, listed by `ImageFolder` (Keras's
       order and rules; a path or an fsspec URL).
     - `out`: the folder the shards, their manifest and `classes.txt` go into; created (with
-      its parents) if missing; not a symbolic link.
+      its parents) if missing; not a symbolic link. Locked while the write runs: a second
+      writer into it is refused at once (`prefetch.tools.out_folder.FolderBusyError`).
     - `format`: `"tar"` (WebDataset layout) or `"tfrecord"` (`tf.train.Example` records); the
       module docstring gives both layouts.
     - `shard_size`: samples per shard, >= 1; the last shard holds the rest (a shard holds
@@ -113,100 +147,189 @@ def write_shards(
       that matches this prefix's shard names in this format, no manifest of them, nor a
       `classes.txt` with other classes (`FileExistsError`, naming them). With it, the old
       set is replaced as a whole: its shards that this run does not write are removed.
-    - `strict`: refuse (ValueError naming the file and why) a file that is empty or not an
-      image Pillow can read, instead of skipping it.
+    - `strict`: refuse (ValueError naming the file and why) a file that is empty, not an
+      image Pillow can read, over the readers' limits, or (with `fit_crop`) that cannot be
+      decoded, instead of skipping it.
     - `fit_crop`: re-encode each image larger than needed at the smallest size at which every
       window of the default `RandomResizedCrop` is still at least `fit_crop` pixels on each
-      side (`prefetch.tools.fit_crop`; lossy: JPEGs are compressed again); smaller images
-      are kept byte for byte. None (default): every image's bytes are copied as stored.
+      side, converted as the loader reads it (`prefetch.tools.fit_crop`; lossy: JPEGs are
+      compressed again); smaller images are kept byte for byte. None (default): every
+      image's bytes are copied as stored.
     - `fit_crop_quality`: the JPEG quality (1-100) of the images `fit_crop` re-encodes;
       default 90 (`prefetch.tools.fit_crop.DEFAULT_QUALITY`): smaller and faster to read
       than 95, a little further from the original pixels. Recorded in the manifest
       (`options["fit_crop"]["jpeg_quality"]`); another value needs `fit_crop`.
+    - `workers`: how many read, check and re-encode images: 1 (default) in the calling
+      thread, more in that many worker processes (`prefetch.tools.shard_work`). The shards
+      are the same bytes for any number (`prefetch shards write` uses the usable cores).
     - `on_shard`: called as `on_shard(path, samples, size)` after each shard is written (under
       a temporary name; all are put at their `path` together at the end).
     - `on_skip`: called as `on_skip(path, reason)` for each file skipped.
+    - `on_progress`: called with a `Progress` after each chunk of samples is written.
+    - `on_note`: called with a line for a person: that the write resumes an interrupted one,
+      or why it starts over.
 
     An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
-    none, and no temporary file; a crash while the set is put in place is finished by the
-    next write (the module docstring). After the set is in place each shard's offset index
-    is written beside it (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError`
-    for a missing `folder`, `ValueError` for a folder without images or a bad option, and
-    `FileExistsError` as said; a read error names the file, a write error the shard, the
-    byte offset and the temporary file.
+    none; the shards it finished stay under hidden temporary names with a progress journal
+    (`prefetch.tools.shard_resume`), and the same call again continues from them, checked
+    against the plan (names, sample counts, SHA-256), giving the bytes an uninterrupted write
+    gives; another input or other options start over. A crash while the set is put in place
+    is finished by the next write (the module docstring), which then does what it was asked.
+    After the set is in place each shard's offset index is written beside it
+    (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError` for a missing
+    `folder`, `ValueError` for a folder without images or a bad option, and `FileExistsError`
+    as said; a read error names the file, a write error the shard, the byte offset and the
+    temporary file.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be an int >= 1 (samples per shard), got {shard_size!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1 (processes that re-encode), got {workers!r}")
     fitting.check_options(fit_crop, fit_crop_quality)
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     _check_prefix(prefix)
-    source = ImageFolder(folder)
-    top = os.fspath(folder)
-    order = (
-        np.random.default_rng(seed).permutation(len(source)) if shuffle else np.arange(len(source))
-    )
-    count = math.ceil(len(order) / shard_size)
-    names = [shard_name(format, prefix, index, count) for index in range(count)]
-    class_names = tuple(source.class_names)
-    with OutFolder(os.fspath(out)) as place:
-        abandoned = _earlier_write(place, format, prefix, overwrite)
-        existing = matching_shards(place.names(), format, prefix)
-        if not overwrite:
-            _refuse_existing(place, format, prefix, existing, class_names)
-        moves: list[tuple[str, str]] = []
-        entries = []
-        skipped: list[tuple[str, str]] = []
-        resized = [0]  # images that fit_crop encoded again
+    # Started first: the worker processes start up (import) while the folder is listed.
+    preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
+    try:
+        source = ImageFolder(folder)
+        top = os.fspath(folder)
+        size = len(source)
+        order = np.random.default_rng(seed).permutation(size) if shuffle else np.arange(size)
+        count = math.ceil(len(order) / shard_size)
+        names = [shard_name(format, prefix, index, count) for index in range(count)]
+        class_names = tuple(source.class_names)
+        note = on_note if on_note is not None else (lambda line: None)
 
-        def skip(path: str, reason: str) -> None:
-            if strict:
-                raise ValueError(
-                    f"{path!r}: {reason}; remove it, or write without --strict to skip such files"
-                )
-            skipped.append((_relative(path, top), reason))
-            if on_skip is not None:
-                on_skip(path, reason)
+        def sample(number: int) -> Sample:
+            index = int(order[number])
+            return Sample(number, str(source.paths[index]), int(source.labels[index]))
 
-        try:
-            for index, name in enumerate(names):
-                numbers = range(index * shard_size, min((index + 1) * shard_size, len(order)))
-                samples = [
-                    _Sample(
-                        number, source.paths[int(order[number])], int(source.labels[order[number]])
+        plan = Plan(
+            options={
+                "format": format,
+                "prefix": prefix,
+                "shard_size": shard_size,
+                "seed": seed,
+                "shuffle": shuffle,
+                "strict": strict,
+                "fit_crop": fit_crop,
+                "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
+            },
+            files=len(order),
+            listing=listing_digest((item.path, item.label) for item in map(sample, range(size))),
+            shards=tuple(names),
+        )
+        with OutFolder(os.fspath(out)) as place:
+            place.lock()
+            abandoned = _earlier_write(place, format, prefix, overwrite)
+            journal = Journal(place, progress_name(format, prefix))
+            if _already_written(place, plan, journal):
+                note("the interrupted run had written every shard: its set is now in place")
+                _remove_strays(place, names, prefix, format, keep=set())
+                paths = [place.where(name) for name in names]
+            else:
+                existing = matching_shards(place.names(), format, prefix)
+                if not overwrite:
+                    _refuse_existing(place, format, prefix, existing, class_names)
+                done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
+                if why is not None:
+                    note(f"starting over: {why} since the interrupted run")
+                elif done:
+                    kept = sum(shard.samples + len(shard.skipped) for shard in done)
+                    note(
+                        f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
+                        f"{count:,} ({kept:,} of {len(order):,} images), checked against the plan"
                     )
-                    for number in numbers
+                keep = {shard.temporary for shard in done} | set(abandoned)
+                _remove_strays(place, names, prefix, format, keep=keep)
+                journal.start(plan, done)
+                writing = _Writing(
+                    format=format,
+                    top=top,
+                    total=len(order),
+                    sample=sample,
+                    strict=strict,
+                    done=done,
+                    on_skip=on_skip,
+                    on_progress=on_progress,
+                )
+                numbers = [
+                    range(index * shard_size, min((index + 1) * shard_size, len(order)))
+                    for index in range(count)
                 ]
-                kept = _Kept(samples, skip, fit_crop, fit_crop_quality, resized)
-                written = place.write_temporary(name, _shard_chunks(format, kept, top), "shard")
-                moves.append((written.temporary, name))
-                entries.append(ShardEntry(name, written.size, kept.count, written.sha256))
-                if on_shard is not None:
-                    on_shard(place.where(name), kept.count, written.size)
-            manifest = Manifest(
-                format=format,
-                prefix=prefix,
-                shards=tuple(entries),
-                class_names=class_names,
-                image_extensions=tuple(sorted({_extension(p) for p in source.paths})),
-                options={
-                    "shard_size": shard_size,
-                    "seed": seed,
-                    "shuffle": shuffle,
-                    "strict": strict,
-                    **fitting.recorded(fit_crop, fit_crop_quality, resized[0]),
-                },
-                skipped=tuple(skipped),
-            )
-        except BaseException:
-            for temporary, _ in moves:
-                place.remove(temporary)
-            raise
-        for temporary in abandoned:
-            place.remove(temporary)
-        shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
-        paths = [place.where(name) for name in names]
+                finished_already = {shard.index for shard in done}
+                remaining = [index for index in range(count) if index not in finished_already]
+
+                def record(finished: Done) -> None:
+                    journal.append(finished)
+                    done.append(finished)
+                    if on_shard is not None:
+                        path = place.where(finished.name)
+                        on_shard(path, finished.samples, finished.size)
+
+                try:
+                    if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
+                        tasks = (
+                            ShardTask(
+                                index,
+                                names[index],
+                                [sample(number) for number in numbers[index]],
+                                format,
+                                top,
+                                strict,
+                            )
+                            for index in remaining
+                        )
+                        for by_worker in preparer.write(tasks, place, writing.advance):
+                            record(writing.finished(by_worker, names[by_worker.shard]))
+                    else:
+                        chunks = (
+                            [sample(number) for number in part]
+                            for index in remaining
+                            for part in _chunked(numbers[index])
+                        )
+                        answers = preparer.map(chunks)
+                        for index in remaining:
+                            shard = writing.shard(index, names[index], numbers[index], answers)
+                            written = place.write_temporary(names[index], shard.chunks(), "shard")
+                            record(shard.done(written.temporary, written.size, written.sha256))
+                    preparer.close()  # the workers are done: they need not wait for the commit
+                except BaseException:
+                    if not done:
+                        journal.remove()
+                    raise
+                done.sort(key=lambda shard: shard.index)
+                manifest = Manifest(
+                    format=format,
+                    prefix=prefix,
+                    shards=tuple(
+                        ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
+                        for shard in done
+                    ),
+                    class_names=class_names,
+                    image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
+                    options={
+                        "shard_size": shard_size,
+                        "seed": seed,
+                        "shuffle": shuffle,
+                        "strict": strict,
+                        **fitting.recorded(
+                            fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
+                        ),
+                    },
+                    skipped=tuple(pair for shard in done for pair in shard.skipped),
+                )
+                for temporary in abandoned:
+                    place.remove(temporary)
+                moves = [(shard.temporary, shard.name) for shard in done]
+                shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
+                journal.remove()
+                place.sync()
+                paths = [place.where(name) for name in names]
+    finally:
+        preparer.close()
     for path in paths:
         index_shard(path)
     return paths
@@ -231,17 +354,6 @@ def matching_shards(names: Iterable[str], format: str, prefix: str) -> list[str]
     else:
         pattern = re.compile(rf"{re.escape(prefix)}-\d{{5,}}-of-\d{{5,}}\.tfrecord")
     return sorted(name for name in names if pattern.fullmatch(name))
-
-
-class _Sample:
-    """One sample to write: its number across shards, its file and its label."""
-
-    __slots__ = ("label", "number", "path")
-
-    def __init__(self, number: int, path: str, label: int) -> None:
-        self.number = number
-        self.path = path
-        self.label = label
 
 
 def _check_prefix(prefix: str) -> None:
@@ -305,90 +417,200 @@ def _earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) ->
     )
 
 
-class _Kept:
-    """The samples of one shard whose files are images (resized to `fit` when given, JPEGs at
-    `quality`, counted in `resized[0]`); others go to `skip(path, reason)`."""
+def _already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
+    """Whether the complete set in `out` is the one an interrupted run of `plan` wrote (it was
+    put in place, or finished by `_earlier_write`, before its progress journal was removed);
+    the journal is removed then."""
+    try:
+        manifest = shard_set.read_manifest(out, plan.options["format"], plan.options["prefix"])
+    except (ValueError, OSError):
+        return False  # not a manifest we can read: `overwrite` replaces it
+    if manifest is None or not manifest.complete:
+        return False
+    recorded = written_by(out, journal.name, plan)
+    if recorded is None:
+        return False
+    shards = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
+    recorded = sorted(recorded, key=lambda shard: shard.index)  # workers finish in any order
+    if [(d.name, d.size, d.samples, d.sha256) for d in recorded] != shards:
+        return False
+    if list(plan.shards) != [entry.name for entry in manifest.shards]:
+        return False
+    journal.remove()
+    out.sync()
+    return True
+
+
+def _remove_strays(
+    out: OutFolder, names: list[str], prefix: str, format: str, keep: set[str]
+) -> None:
+    """Remove the temporary files in `out` of this set's names (its shards, or any shard name
+    of this prefix and format, its manifest, class list and progress journal) that are not in
+    `keep`: left by a run that was killed, or by one
+    this write does not continue. Only under the folder's lock: no other writer is at work."""
+    finals = {*names, manifest_name(format, prefix), CLASSES_FILE, progress_name(format, prefix)}
+    pattern = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * TOKEN_BYTES}}}{re.escape(TEMPORARY_SUFFIX)}")
+    for name in out.names():
+        found = pattern.fullmatch(name)
+        if not found or name in keep:
+            continue
+        final = found.group(1)
+        if final in finals or matching_shards([final], format, prefix):  # of another plan too
+            out.remove(name)
+
+
+# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
+# many per worker are left to write; fewer, and the samples of each shard are shared among the
+# workers instead (one shard written at a time, in order, by this process). With whole shards
+# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
+# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
+# with dozens of workers re-encoding.
+SHARDS_PER_WORKER = 4
+
+
+def _chunked(numbers: range) -> Iterator[range]:
+    """`numbers` (one shard's samples) in chunks of `CHUNK_SAMPLES`, the work sent at once."""
+    for start in range(numbers.start, numbers.stop, CHUNK_SAMPLES):
+        yield range(start, min(start + CHUNK_SAMPLES, numbers.stop))
+
+
+class Progress(NamedTuple):
+    """How far a write is: `done` of `total` samples handled (written or skipped; `resumed`
+    of them by the interrupted run this one continues), `skipped` of them skipped, `bytes` of
+    images written by this run, in `elapsed_s` seconds since it began writing."""
+
+    done: int
+    total: int
+    resumed: int
+    skipped: int
+    bytes: int
+    elapsed_s: float
+
+
+class _Writing:
+    """The state of a write across its shards: counts for `Progress`, skips, the clock."""
 
     def __init__(
         self,
-        samples: list[_Sample],
-        skip: SkipCallback,
-        fit: int | None,
-        quality: int,
-        resized: list[int],
+        *,
+        format: str,
+        top: str,
+        total: int,
+        sample: Callable[[int], Sample],
+        strict: bool,
+        done: list[Done],
+        on_skip: SkipCallback | None,
+        on_progress: ProgressCallback | None,
     ) -> None:
-        self.samples = samples
-        self.skip = skip
-        self.fit = fit
-        self.quality = quality
-        self.resized = resized
-        self.count = 0
+        self.format = format
+        self.top = top
+        self.sample = sample
+        self.strict = strict
+        self.on_skip = on_skip
+        self.on_progress = on_progress
+        resumed = sum(shard.samples + len(shard.skipped) for shard in done)
+        skipped = sum(len(shard.skipped) for shard in done)
+        self.progress = Progress(resumed, total, resumed, skipped, 0, 0.0)
+        self.start = time.monotonic()
 
-    def __iter__(self) -> Iterator[tuple[_Sample, bytes]]:
-        for sample in self.samples:
-            data = read_location(sample.path)
-            reason = image_problem(data)
-            if reason is not None:
-                self.skip(sample.path, reason)
-                continue
-            if self.fit is not None:
-                data, changed = fitting.fit_image(data, self.fit, self.quality)
-                self.resized[0] += changed
-            self.count += 1
-            yield sample, data
+    def shard(
+        self, index: int, name: str, numbers: range, answers: Iterator[list[Answer]]
+    ) -> _Shard:
+        return _Shard(self, index, name, numbers, answers)
+
+    def skip(self, path: str, reason: str) -> tuple[str, str]:
+        if self.strict:
+            raise strict_refusal(path, reason)
+        if self.on_skip is not None:
+            self.on_skip(path, reason)
+        return relative_to(path, self.top), reason
+
+    def finished(self, written: ShardWritten, name: str) -> Done:
+        """The record of a shard a worker wrote (`Preparer.write`); its skips are reported."""
+        skipped = tuple(self.skip(path, reason) for path, reason in written.skipped)
+        return Done(
+            written.shard,
+            name,
+            written.temporary,
+            written.size,
+            written.samples,
+            written.sha256,
+            skipped,
+            written.resized,
+        )
+
+    def advance(self, samples: int, skipped: int, size: int) -> None:
+        last = self.progress
+        self.progress = Progress(
+            last.done + samples,
+            last.total,
+            last.resumed,
+            last.skipped + skipped,
+            last.bytes + size,
+            time.monotonic() - self.start,
+        )
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
 
 
-def image_problem(data: bytes) -> str | None:
-    """Why `data` cannot be a sample's image (empty, not an image Pillow can open, no
-    pixels), or None. Reads the header only (Pillow's `open`), not the pixels."""
-    if not data:
-        return "empty file (0 bytes)"
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError as error:
-        return f"decompression bomb ({error})"
-    except Exception as error:  # Pillow raises many kinds for a file that is not an image
-        return f"not an image ({type(error).__name__}: {error})"
-    if width < 1 or height < 1:
-        return f"an image of {width}x{height} pixels"
-    return None
+class _Shard:
+    """One shard being written: its samples' answers taken from `answers`, chunk by chunk
+    (`_chunked`), as its bytes are asked for (`chunks`)."""
+
+    def __init__(
+        self,
+        writing: _Writing,
+        index: int,
+        name: str,
+        numbers: range,
+        answers: Iterator[list[Answer]],
+    ) -> None:
+        self.writing = writing
+        self.index = index
+        self.name = name
+        self.numbers = numbers
+        self.answers = answers
+        self.samples = 0
+        self.resized = 0
+        self.skipped: list[tuple[str, str]] = []
+
+    def kept(self) -> Iterator[tuple[Sample, bytes]]:
+        """The samples written and their bytes; skips are reported on the way."""
+        for part in _chunked(self.numbers):
+            answers = next(self.answers)
+            size = skipped = 0
+            for number, answer in zip(part, answers, strict=True):
+                sample = self.writing.sample(number)
+                if isinstance(answer, Skip):
+                    self.skipped.append(self.writing.skip(sample.path, answer.reason))
+                    skipped += 1
+                    continue
+                self.samples += 1
+                self.resized += answer.resized
+                size += len(answer.data)
+                yield sample, answer.data
+            self.writing.advance(len(part), skipped, size)
+
+    def chunks(self) -> Iterable[bytes]:
+        return _shard_chunks(self.writing.format, self.kept(), self.writing.top)
+
+    def done(self, temporary: str, size: int, sha256: str) -> Done:
+        return Done(
+            self.index,
+            self.name,
+            temporary,
+            size,
+            self.samples,
+            sha256,
+            tuple(self.skipped),
+            self.resized,
+        )
 
 
-def _shard_chunks(format: str, samples: _Kept, top: str) -> Iterable[bytes]:
+def _shard_chunks(
+    format: str, samples: Iterable[tuple[Sample, bytes]], top: str
+) -> Iterable[bytes]:
     """The bytes of one shard of `samples`, in pieces (a sample's image is read when reached)."""
-    if format == "tar":
-        for sample, image in samples:
-            key = f"{sample.number:09d}"
-            label = str(sample.label).encode("ascii")
-            for name, data in ((f"{key}.{_extension(sample.path)}", image), (f"{key}.cls", label)):
-                yield tar_header(name, len(data), mtime=0)
-                yield data
-                yield tar_padding(len(data))
-        yield TAR_END
-    else:
-        for sample, image in samples:
-            extension = _extension(sample.path)
-            example = encode_example(
-                {
-                    "image/encoded": image,
-                    "image/class/label": sample.label,
-                    "image/format": IMAGE_FORMATS.get(extension, extension.encode()),
-                    "image/filename": _relative(sample.path, top).encode(
-                        "utf-8", "surrogateescape"
-                    ),
-                }
-            )
-            yield frame_record(example)
-
-
-def _extension(path: str) -> str:
-    """The lower-cased extension of `path`, without its dot (`"jpg"`, `"jpeg"`, `"png"`)."""
-    return os.path.splitext(path)[1][1:].lower()
-
-
-def _relative(path: str, top: str) -> str:
-    """`path` relative to the listed folder `top`, with `/` separators."""
-    inside = path.startswith(top)
-    relative = path[len(top) :].lstrip("/" + os.sep) if inside else os.path.relpath(path, top)
-    return relative.replace(os.sep, "/")
+    for sample, image in samples:
+        yield from sample_bytes(format, sample, image, top)
+    yield shard_end(format)

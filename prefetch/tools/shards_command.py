@@ -1,18 +1,22 @@
 """`prefetch shards`: its arguments, and running it (`prefetch.tools.shard_writer` writes).
 
 `add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
-(`handler=run_shards_write`: one line per shard as it is written, then a summary naming the
-files skipped and the Python lines that read the shards back) and `verify`
-(`handler=run_shards_verify`: each manifest in OUT against its set, with every check a reader
-makes and then each shard's SHA-256; exit status 1 on any difference).
+(`handler=run_shards_write`: a progress line on stderr (`prefetch.tools.shard_progress`; none
+with --quiet), a line per shard with --verbose, then a summary naming the files skipped and the
+Python lines that read the shards back) and `verify` (`handler=run_shards_verify`: each manifest
+in OUT against its set, with every check a reader makes and then each shard's SHA-256; exit
+status 1 on any difference).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 from prefetch._messages import counted
+from prefetch.runtime import usable_cores
 from prefetch.sources.shards import (
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -25,6 +29,8 @@ from prefetch.sources.shards import verify as verify_manifest
 from prefetch.tools import fit_crop, shard_set, shard_writer
 from prefetch.tools.command_args import positive_int
 from prefetch.tools.out_folder import OutFolder
+from prefetch.tools.shard_progress import ProgressLine
+from prefetch.tools.shard_resume import progress_name
 
 # `prefetch shards write` defaults.
 DEFAULT_FORMAT = "tar"
@@ -60,14 +66,16 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
             "members <k:09d>.<ext> (the image) and <k:09d>.cls (its label). tfrecord: "
             "PREFIX-00000-of-0000N.tfrecord, ..., one tf.train.Example per sample "
             f"(image/encoded, image/class/label, image/format, image/filename). {_SHUFFLE_WHY} "
-            "Each image's header is read: an empty file or one that is not an image is "
-            "skipped and named in the summary (--strict: refused). "
+            "Each image's header is read: an empty file, one that is not an image or one over "
+            "the readers' limits is skipped and named in the summary (--strict: refused). "
             "Every shard is written under a temporary name, then the set is put in place "
             "together and its manifest (OUT/PREFIX-FORMAT.manifest.json: names, sizes, "
             "sample counts, SHA-256, class names) written last, so an interrupted or failed "
             "run leaves the earlier set or the new one, never a mix; the same input and "
-            "options give the same bytes. OUT/classes.txt (line i names label i) is written "
-            "when no class name holds a line break."
+            "options give the same bytes, for any --workers. An interrupted run keeps the "
+            "shards it finished (hidden): the same command again continues from them. One "
+            "writer at a time: OUT is locked while a write runs. OUT/classes.txt (line i names "
+            "label i) is written when no class name holds a line break."
         ),
     )
     write.add_argument("folder", metavar="FOLDER", help="image folder (FOLDER/<class>/<image>)")
@@ -108,7 +116,8 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     write.add_argument(
         "--strict",
         action="store_true",
-        help="refuse a file that is empty or not an image (default: skip it and name it)",
+        help="refuse a file that is empty, not an image, over the readers' limits or (with "
+        "--fit-crop) one that cannot be decoded (default: skip it and name it)",
     )
     write.add_argument(
         "--fit-crop",
@@ -130,6 +139,27 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         f"{fit_crop.DEFAULT_QUALITY}: fewer bytes and faster reads; 95 keeps the crops closer "
         "to the original pixels); needs --fit-crop",
     )
+    write.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes that read, check and re-encode the images (default: the cores "
+        "this process may use); the shards are the same bytes for any N; 1 works in this "
+        "process",
+    )
+    shown = write.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line, only the summary at the end (default: a progress line on "
+        "stderr, redrawn on a terminal, else a line every few seconds)",
+    )
+    shown.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also a line for each shard as it is written (default: off)",
+    )
     write.set_defaults(handler=run_shards_write, parser=write)
     verify = actions.add_parser(
         "verify",
@@ -149,15 +179,21 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_shards_write(args: argparse.Namespace) -> int:
-    """`prefetch shards write`: write the shards, one line each, then the summary."""
+    """`prefetch shards write`: write the shards with a progress line, then the summary."""
     parser: argparse.ArgumentParser = args.parser
-    totals = {"samples": 0, "bytes": 0}
     skipped: list[tuple[str, str]] = []
+    line = None if args.quiet else ProgressLine(sys.stderr)
 
     def report(path: str, samples: int, size: int) -> None:
-        totals["samples"] += samples
-        totals["bytes"] += size
-        print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
+        if args.verbose:
+            if line is not None:
+                line.interrupt()
+            print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
+
+    def note(text: str) -> None:
+        if line is not None:
+            line.interrupt()
+        print(text, flush=True)
 
     if args.fit_crop_quality is not None and args.fit_crop is None:
         parser.error(
@@ -166,6 +202,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
             "--fit-crop-quality out"
         )
     quality = fit_crop.DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
+    workers = usable_cores() if args.workers is None else args.workers
+    started = time.monotonic()
     try:
         paths = shard_writer.write_shards(
             args.folder,
@@ -179,18 +217,39 @@ def run_shards_write(args: argparse.Namespace) -> int:
             strict=args.strict,
             fit_crop=args.fit_crop,
             fit_crop_quality=quality,
+            workers=workers,
             on_shard=report,
             on_skip=lambda path, reason: skipped.append((path, reason)),
+            on_progress=None if line is None else line.update,
+            on_note=note,
         )
     except (ValueError, OSError) as error:
+        if line is not None:
+            line.interrupt()
         parser.error(str(error))
-    print(
-        f"wrote {counted(totals['samples'], 'sample')} in "
-        f"{counted(len(paths), args.format + ' shard')} "
-        f"({totals['bytes'] / 1e6:.1f} MB) and their manifest to {args.out}"
-        + (f", skipped {len(skipped)}:" if skipped else "")
-    )
+    except BaseException:
+        if line is not None:
+            line.interrupt()
+        journal = os.path.join(args.out, progress_name(args.format, args.prefix))
+        if os.path.isfile(journal):
+            print(
+                "the shards finished so far are kept (hidden) in "
+                f"{args.out}: run the same command again to continue from them",
+                file=sys.stderr,
+            )
+        raise
+    if line is not None:
+        line.finish()
+    elapsed = time.monotonic() - started
     written = read_manifest(paths[:1], args.format)
+    entries = written[0].shards if written is not None else ()
+    samples = sum(entry.samples for entry in entries)
+    size = sum(entry.size for entry in entries)
+    print(
+        f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
+        f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
+        f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
+    )
     if written is not None and shard_set.classes_text(written[0].class_names) is None:
         print(
             f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
