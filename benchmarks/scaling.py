@@ -180,39 +180,13 @@ def gil_share(args: argparse.Namespace, samples: int = 48) -> float:
 
 def torch_rows(args: argparse.Namespace, workers: int) -> list[Row]:
     try:
-        import torch
-        import torchvision
-        from torchvision.transforms import v2
+        import torchvision  # noqa: F401
     except ImportError:
         print("torch rows: skipped (torch or torchvision is not installed)")
         return []
-    size = args.image_size
-    augment = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
-
-    def decode_jpeg(path: str) -> Any:
-        data = torchvision.io.read_file(path)
-        return augment(torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB))
-
-    def pillow(path: str) -> Any:
-        from PIL import Image
-
-        with Image.open(path) as image:
-            tensor = v2.functional.pil_to_tensor(image.convert("RGB"))
-        return augment(tensor)
-
-    folder = torchvision.datasets.ImageFolder(args.root)
     rows = []
-    for name, load in (("torch decode_jpeg", decode_jpeg), ("torch pillow", pillow)):
-        dataset = _PathDataset([path for path, _ in folder.samples], folder.targets, load)
-        data = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=args.batch_size,
-            shuffle=True,
-            num_workers=workers,
-            persistent_workers=True,
-            prefetch_factor=4,
-            drop_last=True,
-        )
+    for name, load in (("torch decode_jpeg", _decode_jpeg), ("torch pillow", _pillow)):
+        data = torch_data_loader(args, workers, load, pin_memory=False)
 
         def sizes(data: Any = data) -> Iterator[int]:
             while True:
@@ -234,6 +208,29 @@ def torch_rows(args: argparse.Namespace, workers: int) -> list[Row]:
     return rows
 
 
+def torch_data_loader(
+    args: argparse.Namespace, workers: int, load: Callable[[str, int], Any], pin_memory: bool
+) -> Any:
+    """PyTorch's own pipeline over the folder: `DataLoader(num_workers=workers)` of
+    `load(path, size)` (decode, v2 RandomResizedCrop + flip), persistent workers."""
+    import torch
+    import torchvision
+
+    folder = torchvision.datasets.ImageFolder(args.root)
+    paths = [path for path, _ in folder.samples]
+    dataset = _PathDataset(paths, folder.targets, functools.partial(load, size=args.image_size))
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=True,
+        prefetch_factor=4,
+        pin_memory=pin_memory,
+        drop_last=True,
+    )
+
+
 class _PathDataset:
     """A map-style dataset of (path, label) pairs read with `load` (picklable, top level)."""
 
@@ -245,6 +242,31 @@ class _PathDataset:
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         return self.load(self.paths[index]), self.labels[index]
+
+
+def _augment(image: Any, size: int) -> Any:
+    from torchvision.transforms import v2
+
+    crop = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+    return crop(image)
+
+
+def _decode_jpeg(path: str, size: int) -> Any:
+    """torchvision's `decode_jpeg` recipe (top level: DataLoader workers pickle it)."""
+    import torchvision
+
+    data = torchvision.io.read_file(path)
+    image = torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB)
+    return _augment(image, size)
+
+
+def _pillow(path: str, size: int) -> Any:
+    """The Pillow `ImageFolder` recipe."""
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    with Image.open(path) as image:
+        return _augment(v2.functional.pil_to_tensor(image.convert("RGB")), size)
 
 
 def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
@@ -324,53 +346,17 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
             stats = loader.stats()
         note = f"{stats.backend}, {stats.workers} workers"
         rows.append({"row": name, "images_per_s": rate, "wait_share": wait, "note": note})
-    torch_data = _torch_feed(args, workers)
-    if torch_data is not None:
+    torch_data = torch_data_loader(args, workers, _decode_jpeg, pin_memory=True)
 
-        def endless_torch() -> Iterator[tuple[Any, Any]]:
-            while True:
-                for images, labels in torch_data:
-                    images = images.cuda(non_blocking=True).float().div_(255)
-                    yield images.contiguous(memory_format=torch.channels_last), labels.cuda()
+    def endless_torch() -> Iterator[tuple[Any, Any]]:
+        while True:
+            for images, labels in torch_data:
+                images = images.cuda(non_blocking=True).float().div_(255)
+                yield images.contiguous(memory_format=torch.channels_last), labels.cuda()
 
-        rate, wait = train(endless_torch(), args.feed_warmup_steps)
-        rows.append({"row": "feed torch decode_jpeg", "images_per_s": rate, "wait_share": wait})
+    rate, wait = train(endless_torch(), args.feed_warmup_steps)
+    rows.append({"row": "feed torch decode_jpeg", "images_per_s": rate, "wait_share": wait})
     return rows
-
-
-def _torch_feed(args: argparse.Namespace, workers: int) -> Any:
-    import torch
-    import torchvision
-    from torchvision.transforms import v2
-
-    size = args.image_size
-    augment = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
-    folder = torchvision.datasets.ImageFolder(args.root)
-    dataset = _PathDataset(
-        [path for path, _ in folder.samples], folder.targets, _DecodeJpeg(augment)
-    )
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=args.batch_size,
-        shuffle=True,
-        num_workers=workers,
-        persistent_workers=True,
-        prefetch_factor=4,
-        pin_memory=True,
-        drop_last=True,
-    )
-
-
-class _DecodeJpeg:
-    def __init__(self, augment: Any) -> None:
-        self.augment = augment
-
-    def __call__(self, path: str) -> Any:
-        import torchvision
-
-        data = torchvision.io.read_file(path)
-        image = torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB)
-        return self.augment(image)
 
 
 def model(rows: list[Row], share: float, cores: int) -> list[Row]:

@@ -8,7 +8,10 @@ workload that sleeps (so CPU load beside the suite slows both phases alike).
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,13 +51,12 @@ def test_one_worker_reads_every_row_of_a_batch(tmp_path: Path) -> None:
 def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) -> None:
     """A default Loader (one worker) drained by a thread, as prefetch.torch and Keras drain it,
     while this thread runs pure Python, as a training loop does: the loader keeps >= 90% of
-    its own rate, and the Python thread >= 90% of its solo rate. Each sample sleeps 3 ms and
-    then decodes; a worker thread would wait for the GIL after each (the convoy effect)."""
+    its own rate, and the Python thread >= 90% of its solo rate. Each sample sleeps 20 ms and
+    then decodes (a worker thread would wait for the GIL after each: the convoy effect); the
+    sleep makes the CPU load beside the suite slow every phase alike."""
     folder = write_image_folder(tmp_path / "images", per_class=40)
-    loader = Loader(
-        folder, batch_size=16, image_size=(16, 16), workers=1, decoder=SlowDecoder(0.003)
-    )
-    phase_s = 1.0
+    loader = Loader(folder, batch_size=4, image_size=(16, 16), workers=1, decoder=SlowDecoder(0.02))
+    phase_s = 3.0
 
     def drain(seconds: float, counts: list[int], go: threading.Event) -> None:
         go.wait()
@@ -111,3 +113,25 @@ def test_auto_says_why_it_chose_processes_for_files(tmp_path: Path) -> None:
     with Loader(folder, batch_size=4, image_size=(16, 16), workers=1) as loader:
         assert loader.stats().backend == "process"
         assert "training thread" in loader.stats().backend_reason
+
+
+def test_the_scaling_benchmark_prints_its_curve_and_writes_its_rows(tmp_path: Path) -> None:
+    folder = write_image_folder(tmp_path / "images", per_class=8)
+    out = tmp_path / "scaling.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
+    arguments = ["--root", str(folder), "--batch-size", "4", "--image-size", "16"]
+    arguments += ["--max-workers", "2", "--warmup-s", "0.2", "--seconds", "0.3"]
+    arguments += ["--skip", "torch", "feed", "--json", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {row["row"]: row for row in json.loads(out.read_text())["rows"]}
+    for name in ("thread 1", "thread 2", "process 1", "process 2", "default"):
+        assert rows[name]["images_per_s"] > 0, name
+    assert rows["default"]["backend"] == "process"
+    assert {"model process 16", "model process 64", "default, beside Python"} <= set(rows)
+    assert "GIL held for" in run.stdout and "model thread 64" in run.stdout

@@ -251,8 +251,6 @@ def _search(
             best = 0.0
             flat = 0
             for workers in range(1, max_workers + 1):
-                if backend == "process" and workers > depth:
-                    break  # a process worker takes whole batches: more than depth would idle
                 rate, wait = _trial(config, backend, workers, depth)
                 runs[(backend, workers, depth)] = [(rate, wait)]
                 if progress is not None:
