@@ -54,7 +54,7 @@ from training_shape import (  # benchmarks/training_shape.py, beside this
 )
 
 import prefetch
-from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime import usable_cores
 from prefetch.tools import fit_crop
 from prefetch.tools.bench_steady import Span, steady_rate
 from prefetch.tools.shard_writer import write_shards

@@ -54,7 +54,7 @@ from PIL import Image
 
 import prefetch
 from prefetch.decode._decoders import DecodeOptions
-from prefetch.runtime._autoscale import usable_cores
+from prefetch.runtime import usable_cores
 from prefetch.tools.bench_floor import entropy_decoder, floor_rate, floor_sample
 from prefetch.tools.bench_steady import Span, steady_rate
 

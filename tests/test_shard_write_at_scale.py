@@ -23,7 +23,7 @@ from PIL import Image
 import prefetch
 from prefetch.cli import main
 from prefetch.sources.shards._index import INDEX_SUFFIX
-from prefetch.tools import shard_work
+from prefetch.tools import shard_samples
 from prefetch.tools.out_folder import FolderBusyError, OutFolder
 from prefetch.tools.shard_progress import ProgressLine, describe
 from prefetch.tools.shard_writer import Progress, write_shards
@@ -184,7 +184,7 @@ def test_a_write_interrupted_halfway_resumes_decoding_only_the_rest_into_the_sam
 
 def interrupt_at_read(monkeypatch: pytest.MonkeyPatch, number: int) -> None:
     """Make the `number`-th image read raise KeyboardInterrupt (a Ctrl-C), in this process."""
-    real = shard_work.read_location
+    real = shard_samples.read_location
     reads: list[str] = []
 
     def read(path: str) -> bytes:
@@ -193,7 +193,7 @@ def interrupt_at_read(monkeypatch: pytest.MonkeyPatch, number: int) -> None:
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(shard_work, "read_location", read)
+    monkeypatch.setattr(shard_samples, "read_location", read)
 
 
 def test_other_options_or_a_changed_folder_start_over_saying_why(

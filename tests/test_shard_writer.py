@@ -18,7 +18,7 @@ from prefetch.cli import main
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards import TarSource
 from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
-from prefetch.tools import shard_work, shard_writer
+from prefetch.tools import shard_samples, shard_writer
 from prefetch.tools.shard_writer import write_shards
 from prefetch.tools.shards_command import add_shards_parser
 
@@ -244,7 +244,7 @@ def test_the_output_holds_only_the_shards_and_classes_txt(folder: Path, tmp_path
 def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_from_its_shards(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_location = shard_work.read_location
+    read_location = shard_samples.read_location
     reads: list[str] = []
 
     def failing_read(path: str) -> bytes:
@@ -255,7 +255,7 @@ def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_
 
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
-        patch.setattr(shard_work, "read_location", failing_read)
+        patch.setattr(shard_samples, "read_location", failing_read)
         with pytest.raises(KeyboardInterrupt):
             write_shards(folder, out, format="tar", shard_size=10)
     # shard 0 was whole: kept, hidden, for the rerun; a set is put in place only when whole
@@ -267,7 +267,7 @@ def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_
     reads.clear()
     with monkeypatch.context() as patch:
         patch.setattr(
-            shard_work, "read_location", lambda path: reads.append(path) or read_location(path)
+            shard_samples, "read_location", lambda path: reads.append(path) or read_location(path)
         )
         write_shards(folder, out, format="tar", shard_size=10)
     assert len(reads) == 15  # shards 1 and 2 only

@@ -1,34 +1,25 @@
-"""The per-sample work of `prefetch shards write`, and the worker processes that share it out.
+"""The worker processes of `prefetch shards write`, which share out its per-sample work.
 
-`prepare(samples, options)` reads each sample's file, checks it as the loader's readers would
-(`image_problem`: empty, not an image, a pixel or scan bomb) and, with `fit_crop`, re-encodes
-it (`prefetch.tools.fit_crop.fit_image`, the loader's colour rules); the answer for each sample
-is `Prepared(data, resized)` or `Skip(reason)`. A file that cannot be read raises (the write
-stops, naming it); a file that cannot be decoded is a `Skip` naming why. A pure function of the
-files and the options: the same answers in any process, so the shards do not depend on the
-number of workers.
-
-`Preparer(workers, options)` runs `prepare` on chunks of samples: in the calling thread for one
-worker, else in `workers` spawned worker processes (the loader's start-up rules:
-`prefetch.backends.main_script_hidden`, spawn, never fork). `write(tasks, out, on_progress)`
-has the workers write whole shards instead (`write_shard`: each image prepared, framed by
-`prefetch.tools.shard_layout`, hashed and written to a temporary file of `out`, whose folder
-descriptor is passed to each worker over its pipe), yielding each `ShardWritten` as it
-finishes; a worker checks between two images whether it is asked to stop. `map(chunks)`
-yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER` chunks per
-worker are sent or held unyielded at any time, so the parent holds at most
-`workers * CHUNKS_PER_WORKER` chunks of encoded images (the memory bound; docs/shards.md gives
-it in bytes). Worker processes ignore SIGINT (Ctrl-C reaches the parent only), exit when their
-parent dies (end of file on their pipe or their parent pid gone), and answer an error with its
-type and traceback (raised in the parent; a worker that dies is a `ChildProcessError` naming
-its exit code). `close()` (idempotent; a context manager) stops and joins them, terminating
-any that do not exit within `GRACE_S`. One thread uses a `Preparer`.
+`Preparer(workers, options)` runs `prepare` (`prefetch.tools.shard_samples`) on chunks of
+samples: in the calling thread for one worker, else in `workers` spawned worker processes (the
+loader's start-up rules: `prefetch.backends.main_script_hidden`, spawn, never fork).
+`write(tasks, out, on_progress)` has the workers write whole shards instead (`write_shard`: each
+image prepared, framed by `prefetch.tools.shard_layout`, hashed and written to a temporary file
+of `out`, whose folder descriptor is passed to each worker over its pipe), yielding each
+`ShardWritten` as it finishes; a worker checks between two images whether it is asked to stop.
+`map(chunks)` yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER`
+chunks per worker are sent or held unyielded at any time, so the parent holds at most `workers *
+CHUNKS_PER_WORKER` chunks of encoded images (the memory bound; docs/shards.md gives it in
+bytes). Worker processes ignore SIGINT (Ctrl-C reaches the parent only), exit when their parent
+dies (end of file on their pipe or their parent pid gone), and answer an error with its type and
+traceback (raised in the parent; a worker that dies is a `ChildProcessError` naming its exit
+code). `close()` (idempotent; a context manager) stops and joins them, terminating any that do
+not exit within `GRACE_S`. One thread uses a `Preparer`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import multiprocessing
 import os
 import signal
@@ -40,14 +31,11 @@ from multiprocessing.reduction import recv_handle, send_handle
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
-from PIL import Image
-
 from prefetch.backends import main_script_hidden, rebuild_error, with_traceback_text
 from prefetch.coordinator import POLL_S
-from prefetch.io import check_image_bytes, read_location
-from prefetch.tools import fit_crop as fitting
 from prefetch.tools.out_folder import OutFolder
 from prefetch.tools.shard_layout import Sample, sample_bytes, shard_end
+from prefetch.tools.shard_samples import Answer, Options, Skip, prepare
 
 # Samples per task sent to a worker: large enough that a message per chunk costs little next to
 # its images (8 decodes of a 2 MP photo take about 0.3 s), small enough to balance the workers
@@ -63,13 +51,6 @@ SHARDS_AT_ONCE = 1
 PROGRESS_SAMPLES = 64
 # Seconds a worker process is given to exit after it is asked to, before it is terminated.
 GRACE_S = 2.0
-
-
-class Options(NamedTuple):
-    """What `prepare` does to each image: `fit_crop` (None: keep the bytes) at `quality`."""
-
-    fit_crop: int | None
-    quality: int
 
 
 class ShardTask(NamedTuple):
@@ -99,77 +80,6 @@ class ShardWritten(NamedTuple):
 
 # What `Preparer.write` calls after each chunk of samples: (samples, skipped, bytes of images).
 ShardProgress = Callable[[int, int, int], None]
-
-
-class Prepared(NamedTuple):
-    """A sample's bytes to store, and whether `fit_crop` re-encoded them."""
-
-    data: bytes
-    resized: bool
-
-
-class Skip(NamedTuple):
-    """A sample that is not written, and why."""
-
-    reason: str
-
-
-Answer = Prepared | Skip
-
-
-def prepare(samples: Iterable[Sample], options: Options) -> list[Answer]:
-    """The answer for each of `samples`, in order (module docstring)."""
-    answers: list[Answer] = []
-    for sample in samples:
-        data = read_location(sample.path)
-        reason = image_problem(data, sample.path)
-        if reason is not None:
-            answers.append(Skip(reason))
-            continue
-        if options.fit_crop is None:
-            answers.append(Prepared(data, False))
-            continue
-        try:
-            fitted, resized = fitting.fit_image(data, options.fit_crop, options.quality)
-        except MemoryError:
-            raise
-        except Exception as error:  # Pillow raises many kinds for a file it cannot decode
-            answers.append(Skip(f"cannot be decoded ({type(error).__name__}: {error})"))
-            continue
-        answers.append(Prepared(fitted, resized))
-    return answers
-
-
-def image_problem(data: bytes, name: str = "<image>") -> str | None:
-    """Why `data` (the file `name`) cannot be a sample's image, or None: empty, not an image
-    Pillow can open, no pixels, or over the readers' limits (a decompression bomb of pixels,
-    Pillow's; a JPEG of more scans than `prefetch.io.MAX_JPEG_SCANS`). Reads the header only."""
-    if not data:
-        return "empty file (0 bytes)"
-    try:
-        check_image_bytes(data, name)
-    except Image.DecompressionBombError as error:
-        return f"over the readers' limits ({error})"
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError as error:
-        return f"decompression bomb ({error})"
-    except Exception as error:  # Pillow raises many kinds for a file that is not an image
-        return f"not an image ({type(error).__name__}: {_without_address(str(error))})"
-    if width < 1 or height < 1:
-        return f"an image of {width}x{height} pixels"
-    return None
-
-
-def _without_address(text: str) -> str:
-    """`text` with Pillow's `<_io.BytesIO object at 0x...>` said as "the bytes" (a memory
-    address would make the manifest differ from run to run)."""
-    start = text.find("<_io.BytesIO object at 0x")
-    if start < 0:
-        return text
-    end = text.find(">", start)
-    return text[:start] + "the file's bytes" + (text[end + 1 :] if end >= 0 else "")
 
 
 class Preparer:

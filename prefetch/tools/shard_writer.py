@@ -40,10 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
 
 import numpy as np
 
@@ -53,18 +49,34 @@ from prefetch.sources.shards import (
     Manifest,
     ShardEntry,
     index_shard,
-    manifest_name,
-    parse_class_names,
 )
 from prefetch.tools import fit_crop as fitting
 from prefetch.tools import shard_set
-from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
+from prefetch.tools.out_folder import OutFolder
 from prefetch.tools.shard_layout import (
     Sample,
     extension_of,
-    relative_to,
-    sample_bytes,
-    shard_end,
+)
+from prefetch.tools.shard_names import (
+    CLASSES_FILE,
+    DEFAULT_PREFIX,
+    already_written,
+    check_prefix,
+    earlier_write,
+    matching_shards,
+    refuse_existing,
+    remove_strays,
+    shard_name,
+    shard_pattern,
+)
+from prefetch.tools.shard_pass import (
+    NoteCallback,
+    Progress,
+    ProgressCallback,
+    ShardCallback,
+    SkipCallback,
+    Writing,
+    chunked,
 )
 from prefetch.tools.shard_resume import (
     Done,
@@ -73,36 +85,23 @@ from prefetch.tools.shard_resume import (
     listing_digest,
     progress_name,
     resumable,
-    written_by,
 )
-from prefetch.tools.shard_work import (
-    CHUNK_SAMPLES,
-    Answer,
-    Options,
-    Preparer,
-    ShardTask,
-    ShardWritten,
-    Skip,
-    strict_refusal,
-)
+from prefetch.tools.shard_samples import Options
+from prefetch.tools.shard_work import Preparer, ShardTask
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
-# The shard file names start with this unless a `prefix` is given.
-DEFAULT_PREFIX = "shard"
-# The class names, one per line, written next to the shards (the readers' `class_names`).
-CLASSES_FILE = shard_set.CLASSES_FILE
-# The most bytes read of a `classes.txt` already in the output folder.
-MAX_CLASSES_BYTES = 16 << 20
-
-# What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
-# for each file it skips, `(path, reason)`.
-ShardCallback = Callable[[str, int, int], None]
-SkipCallback = Callable[[str, str], None]
-# What `write_shards` calls with a `Progress` after each chunk of samples, and with a line for a
-# person (resuming, starting over).
-ProgressCallback = Callable[["Progress"], None]
-NoteCallback = Callable[[str], None]
+# What the command and the tests take from here, defined beside the parts of a write.
+__all__ = [
+    "CLASSES_FILE",
+    "DEFAULT_PREFIX",
+    "FORMATS",
+    "SHARDS_PER_WORKER",
+    "Progress",
+    "shard_name",
+    "shard_pattern",
+    "write_shards",
+]
 
 
 def write_shards(
@@ -189,7 +188,7 @@ def write_shards(
         raise ValueError(f"workers must be an int >= 1 (processes that re-encode), got {workers!r}")
     fitting.check_options(fit_crop, fit_crop_quality)
     prefix = DEFAULT_PREFIX if prefix is None else prefix
-    _check_prefix(prefix)
+    check_prefix(prefix)
     # Started first: the worker processes start up (import) while the folder is listed.
     preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
     try:
@@ -223,16 +222,16 @@ def write_shards(
         )
         with OutFolder(os.fspath(out)) as place:
             place.lock()
-            abandoned = _earlier_write(place, format, prefix, overwrite)
+            abandoned = earlier_write(place, format, prefix, overwrite)
             journal = Journal(place, progress_name(format, prefix))
-            if _already_written(place, plan, journal):
+            if already_written(place, plan, journal):
                 note("the interrupted run had written every shard: its set is now in place")
-                _remove_strays(place, names, prefix, format, keep=set())
+                remove_strays(place, names, prefix, format, keep=set())
                 paths = [place.where(name) for name in names]
             else:
                 existing = matching_shards(place.names(), format, prefix)
                 if not overwrite:
-                    _refuse_existing(place, format, prefix, existing, class_names)
+                    refuse_existing(place, format, prefix, existing, class_names)
                 done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
                 if why is not None:
                     note(f"starting over: {why} since the interrupted run")
@@ -243,9 +242,9 @@ def write_shards(
                         f"{count:,} ({kept:,} of {len(order):,} images), checked against the plan"
                     )
                 keep = {shard.temporary for shard in done} | set(abandoned)
-                _remove_strays(place, names, prefix, format, keep=keep)
+                remove_strays(place, names, prefix, format, keep=keep)
                 journal.start(plan, done)
-                writing = _Writing(
+                writing = Writing(
                     format=format,
                     top=top,
                     total=len(order),
@@ -288,7 +287,7 @@ def write_shards(
                         chunks = (
                             [sample(number) for number in part]
                             for index in remaining
-                            for part in _chunked(numbers[index])
+                            for part in chunked(numbers[index])
                         )
                         answers = preparer.map(chunks)
                         for index in remaining:
@@ -335,130 +334,6 @@ def write_shards(
     return paths
 
 
-def shard_name(format: str, prefix: str, index: int, count: int) -> str:
-    """The file name of shard `index` of `count` in `format` (`write_shards`'s layouts)."""
-    if format == "tar":
-        return f"{prefix}-{index:06d}.tar"
-    return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def shard_pattern(format: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """A glob pattern that matches the shard names of `format` and `prefix` (for readers)."""
-    return f"{prefix}-*.tar" if format == "tar" else f"{prefix}-*-of-*.tfrecord"
-
-
-def matching_shards(names: Iterable[str], format: str, prefix: str) -> list[str]:
-    """The names among `names` (a folder's) that are shards of `format` and `prefix`, sorted."""
-    if format == "tar":
-        pattern = re.compile(rf"{re.escape(prefix)}-\d{{6,}}\.tar")
-    else:
-        pattern = re.compile(rf"{re.escape(prefix)}-\d{{5,}}-of-\d{{5,}}\.tfrecord")
-    return sorted(name for name in names if pattern.fullmatch(name))
-
-
-def _check_prefix(prefix: str) -> None:
-    """Raise ValueError unless `prefix` can start a file name in the output folder."""
-    separators = {"/", os.sep, *([os.altsep] if os.altsep else [])}
-    if not prefix or prefix.startswith(".") or any(sep in prefix for sep in separators):
-        raise ValueError(
-            f"prefix must be a non-empty file name start without a path separator and not "
-            f"starting with '.', like {DEFAULT_PREFIX!r}; got {prefix!r}"
-        )
-
-
-def _refuse_existing(
-    out: OutFolder, format: str, prefix: str, existing: list[str], class_names: tuple[str, ...]
-) -> None:
-    """Raise FileExistsError if `out` holds shards or a manifest of these names, or a
-    `classes.txt` of other classes."""
-    if existing:
-        shown = ", ".join(existing[:3]) + (
-            f" and {len(existing) - 3} more" if len(existing) > 3 else ""
-        )
-        raise FileExistsError(
-            f"{out.path!r} already holds shards with these names ({shown}): choose an empty "
-            "folder or another prefix, or pass overwrite=True (--overwrite) to replace them"
-        )
-    manifest = manifest_name(format, prefix)
-    if out.is_file(manifest):
-        raise FileExistsError(
-            f"{out.where(manifest)!r} already describes a set of these shards: choose an empty "
-            "folder or another prefix, or pass overwrite=True (--overwrite) to replace it"
-        )
-    data = out.read_small(CLASSES_FILE, MAX_CLASSES_BYTES)
-    if data is not None and parse_class_names(data, out.where(CLASSES_FILE)) != list(class_names):
-        raise FileExistsError(
-            f"{out.where(CLASSES_FILE)!r} already lists other classes: choose an empty folder, "
-            "or pass overwrite=True (--overwrite) to replace it"
-        )
-
-
-def _earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) -> list[str]:
-    """Finish an earlier write of this set that was interrupted while it was put in place;
-    return the temporary files of one that cannot be finished (abandoned: only with
-    `overwrite`, else FileExistsError saying what to run)."""
-    try:
-        journal = shard_set.read_manifest(out, format, prefix)
-    except ValueError:
-        if overwrite:
-            return []  # not a manifest we can read: the new one replaces it
-        raise
-    if journal is None or journal.complete:
-        return []
-    problem = shard_set.roll_forward(out, journal)
-    if problem is None:
-        return []
-    if overwrite:
-        return shard_set.temporaries(journal)
-    where = out.where(manifest_name(format, prefix))
-    raise FileExistsError(
-        f"{where!r} records a write of these shards that was interrupted and cannot be "
-        f"finished ({problem}): write them again with --overwrite (overwrite=True)"
-    )
-
-
-def _already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
-    """Whether the complete set in `out` is the one an interrupted run of `plan` wrote (it was
-    put in place, or finished by `_earlier_write`, before its progress journal was removed);
-    the journal is removed then."""
-    try:
-        manifest = shard_set.read_manifest(out, plan.options["format"], plan.options["prefix"])
-    except (ValueError, OSError):
-        return False  # not a manifest we can read: `overwrite` replaces it
-    if manifest is None or not manifest.complete:
-        return False
-    recorded = written_by(out, journal.name, plan)
-    if recorded is None:
-        return False
-    shards = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
-    recorded = sorted(recorded, key=lambda shard: shard.index)  # workers finish in any order
-    if [(d.name, d.size, d.samples, d.sha256) for d in recorded] != shards:
-        return False
-    if list(plan.shards) != [entry.name for entry in manifest.shards]:
-        return False
-    journal.remove()
-    out.sync()
-    return True
-
-
-def _remove_strays(
-    out: OutFolder, names: list[str], prefix: str, format: str, keep: set[str]
-) -> None:
-    """Remove the temporary files in `out` of this set's names (its shards, or any shard name
-    of this prefix and format, its manifest, class list and progress journal) that are not in
-    `keep`: left by a run that was killed, or by one
-    this write does not continue. Only under the folder's lock: no other writer is at work."""
-    finals = {*names, manifest_name(format, prefix), CLASSES_FILE, progress_name(format, prefix)}
-    pattern = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * TOKEN_BYTES}}}{re.escape(TEMPORARY_SUFFIX)}")
-    for name in out.names():
-        found = pattern.fullmatch(name)
-        if not found or name in keep:
-            continue
-        final = found.group(1)
-        if final in finals or matching_shards([final], format, prefix):  # of another plan too
-            out.remove(name)
-
-
 # Whole shards are given to the workers (each writes, and hashes, its own) when at least this
 # many per worker are left to write; fewer, and the samples of each shard are shared among the
 # workers instead (one shard written at a time, in order, by this process). With whole shards
@@ -466,151 +341,3 @@ def _remove_strays(
 # small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
 # with dozens of workers re-encoding.
 SHARDS_PER_WORKER = 4
-
-
-def _chunked(numbers: range) -> Iterator[range]:
-    """`numbers` (one shard's samples) in chunks of `CHUNK_SAMPLES`, the work sent at once."""
-    for start in range(numbers.start, numbers.stop, CHUNK_SAMPLES):
-        yield range(start, min(start + CHUNK_SAMPLES, numbers.stop))
-
-
-class Progress(NamedTuple):
-    """How far a write is: `done` of `total` samples handled (written or skipped; `resumed`
-    of them by the interrupted run this one continues), `skipped` of them skipped, `bytes` of
-    images written by this run, in `elapsed_s` seconds since it began writing."""
-
-    done: int
-    total: int
-    resumed: int
-    skipped: int
-    bytes: int
-    elapsed_s: float
-
-
-class _Writing:
-    """The state of a write across its shards: counts for `Progress`, skips, the clock."""
-
-    def __init__(
-        self,
-        *,
-        format: str,
-        top: str,
-        total: int,
-        sample: Callable[[int], Sample],
-        strict: bool,
-        done: list[Done],
-        on_skip: SkipCallback | None,
-        on_progress: ProgressCallback | None,
-    ) -> None:
-        self.format = format
-        self.top = top
-        self.sample = sample
-        self.strict = strict
-        self.on_skip = on_skip
-        self.on_progress = on_progress
-        resumed = sum(shard.samples + len(shard.skipped) for shard in done)
-        skipped = sum(len(shard.skipped) for shard in done)
-        self.progress = Progress(resumed, total, resumed, skipped, 0, 0.0)
-        self.start = time.monotonic()
-
-    def shard(
-        self, index: int, name: str, numbers: range, answers: Iterator[list[Answer]]
-    ) -> _Shard:
-        return _Shard(self, index, name, numbers, answers)
-
-    def skip(self, path: str, reason: str) -> tuple[str, str]:
-        if self.strict:
-            raise strict_refusal(path, reason)
-        if self.on_skip is not None:
-            self.on_skip(path, reason)
-        return relative_to(path, self.top), reason
-
-    def finished(self, written: ShardWritten, name: str) -> Done:
-        """The record of a shard a worker wrote (`Preparer.write`); its skips are reported."""
-        skipped = tuple(self.skip(path, reason) for path, reason in written.skipped)
-        return Done(
-            written.shard,
-            name,
-            written.temporary,
-            written.size,
-            written.samples,
-            written.sha256,
-            skipped,
-            written.resized,
-        )
-
-    def advance(self, samples: int, skipped: int, size: int) -> None:
-        last = self.progress
-        self.progress = Progress(
-            last.done + samples,
-            last.total,
-            last.resumed,
-            last.skipped + skipped,
-            last.bytes + size,
-            time.monotonic() - self.start,
-        )
-        if self.on_progress is not None:
-            self.on_progress(self.progress)
-
-
-class _Shard:
-    """One shard being written: its samples' answers taken from `answers`, chunk by chunk
-    (`_chunked`), as its bytes are asked for (`chunks`)."""
-
-    def __init__(
-        self,
-        writing: _Writing,
-        index: int,
-        name: str,
-        numbers: range,
-        answers: Iterator[list[Answer]],
-    ) -> None:
-        self.writing = writing
-        self.index = index
-        self.name = name
-        self.numbers = numbers
-        self.answers = answers
-        self.samples = 0
-        self.resized = 0
-        self.skipped: list[tuple[str, str]] = []
-
-    def kept(self) -> Iterator[tuple[Sample, bytes]]:
-        """The samples written and their bytes; skips are reported on the way."""
-        for part in _chunked(self.numbers):
-            answers = next(self.answers)
-            size = skipped = 0
-            for number, answer in zip(part, answers, strict=True):
-                sample = self.writing.sample(number)
-                if isinstance(answer, Skip):
-                    self.skipped.append(self.writing.skip(sample.path, answer.reason))
-                    skipped += 1
-                    continue
-                self.samples += 1
-                self.resized += answer.resized
-                size += len(answer.data)
-                yield sample, answer.data
-            self.writing.advance(len(part), skipped, size)
-
-    def chunks(self) -> Iterable[bytes]:
-        return _shard_chunks(self.writing.format, self.kept(), self.writing.top)
-
-    def done(self, temporary: str, size: int, sha256: str) -> Done:
-        return Done(
-            self.index,
-            self.name,
-            temporary,
-            size,
-            self.samples,
-            sha256,
-            tuple(self.skipped),
-            self.resized,
-        )
-
-
-def _shard_chunks(
-    format: str, samples: Iterable[tuple[Sample, bytes]], top: str
-) -> Iterable[bytes]:
-    """The bytes of one shard of `samples`, in pieces (a sample's image is read when reached)."""
-    for sample, image in samples:
-        yield from sample_bytes(format, sample, image, top)
-    yield shard_end(format)
