@@ -13,7 +13,7 @@ which writes decoded samples straight into a `Slot`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -86,31 +86,17 @@ class ChunkOutcome:
 
 
 @dataclass
-class BatchOutcome:
-    """A finished batch: the first `count` rows of the slot are valid, in order."""
+class BatchOutcome(ChunkOutcome):
+    """A finished batch: the first `count` rows of the slot are valid, in order; the rest are
+    its chunks' outcome, merged (`skipped` in row order)."""
 
-    count: int
-    skipped: list[Skipped]
-    busy_s: float
-    cpu_s: float = 0.0
-    runnable_s: float = 0.0
-    read_s: list[float] = field(default_factory=list)
-    cache_hits: int = 0
-    cache_misses: int = 0
+    count: int = 0
 
     @classmethod
     def of(cls, chunk: ChunkOutcome, count: int, skipped: list[Skipped]) -> BatchOutcome:
         """A finished batch of `count` valid rows from its (merged) chunk outcome."""
-        return cls(
-            count,
-            skipped,
-            chunk.busy_s,
-            chunk.cpu_s,
-            chunk.runnable_s,
-            chunk.read_s,
-            chunk.cache_hits,
-            chunk.cache_misses,
-        )
+        shared = {field.name: getattr(chunk, field.name) for field in fields(chunk)}
+        return cls(**{**shared, "skipped": skipped, "count": count})
 
 
 def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:
