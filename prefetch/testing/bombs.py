@@ -36,13 +36,17 @@ def write_decompression_bomb(path: str | os.PathLike[str]) -> Path:
     `PIL.Image.DecompressionBombError` for it in any process that keeps Pillow's default
     `MAX_IMAGE_PIXELS`, spawned workers included.
     """
-    path = Path(path)
     width = 1 << 14
-    height = 2 * PILLOW_DEFAULT_MAX_PIXELS // width + 64
-    row = b"\0" * (1 + width // 8)  # filter byte, then `width` one-bit pixels
+    return _flat_gray_png(path, width, 2 * PILLOW_DEFAULT_MAX_PIXELS // width + 64, bits=1)
+
+
+def _flat_gray_png(path: str | os.PathLike[str], width: int, height: int, bits: int) -> Path:
+    """Write a valid black grayscale PNG of `bits` per pixel (1 or 8); returns `path`."""
+    path = Path(path)
+    row = b"\0" * (1 + -(-width * bits // 8))  # filter byte, then the row's pixels
     compressor = zlib.compressobj(9)
     pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    header = struct.pack(">IIBBBBB", width, height, bits, 0, 0, 0, 0)  # grayscale
     path.write_bytes(
         b"\x89PNG\r\n\x1a\n"
         + _png_chunk(b"IHDR", header)
@@ -92,19 +96,8 @@ def write_flat_png(path: str | os.PathLike[str], size: tuple[int, int] = (13_000
     pixels once decoded (Pillow's RGB conversion and the resize take 3.5 GB at the peak); it
     takes about a second to write.
     """
-    path = Path(path)
     width, height = size
-    row = b"\0" * (1 + width)  # filter byte, then `width` 8-bit pixels
-    compressor = zlib.compressobj(9)
-    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + _png_chunk(b"IHDR", header)
-        + _png_chunk(b"IDAT", pixels)
-        + _png_chunk(b"IEND", b"")
-    )
-    return path
+    return _flat_gray_png(path, width, height, bits=8)
 
 
 def claim_size(data: bytes, size: tuple[int, int]) -> bytes:
