@@ -48,6 +48,7 @@ def test_one_worker_reads_every_row_of_a_batch(tmp_path: Path) -> None:
     assert firsts == list(range(40))  # pixel value = index % 251: every row, in order
 
 
+@pytest.mark.timeout(300)  # up to three attempts of about 50 s
 def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) -> None:
     """A default Loader (one worker) drained by a thread, as prefetch.torch and Keras drain it,
     while this thread runs pure Python, as a training loop does: the loader keeps >= 90% of
@@ -98,8 +99,7 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
         thread.join()
         return rates[0], spun
 
-    with loader:
-        drain([])  # warm-up: workers started, files in the page cache
+    def rounds() -> tuple[list[float], list[float], list[float], list[float]]:
         alone, solo, beside, spun_beside = [], [], [], []
         for _ in range(5):  # alternate the phases: the machine drifts
             drain(alone)
@@ -107,10 +107,23 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
             rate, spun = both()
             beside.append(rate)
             spun_beside.append(spun)
+        return alone, solo, beside, spun_beside
+
+    def kept(rates: list[float], beside: list[float]) -> bool:
+        return statistics.median(beside) >= 0.9 * statistics.median(rates)
+
+    with loader:
+        drain([])  # warm-up: workers started, files in the page cache
+        # Up to three attempts of five rounds: on a loaded 2-core machine a burst of load can
+        # land on one phase; worker threads (the convoy) miss the bound by far in every one.
+        for _ in range(3):
+            alone, solo, beside, spun_beside = rounds()
+            if kept(alone, beside) and kept(solo, spun_beside):
+                break
         stats = loader.stats()
     assert stats.backend == "process", stats.backend_reason
-    assert statistics.median(beside) >= 0.9 * statistics.median(alone), (alone, beside)
-    assert statistics.median(spun_beside) >= 0.9 * statistics.median(solo), (solo, spun_beside)
+    assert kept(alone, beside), (alone, beside)
+    assert kept(solo, spun_beside), (solo, spun_beside)
 
 
 def test_auto_says_why_it_chose_processes_for_files(tmp_path: Path) -> None:
