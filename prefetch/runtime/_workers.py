@@ -79,11 +79,12 @@ class Workers:
             if self.backend_name == "auto":
                 choice = choose_backend(self.reader, first_batch, tuned=self.tuned)
                 self.backend_name, self.backend_reason = choice.name, choice.reason
-                if choice.name == "process" and not fits_free_space(self.ring_bytes()):
+                ring_bytes = self.ring_bytes()
+                if choice.name == "process" and not fits_free_space(ring_bytes):
                     self.backend_name = "thread"
                     self.backend_reason = choice.reason.replace("auto: process", "auto: thread") + (
                         f"; but the shared-memory folder has less than the "
-                        f"{self.ring_bytes() / 2**20:.0f} MiB free that the process backend's "
+                        f"{ring_bytes / 2**20:.0f} MiB free that the process backend's "
                         "batch slots take (docs/processes.md: /dev/shm)"
                     )
                 log.info("prefetch %s", choice.reason)
