@@ -455,6 +455,10 @@ def main() -> None:
     if "feed" not in args.skip:
         guarded("feeding rows", lambda: feeding_rows(args, args.max_workers))
     guarded("model", lambda: model(rows, share, args.max_workers))
+    by_name = {row["row"]: row["images_per_s"] for row in rows}
+    for name in ("torch decode_jpeg", "torch pillow"):
+        if "default" in by_name and by_name.get(name):
+            print(f"default / {name}: {by_name['default'] / by_name[name]:.2f}x")
 
 
 if __name__ == "__main__":
