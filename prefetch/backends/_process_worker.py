@@ -4,10 +4,11 @@ Over its own duplex pipe a worker receives, in order:
 
 - `Segment(name, path)` followed by the segment's file descriptor (SCM_RIGHTS): map it. A worker
   never opens a segment by name, so nobody who can create files in /dev/shm can hand it theirs.
-- `Task(part_id, task, slot_name, start, stop)`: fill rows [start, stop) of the slot (a part of
-  a batch whose other rows other workers fill), answer (part id, outcome, None) or (part id,
-  None, (error, traceback text)). Answers are frames of our own (`_answers.send_answer`),
-  which the parent reads many at a time.
+- `SentTask(part_id, task, slot_name, start, stop)`, `task` the batch's `BatchTask` pickled
+  once by the parent for all its parts (read here as a `Task`): fill rows [start, stop) of the
+  slot (a part of a batch whose other rows other workers fill), answer (part id, outcome,
+  None) or (part id, None, (error, traceback text)). Answers are frames of our own
+  (`_answers.send_answer`), which the parent reads many at a time.
 - `Cancel(part_id)`: if that part is still queued here, drop it and answer (part id,
   `Cancelled()`, None) at once.
 - `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
@@ -28,6 +29,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import pickle
 import signal
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +82,21 @@ class Task(NamedTuple):
     slot_name: str
     start: int
     stop: int
+
+
+class SentTask(NamedTuple):
+    """A `Task` as the parent sends it: `task` pickled once per batch, not once per part (with
+    64 workers a batch has 64 parts, and each pickling of its indices holds the parent's GIL)."""
+
+    part_id: int
+    task: bytes
+    slot_name: str
+    start: int
+    stop: int
+
+    def read(self) -> Task:
+        """The task it carries."""
+        return Task(self.part_id, pickle.loads(self.task), self.slot_name, self.start, self.stop)
 
 
 class _ParentGone(Exception):
@@ -225,6 +242,8 @@ def _read_arrived(
                 segments[message.name] = (slot, message.path, FileId.of(os.fstat(fd)))
             finally:
                 os.close(fd)
+        elif isinstance(message, SentTask):
+            queued.append(message.read())
         elif isinstance(message, Cancel):
             for task in queued:
                 if isinstance(task, Task) and task.part_id == message.part_id:

@@ -10,10 +10,11 @@ to a new worker when it starts). A batch's rows are shared among the workers: `s
 them into one contiguous part per live worker (the least busy first, `split_rows`) and sends
 each (part id, task, slot name, rows); the worker fills its rows with `SampleReader.read_into`
 and answers (part id, outcome) or (part id, error). No pixels cross a pipe, and the parent's
-work per batch is one message to and from each worker. `ProcessPending.wait` returns once every
-part of that batch is settled (or the timeout passed); `cancel` makes workers skip its parts
-they have not begun (both handles, the pending batch and the worker, are in
-_process_pending.py).
+work per batch is one message to and from each worker (the batch's task pickled once for
+all of them); it asks a worker's exit code only when its sentinel says it exited.
+`ProcessPending.wait` returns once every part of that batch is settled (or the timeout
+passed); `cancel` makes workers skip its parts they have not begun (both handles, the pending
+batch and the worker, are in _process_pending.py).
 
 The consumer thread drives everything from `pump()`, which waits on the pipes and on the
 processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
@@ -28,6 +29,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 from dataclasses import replace
@@ -45,7 +47,14 @@ from prefetch.backends._process_pending import (
     WorkerHandle,
     split_rows,
 )
-from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, Stop, Task
+from prefetch.backends._process_worker import (
+    Cancel,
+    Cancelled,
+    Forget,
+    Segment,
+    SentTask,
+    Stop,
+)
 from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
@@ -106,6 +115,7 @@ class ProcessBackend:
         self._next_part = 0
         self._crashed: WorkerCrashedError | None = None
         self._lock = threading.RLock()
+        self._pickled: tuple[BatchTask | None, bytes] = (None, b"")  # the newest task sent
         self._needs_main = check_picklable(reader)
 
     def start(self) -> None:
@@ -191,8 +201,10 @@ class ProcessBackend:
                 pending.fail(self._crashed or WorkerCrashedError("no worker processes left"))
                 return pending
             self._pending[batch_id] = pending
+            busy = {worker.index: worker.rows() for worker in live}
             for number, (start, stop) in enumerate(bounds):
-                worker = min(live, key=lambda w: (w.rows(), w.index))
+                worker = min(live, key=lambda w: (busy[w.index], w.index))
+                busy[worker.index] += stop - start
                 self._send(worker, (batch_id, number, Part(task, slot, start, stop)))
             return pending
 
@@ -201,8 +213,11 @@ class ProcessBackend:
         self._next_part += 1
         worker.in_flight[part_id] = item
         part = item[2]
+        if part.task is not self._pickled[0]:  # the batch's task, pickled once for its parts
+            self._pickled = (part.task, pickle.dumps(part.task, pickle.HIGHEST_PROTOCOL))
+        message = SentTask(part_id, self._pickled[1], part.slot.name, part.start, part.stop)
         with contextlib.suppress(OSError):  # a dead worker is noticed and handled by pump()
-            worker.conn.send(Task(part_id, part.task, part.slot.name, part.start, part.stop))
+            worker.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
     def cancel(self, batch_id: int) -> None:
         """Ask the workers that hold parts of batch `batch_id` to skip those not begun."""
@@ -257,7 +272,10 @@ class ProcessBackend:
                 if worker.conn in ready:
                     self._receive(worker)
             for worker in list(self._workers):
-                if worker.process.exitcode is not None:
+                # Only a worker whose sentinel is readable can have exited: asking every
+                # worker's exit code is a waitpid each, and each system call costs this
+                # thread a wait for the GIL behind a training thread (issue 34).
+                if worker.process.sentinel in ready and worker.process.exitcode is not None:
                     self._receive(worker)  # what it sent before it died still counts
                     self._handle_death(worker)
 
