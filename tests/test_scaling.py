@@ -9,12 +9,15 @@ workload that sleeps (so CPU load beside the suite slows both phases alike).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,6 +127,40 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
     assert stats.backend == "process", stats.backend_reason
     assert kept(alone, beside), (alone, beside)
     assert kept(solo, spun_beside), (solo, spun_beside)
+
+
+def test_the_parent_makes_a_few_system_calls_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each system call of the thread draining a process-backend loader releases the GIL,
+    which it then waits for behind a training thread: the parent writes one task and reads
+    about one answer per worker and batch, and asks no worker's exit code while none exited
+    (it used to ask every worker's at every wake-up: 126 waitpid calls per batch at 16)."""
+    calls: Counter[str] = Counter()
+
+    def counting(name: str) -> Any:
+        call = getattr(os, name)
+
+        def counted(*args: Any) -> Any:
+            calls[name] += 1
+            return call(*args)
+
+        return counted
+
+    for name in ("waitpid", "read", "write"):
+        monkeypatch.setattr(os, name, counting(name))
+    workers = 8
+    folder = write_image_folder(tmp_path / "images", per_class=32)  # 96 images: 6 batches
+    loader = Loader(folder, batch_size=16, image_size=(16, 16), workers=workers, backend="process")
+    with loader:
+        for _ in loader:  # warm-up: workers started, segments sent
+            pass
+        calls.clear()
+        batches = sum(1 for _ in range(2) for _ in loader)
+        assert batches == 12
+        assert calls["waitpid"] == 0
+        assert calls["write"] <= (workers + 1) * batches, calls
+        assert calls["read"] <= (workers + 1) * batches, calls
 
 
 def test_auto_says_why_it_chose_processes_for_files(tmp_path: Path) -> None:
