@@ -29,21 +29,32 @@ has thousands of shards of 1,000. Rows after the first pay
 the workers' start-up (about 0.3 to 0.6 s: each imports prefetch), a visible share of a run of
 a few seconds. About 4,000 ImageNet-sized photos take well under 2 minutes on 16 cores for all
 rows.
+
+The last column is the machine's own ceiling for that many processes: the same `fit_image`
+work on the same files, split into N contiguous slices, run by N independent processes that
+share nothing (each reads its files first, then all start together at a barrier; timed from
+the barrier to the last one done), as a speed-up over one such process. A CPU-bound job on a
+host whose per-core speed falls as cores fill (shared hyperthreads, a lower all-core clock,
+memory bandwidth) cannot beat it; the writer's efficiency is judged against it. `--no-ceiling`
+skips it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import shutil
 import sys
 import tempfile
 import time
+from typing import Any
 
 from prefetch.runtime import usable_cores
 from prefetch.sources import ImageFolder
+from prefetch.tools.fit_crop import fit_image
 from prefetch.tools.shard_writer import write_shards
 
 
@@ -67,6 +78,38 @@ def warm(root: str) -> int:
     return len(listing)
 
 
+def _ceiling_worker(paths: list[str], size: int, barrier: Any, ends: Any) -> None:
+    datas = []
+    for path in paths:
+        with open(path, "rb") as file:
+            datas.append(file.read())
+    barrier.wait()
+    for data in datas:
+        fit_image(data, size)
+    ends.put(time.perf_counter())  # CLOCK_MONOTONIC: one clock for every process
+
+
+def ceiling_seconds(paths: list[str], size: int, count: int) -> float:
+    """Seconds for `count` independent processes to `fit_image` `paths` in contiguous slices,
+    from their common start to the last one done (start-up and reading not included)."""
+    context = multiprocessing.get_context("spawn")
+    step = -(-len(paths) // count)
+    slices = [paths[i : i + step] for i in range(0, len(paths), step)]
+    barrier, ends = context.Barrier(len(slices) + 1), context.Queue()
+    processes = [
+        context.Process(target=_ceiling_worker, args=(part, size, barrier, ends), daemon=True)
+        for part in slices
+    ]
+    for process in processes:
+        process.start()
+    barrier.wait()
+    started = time.perf_counter()
+    last = max(ends.get(timeout=600) for _ in processes)
+    for process in processes:
+        process.join()
+    return last - started
+
+
 def _cpu_s(who: int) -> float:
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -79,6 +122,9 @@ def main() -> None:
     parser.add_argument("--workers", default=None, help="comma-separated counts (1,2,4,...,N)")
     parser.add_argument("--shard-size", type=int, default=25, help="samples per shard (25)")
     parser.add_argument("--out", default=None, help="where the temporary sets go (system temp)")
+    parser.add_argument(
+        "--no-ceiling", action="store_true", help="skip the independent-processes ceiling"
+    )
     args = parser.parse_args()
     cores = usable_cores()
     counts = (
@@ -86,13 +132,15 @@ def main() -> None:
     )
     fit_crop = args.fit_crop or None
     images = warm(args.root)
+    paths = [str(path) for path in ImageFolder(args.root).paths]
+    ceiling_one = None
     print(
         f"{images} images in {args.root}; {cores} usable cores; --fit-crop {fit_crop}; "
         f"shard size {args.shard_size}"
     )
     print(
         f"{'workers':>7}  {'seconds':>8}  {'images/s':>9}  {'speed-up':>8}  {'efficiency':>10}  "
-        f"{'CPU ms/image':>12}  {'writer CPU ms/image':>19}"
+        f"{'CPU ms/image':>12}  {'writer CPU ms/image':>19}  {'ceiling speed-up':>16}"
     )
     first_rate = None
     resized = 0
@@ -102,7 +150,7 @@ def main() -> None:
             started = time.perf_counter()
             parent_before = _cpu_s(resource.RUSAGE_SELF)
             children_before = _cpu_s(resource.RUSAGE_CHILDREN)
-            paths = write_shards(
+            shards = write_shards(
                 args.root,
                 folder,
                 format="tar",
@@ -123,13 +171,18 @@ def main() -> None:
         first_rate = rate if first_rate is None else first_rate
         speedup = rate / first_rate
         efficiency = speedup / count
+        ceiling = "-"
+        if fit_crop is not None and not args.no_ceiling:
+            alone = ceiling_seconds(paths, fit_crop, count)
+            ceiling_one = alone if ceiling_one is None else ceiling_one
+            ceiling = f"{ceiling_one / alone:.2f}x"
         print(
             f"{count:>7}  {seconds:>8.2f}  {rate:>9.1f}  {speedup:>7.2f}x  {efficiency:>10.2f}  "
             f"{1000 * (parent_cpu + workers_cpu) / images:>12.1f}  "
-            f"{1000 * parent_cpu / images:>19.2f}",
+            f"{1000 * parent_cpu / images:>19.2f}  {ceiling:>16}",
             flush=True,
         )
-    print(f"{resized} of {images} images re-encoded by --fit-crop; {len(paths)} shards")
+    print(f"{resized} of {images} images re-encoded by --fit-crop; {len(shards)} shards")
     assert "tensorflow" not in sys.modules, "the writer imported TensorFlow"
 
 
