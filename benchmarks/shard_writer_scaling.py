@@ -44,7 +44,7 @@ import time
 
 from prefetch.runtime import usable_cores
 from prefetch.sources import ImageFolder
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 
 def worker_counts(cores: int) -> list[int]:
