@@ -5,9 +5,9 @@ samples once, cuts them into shards of `shard_size` samples and writes each shar
 image bytes as stored (re-encoded only with `fit_crop`). Each image's header is read first
 (Pillow): an empty file, one that is not an image, one over the readers' limits or (with
 `fit_crop`) one that cannot be decoded is skipped and reported (`on_skip`), or refused with
-`strict=True`. That per-sample work runs in `workers` processes (`_work`;
-1: in the calling thread), the shards are written in order by the calling thread, and the
-bytes do not depend on the number of workers. It owns the files it writes in `out`, holds
+`strict=True`. That per-sample work runs in `workers` processes (`_work`; 1: in the calling
+thread), the shards are written in order by the calling thread, and the bytes do not depend on
+the number of workers. It owns the files it writes in `out`, holds
 `out`'s lock while it runs (a second writer is refused at once), and reports its progress
 (`on_progress`, a `Progress` after each chunk of samples).
 
