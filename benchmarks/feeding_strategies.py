@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from prefetch.tools.bench_machine import cpu_model
+from prefetch.tools.bench import cpu_model
 
 
 def sizes(text: str) -> list[int]:

@@ -5,7 +5,7 @@ On an image folder ROOT/<class>/<image>.jpg (default /tmp/photos-large), into a 
 1. Bytes: the folder written as tar shards twice with `write_shards` (100 samples a shard,
    the same seed, so the same keys in the same shards), the originals and with
    `fit_crop=224` (JPEGs re-encoded at `--jpeg-quality`, passed as `fit_crop_quality`;
-   default the writer's, `prefetch.tools.fit_crop.DEFAULT_QUALITY`, 90); bytes on disk of
+   default the writer's, `prefetch.tools.shards.DEFAULT_QUALITY`, 90); bytes on disk of
    each set (shards, indexes, manifest) and their ratio.
 2. Speed at steady state, rows as in training_shape.py (its functions, imported): each row in
    a fresh process, one long-lived pipeline, `--warmup-epochs` untimed then `--epochs` timed,
@@ -55,9 +55,8 @@ from training_shape import (  # benchmarks/training_shape.py, beside this
 
 import prefetch
 from prefetch.runtime import usable_cores
-from prefetch.tools import fit_crop
-from prefetch.tools.bench_steady import Span, steady_rate
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.bench import Span, steady_rate
+from prefetch.tools.shards import DEFAULT_QUALITY, write_shards
 
 ROWS = {1: "tf.data recipe", 2: "prefetch originals", 3: "prefetch fit-crop"}
 SETS = {2: "originals", 3: "fit-crop"}
@@ -130,9 +129,9 @@ def main() -> None:
     parser.add_argument(
         "--jpeg-quality",
         type=int,
-        default=fit_crop.DEFAULT_QUALITY,
+        default=DEFAULT_QUALITY,
         help="the writer's fit_crop_quality, --fit-crop-quality (default: the writer's, "
-        f"{fit_crop.DEFAULT_QUALITY})",
+        f"{DEFAULT_QUALITY})",
     )
     parser.add_argument("--shards", help=argparse.SUPPRESS)  # a row's process: the temp dir
     parser.add_argument("--one-row", type=int, help=argparse.SUPPRESS)

@@ -8,7 +8,7 @@ JPEGs, 500x375 quality 90, in a temporary folder), to 224x224:
      passes over (at most) 200 files, in this process (which never imports TensorFlow);
   2. the steady state of each row, measured as a training job runs it (Keras `fit` on a
      repeated dataset, a custom loop): one dataset, `.repeat()` and ONE iterator, in a fresh
-     spawned process per row (`prefetch.tools.bench_steady.measure_row`); `--warmup-epochs`
+     spawned process per row (`prefetch.tools.bench.measure_row`); `--warmup-epochs`
      (default 2) untimed, then `--epochs` (default 6) timed; `--rounds` rounds (default 3),
      the rows' order reversed every other round; images/s as the median with its min-max over
      the rounds, and the drop-in's ratio to Keras (of the medians, and its range over rounds):
@@ -44,11 +44,13 @@ from PIL import Image
 import prefetch
 from prefetch.runtime import usable_cores
 from prefetch.testing import draw_shape
-from prefetch.tools.bench_frameworks import KerasContender, TfDataContender
-from prefetch.tools.bench_loaders import Contender, Setup
-from prefetch.tools.bench_steady import (
+from prefetch.tools.bench import (
+    Contender,
+    KerasContender,
     RowResult,
+    Setup,
     Span,
+    TfDataContender,
     measure_rounds,
     measure_row,
     median_range,

@@ -54,8 +54,7 @@ from typing import Any
 
 from prefetch.runtime import usable_cores
 from prefetch.sources import ImageFolder
-from prefetch.tools.fit_crop import fit_image
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import fit_image, write_shards
 
 
 def worker_counts(cores: int) -> list[int]:

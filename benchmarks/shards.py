@@ -1,7 +1,7 @@
 """Benchmark: reading a dataset stored in shards (TFRecord, WebDataset tar) against its folder.
 
 The image folder (`--folder`, default /tmp/photos; `--large`: /tmp/photos_large) is written once
-into tar shards and TFRecord shards of `--shard-size` samples (`prefetch.tools.shard_writer.
+into tar shards and TFRecord shards of `--shard-size` samples (`prefetch.tools.shards.
 write_shards(folder, out, format=..., shard_size=N)`, which shuffles the samples once and leaves
 each shard's offset index beside it as `<shard>.prefetch-index.npz`, plus `classes.txt`), in a
 temporary folder removed at the end. Four parts, each its own table; every rate is images/s of
@@ -111,7 +111,7 @@ from training_shape import random_window
 
 import prefetch
 from prefetch.sources.shards._index import INDEX_SUFFIX
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 BATCH = 32
 SIZE = 224

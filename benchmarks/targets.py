@@ -2,7 +2,7 @@
 
 Each row prints the target, the measured figure and whether it was met, on ImageNet-sized JPEGs
 (500x375, `--images` generated into a temporary folder) decoded to 224x224, batches of 64.
-Rates are measured as a training job runs its loader (`prefetch.tools.bench_steady`): one
+Rates are measured as a training job runs its loader (`prefetch.tools.bench.measure_row`): one
 long-lived pipeline per row (one open Loader; tf.data `.repeat()` and one iterator) in a fresh
 spawned process, `--warmup-epochs` (default 2) untimed, then `--epochs` (default 6) timed,
 `--rounds` rounds (default 3); medians with their min-max over the rounds.
@@ -45,16 +45,19 @@ import psutil
 
 import prefetch
 from prefetch.testing import GilHoldingTransform
-from prefetch.tools.bench import write_sample_folder
-from prefetch.tools.bench_frameworks import TfDataContender
-from prefetch.tools.bench_loaders import Contender, OpenLoader, Setup, make_contender
-from prefetch.tools.bench_steady import (
+from prefetch.tools.bench import (
+    Contender,
+    OpenLoader,
     RowFailed,
     RowResult,
+    Setup,
     Span,
+    TfDataContender,
+    make_contender,
     measure_rounds,
     measure_row,
     median_range,
+    write_sample_folder,
 )
 
 IMAGE_SIZE = (224, 224)

@@ -23,7 +23,7 @@ pipeline every epoch (the old harness did), pays.
   6 tf.data resize        the whole image resized (Keras's shape of the work): decode_jpeg,
                           bilinear resize, map(AUTOTUNE), batch, prefetch; shuffled
   7 prefetch resize       prefetch.Loader(folder) with its defaults
-  8 floor train           the entropy floor (prefetch.tools.bench_floor): libjpeg-turbo's
+  8 floor train           the entropy floor (prefetch.tools.bench.floor_rate): libjpeg-turbo's
   9 floor eval            entropy decoding alone of the rows each sample needs (down to the
  10 floor resize          bottom of a RandomResizedCrop window, of the CenterCrop window, of the
                           whole image), no IDCT, colour or resize, one core, x usable cores: the
@@ -55,8 +55,7 @@ from PIL import Image
 import prefetch
 from prefetch.decode._decoders import DecodeOptions
 from prefetch.runtime import usable_cores
-from prefetch.tools.bench_floor import entropy_decoder, floor_rate, floor_sample
-from prefetch.tools.bench_steady import Span, steady_rate
+from prefetch.tools.bench import Span, entropy_decoder, floor_rate, floor_sample, steady_rate
 
 SIZE = 224
 BATCH = 64

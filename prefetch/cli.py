@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import prefetch
 from prefetch.backends import sweep_stale
-from prefetch.tools.bench_command import add_bench_parser
-from prefetch.tools.shards_command import add_shards_parser
-from prefetch.tools.tune_command import add_tune_parser
+from prefetch.tools.bench import add_bench_parser
+from prefetch.tools.shards import add_shards_parser
+from prefetch.tools.tune import add_tune_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -23,11 +24,13 @@ from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.decode._turbo import fast_available
 from prefetch.plan._crops import CenterCrop, RandomResizedCrop
+from prefetch.runtime import usable_cores
 from prefetch.testing import FailingDecoder, SlowDecoder, serve_folder
-from prefetch.tools import bench, bench_floor, bench_loaders
+from prefetch.tools import bench
 from prefetch.tools import timeline as tools_timeline
-from prefetch.tools.bench_machine import local_sample
-from prefetch.tools.command_args import ProgressBar
+from prefetch.tools._command_args import ProgressBar
+from prefetch.tools.bench import _loaders as bench_loaders
+from prefetch.tools.bench import local_sample
 from prefetch.tools.timeline import Timeline
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,7 +62,7 @@ def test_run_measures_every_available_loader_with_sane_figures(folder: Path) -> 
     assert all(rate.images_per_s > 0 for rate in report.decoders)
     best = max(report.decoders, key=lambda rate: rate.images_per_s)
     assert report.limit_decoder == best.name
-    assert report.decode_limit == pytest.approx(best.images_per_s * bench.usable_cores())
+    assert report.decode_limit == pytest.approx(best.images_per_s * usable_cores())
     # The rows decode with the Loader's default decoder, whichever decoder timed fastest.
     default = bench.decoder_name(bench.default_decoder(), {})
     assert report.config.loader_decoder == default in bench.available_decoders()
@@ -125,7 +128,7 @@ def test_json_report_follows_the_documented_schema(folder: Path, tmp_path: Path)
     }  # fmt: skip
     assert data["config"]["timed_images"] == 48 and data["config"]["isolated"] is True
     assert data["config"]["image_size"] == [16, 16] and data["config"]["batch_size"] == 4
-    assert data["machine"]["usable_cores"] == bench.usable_cores()
+    assert data["machine"]["usable_cores"] == usable_cores()
     assert data["decoders"][0]["name"] == "pillow" and len(data["decoders"][0]["runs"]) == 1
     assert data["decode_limit"]["decoder"] in bench.available_decoders()
     assert data["config"]["loader_decoder"] in bench.available_decoders()
@@ -276,7 +279,7 @@ def test_a_remote_decode_sample_is_copied_once_to_local_files(
 def test_bench_on_a_url_measures_prefetch_and_skips_what_tensorflow_cannot_read(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsspec_io_thread: None
 ) -> None:
-    monkeypatch.setattr(bench.tempfile, "tempdir", str(tmp_path))  # where the sample is copied
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the sample is copied
     with serve_folder(folder) as base:
         report = bench.run(base, loaders=["loop", "default", "tf.data", "keras"], **TINY)
 
@@ -296,7 +299,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
 ) -> None:
     rates = [bench.DecoderRate("pillow", 100.0, (100.0,))]
     sample = [str(path) for path in folder.rglob("*.jpg")]  # 40x30: below the smallest size
-    monkeypatch.setattr("prefetch.tools.bench_hint.fast_available", lambda: False)
+    monkeypatch.setattr("prefetch.tools.bench._hint.fast_available", lambda: False)
 
     hint = bench.fast_hint(rates, sample, antialias=False)
 
@@ -307,7 +310,7 @@ def test_fast_hint_scales_the_measured_pillow_rate_by_the_documented_ratio(
     assert hint.speedup_other_antialias == pytest.approx(pillow_ms / turbo_ms)
     assert f"{100 * hint.speedup:.0f} instead of 100 images/s per core" in hint.text()
     assert bench.fast_hint([bench.DecoderRate("slow", 1.0, (1.0,))], sample, True) is None
-    monkeypatch.setattr("prefetch.tools.bench_hint.fast_available", lambda: True)
+    monkeypatch.setattr("prefetch.tools.bench._hint.fast_available", lambda: True)
     assert bench.fast_hint(rates, sample, antialias=False) is None
 
 
@@ -574,8 +577,8 @@ def test_the_floor_sample_holds_each_jpeg_and_the_rows_its_sample_needs(
     Image.new("RGB", (40, 30)).save(png)
     options = DecodeOptions((16, 16))
 
-    whole = bench_floor.floor_sample([*paths, str(png)], None, options)
-    centre = bench_floor.floor_sample(paths, CenterCrop(0.5), options)
+    whole = bench.floor_sample([*paths, str(png)], None, options)
+    centre = bench.floor_sample(paths, CenterCrop(0.5), options)
 
     assert whole.left_out == 1 and len(whole.data) == 6
     assert whole.last_rows == (29,) * 6 and whole.rows_fraction == 1.0  # 40x30 images
@@ -592,13 +595,13 @@ def test_the_table_reports_each_loader_against_the_entropy_floor_or_says_why_not
 
     table = report.format_table()
     row = report.loader("loop")
-    if bench_floor.entropy_decoder() is None:
+    if bench.entropy_decoder() is None:
         assert report.floor is None and row.ratio_to_floor is None
-        assert f"entropy floor not measured: {bench_floor.NO_ENTROPY_DECODER}" in table
+        assert f"entropy floor not measured: {bench.NO_ENTROPY_DECODER}" in table
         assert "of limit" in table
     else:
         assert report.floor is not None and report.floor.images_per_s > 0
-        assert report.floor_limit == pytest.approx(report.floor.images_per_s * bench.usable_cores())
+        assert report.floor_limit == pytest.approx(report.floor.images_per_s * usable_cores())
         assert row.ratio_to_floor == pytest.approx(row.images_per_s / report.floor_limit)
         assert "entropy floor (" in table and "of floor" in table
     assert not report.config.isolated and "in this process" in table

@@ -1,5 +1,6 @@
-"""The steady-state harness (`prefetch.tools.bench_steady`) and the benchmark scripts that publish
-rates through it: each script's smallest configuration runs end to end and prints its rows."""
+"""The steady-state harness (`prefetch.tools.bench.measure_row`) and the benchmark scripts
+that publish rates through it: each script's smallest configuration runs end to end and
+prints its rows."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import pytest
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.sources import ImageFolder
 from prefetch.tools import bench
-from prefetch.tools.bench_loaders import Setup
-from prefetch.tools.bench_steady import (
+from prefetch.tools.bench import (
     RowFailed,
     RowResult,
+    Setup,
     Span,
     alternated,
     measure_rounds,

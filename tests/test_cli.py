@@ -15,7 +15,7 @@ import pytest
 import prefetch
 from prefetch.cli import build_parser, main
 from prefetch.runtime._stats import LoaderStats
-from prefetch.tools import bench, bench_floor, tune
+from prefetch.tools import bench, tune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,7 +94,7 @@ def test_bench_prints_each_round_as_measured_when_stdout_is_not_a_terminal(
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("round ")]
     decoders = len(bench.available_decoders())
-    floor = 0 if bench_floor.entropy_decoder() is None else 1
+    floor = 0 if bench.entropy_decoder() is None else 1
     assert len(rows) == 2 * (decoders + floor + 2)  # two rounds of every decoder and loader
     assert rows[0].startswith("round 1/2: decode ")
     assert any(row.startswith("round 2/2: prefetch threads") and "images/s" in row for row in rows)

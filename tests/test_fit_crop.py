@@ -18,8 +18,7 @@ from prefetch.cli import main
 from prefetch.decode import DecodeOptions, decode_bytes
 from prefetch.testing import write_image_folder
 from prefetch.testing.bombs import write_scan_bomb
-from prefetch.tools.fit_crop import DEFAULT_QUALITY, fit_image, fitted_size
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import DEFAULT_QUALITY, fit_image, fitted_size, write_shards
 
 MANIFEST = "shard-tar.manifest.json"
 LARGE = {  # name in the folder: ((width, height), format); all larger than --fit-crop 224 needs

@@ -22,8 +22,8 @@ Each check walks prefetch/ with `ast` and names every offending file and line wi
 - no import cycle among prefetch's modules, inside packages too (grimp's graph, the one
   import-linter reads; `if TYPE_CHECKING:` imports are types and left out);
 - the layers: `lint-imports` (import-linter) keeps the contracts in pyproject.toml: the layers
-  along the data path, the package root imported only by tools and cli, private modules used
-  only inside their package.
+  along the data path, the package root imported only by tools and cli, the tools independent
+  of each other, private modules used only inside their package.
 """
 
 from __future__ import annotations

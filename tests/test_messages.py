@@ -15,7 +15,7 @@ import pytest
 import prefetch
 from prefetch._messages import counted, short
 from prefetch.testing import write_image_folder
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.timeout(60)
 

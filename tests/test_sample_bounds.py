@@ -31,7 +31,7 @@ from prefetch.sources.shards import (
 from prefetch.testing import write_image_folder
 from prefetch.testing.bombs import claim_size, write_flat_png, write_scan_bomb
 from prefetch.testing.shards import run_limited, write_tar
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 # The address space a child may take: its interpreter, numpy and Pillow (about 0.5 GB of
 # mappings), and 1 GB over them, the bound on one sample.

@@ -25,7 +25,7 @@ from prefetch.cli import main
 from prefetch.sources.shards import Manifest
 from prefetch.testing import serve_folder, write_bad_files, write_image_folder
 from prefetch.testing.shards import write_tar, write_tfrecord
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 COUNT = 24  # 3 classes of 8 images
 SOURCES = {"tar": prefetch.TarSource, "tfrecord": prefetch.TFRecordSource}

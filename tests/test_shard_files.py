@@ -12,7 +12,7 @@ import pytest
 import prefetch
 from prefetch.sources.shards._files import MAX_BRACE_NAMES, expand_braces
 from prefetch.testing import serve_folder, write_image_folder
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
 

@@ -21,8 +21,8 @@ import pytest
 import prefetch
 from prefetch.cli import main
 from prefetch.testing import serve_folder, write_bad_files, write_image_folder
-from prefetch.tools import out_folder
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import _out_folder as out_folder
+from prefetch.tools.shards import write_shards
 
 COUNT = 24  # 3 classes of 8 images
 MANIFEST = "shard-tar.manifest.json"

@@ -32,7 +32,7 @@ from prefetch.sources.shards._index import INDEX_SUFFIX, index_folder
 from prefetch.sources.shards._tar import tar_header, tar_padding
 from prefetch.sources.shards._tfrecord import encode_example
 from prefetch.testing import serve_folder
-from prefetch.tools.shard_writer import write_shards
+from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
 

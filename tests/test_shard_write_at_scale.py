@@ -23,10 +23,15 @@ from PIL import Image
 import prefetch
 from prefetch.cli import main
 from prefetch.sources.shards._index import INDEX_SUFFIX
-from prefetch.tools import shard_samples
-from prefetch.tools.out_folder import FolderBusyError, OutFolder
-from prefetch.tools.shard_progress import ProgressLine, describe
-from prefetch.tools.shard_writer import Progress, write_shards
+from prefetch.tools.shards import (
+    FolderBusyError,
+    OutFolder,
+    Progress,
+    ProgressLine,
+    describe,
+    write_shards,
+)
+from prefetch.tools.shards import _samples as shard_samples
 
 # 48 photos-like JPEGs of 320x240: each is re-encoded by --fit-crop 64 (so decoded once).
 CLASSES = ("cat", "dog", "emu")

@@ -18,9 +18,8 @@ from prefetch.cli import main
 from prefetch.sources._folders import ImageFolder
 from prefetch.sources.shards import TarSource
 from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
-from prefetch.tools import shard_samples, shard_writer
-from prefetch.tools.shard_writer import write_shards
-from prefetch.tools.shards_command import add_shards_parser
+from prefetch.tools.shards import FORMATS, add_shards_parser, write_shards
+from prefetch.tools.shards import _samples as shard_samples
 
 SubParsers = argparse._SubParsersAction
 
@@ -196,7 +195,7 @@ def test_tfrecord_images_decode_with_tensorflow_like_the_files(
 def test_the_same_seed_gives_the_same_bytes_and_another_seed_another_order(
     folder: Path, tmp_path: Path
 ) -> None:
-    for format in shard_writer.FORMATS:
+    for format in FORMATS:
         first = write_shards(folder, tmp_path / "a" / format, format=format, shard_size=10)
         again = write_shards(folder, tmp_path / "b" / format, format=format, shard_size=10)
         assert [Path(path).read_bytes() for path in first] == [

@@ -15,8 +15,7 @@ import pytest
 
 from prefetch.cli import main
 from prefetch.testing import write_image_folder
-from prefetch.tools import tune
-from prefetch.tools.tune import Trial, TuneReport
+from prefetch.tools.tune import Trial, TuneReport, _tune, tune
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -140,7 +139,7 @@ def test_the_load_average_is_read_before_the_first_trial(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trials_run: list[str] = []
-    real_trial = tune._trial
+    real_trial = _tune._trial
 
     def counted(*args: object) -> tuple[float, float]:
         trials_run.append("trial")
@@ -150,9 +149,9 @@ def test_the_load_average_is_read_before_the_first_trial(
         assert trials_run == []  # other jobs' load, not the trials' own
         return 99.0
 
-    monkeypatch.setattr(tune, "load_average", load)
-    monkeypatch.setattr(tune, "_trial", counted)
-    busy = tune.tune(
+    monkeypatch.setattr(_tune, "load_average", load)
+    monkeypatch.setattr(_tune, "_trial", counted)
+    busy = tune(
         folder, step_ms=1, batch_size=4, image_size=(16, 16), backends=("thread",), depths=(1,),
         max_workers=1, trial_batches=1, repeats=2,
     )  # fmt: skip
@@ -167,7 +166,7 @@ def test_the_command_gives_its_best_answer_and_its_uncertainty_on_a_busy_machine
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(tune, "load_average", lambda: 99.0)
+    monkeypatch.setattr(_tune, "load_average", lambda: 99.0)
     out = tmp_path / "tune.json"
     args = ["tune", str(folder), "--step-ms", "1", "--batch-size", "4", "--image-size", "16"]
     args += ["--backends", "thread", "--depths", "1", "--max-workers", "1"]
@@ -186,11 +185,11 @@ def test_the_command_gives_its_best_answer_and_its_uncertainty_on_a_busy_machine
 
 def test_bad_rounds_and_spreads_name_the_argument(folder: Path) -> None:
     with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
-        tune.tune(folder, repeats=0)
+        tune(folder, repeats=0)
     with pytest.raises(ValueError, match="max_spread must be > 0"):
-        tune.tune(folder, max_spread=0)
+        tune(folder, max_spread=0)
     with pytest.raises(ValueError, match="trial_batches must be an int >= 1, got 0"):
-        tune.tune(folder, trial_batches=0)
+        tune(folder, trial_batches=0)
 
 
 def test_the_chart_has_whole_worker_ticks_error_bars_and_says_when_its_star_is_uncertain() -> None:

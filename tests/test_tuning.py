@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import prefetch
 from prefetch.testing import write_image_folder
-from prefetch.tools.tune import Trial, TuneReport, tune
+from prefetch.tools.tune import Trial, TuneReport, _tune, tune
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +25,7 @@ def test_tune_measures_configurations_and_recommends_one_it_measured(
 ) -> None:
     # The noise rules (load above the cores, rounds spread apart) are tested on their own;
     # here a quiet machine is given, so that the recommendation does not depend on the load.
-    monkeypatch.setattr(prefetch.tools.tune, "load_average", lambda: 0.0)
+    monkeypatch.setattr(_tune, "load_average", lambda: 0.0)
     report = tune(
         folder,
         max_spread=math.inf,

@@ -1,7 +1,7 @@
 """The manifest of a set of shards: what a complete set written by `prefetch shards write` is.
 
 `prefetch shards write` leaves `<prefix>-<format>.manifest.json` beside the shards, written
-last and atomically (`prefetch.tools.shard_writer`). It is JSON: the format version, the
+last and atomically (`prefetch.tools.shards.write_shards`). It is JSON: the format version, the
 shards' names, sizes in bytes, sample counts and SHA-256 digests, the class names as a JSON
 list (any name, line breaks included, round-trips exactly), the image extensions written and
 the writer's options. While a write is being committed the same file says `"complete": false`

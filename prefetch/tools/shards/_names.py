@@ -5,7 +5,7 @@ patterns); `check_prefix` refuses a prefix that is not a file name's start. Befo
 `refuse_existing` refuses a folder that holds these names (without `overwrite`),
 `earlier_write` finishes an interrupted commit of this set, `already_written` tells that the
 set in place is the one an interrupted run of the same plan wrote, and `remove_strays` removes
-the temporary files a killed run left of this set's names. Used by `prefetch.tools.shard_writer`,
+the temporary files a killed run left of this set's names. Used by `_writer`,
 under the output folder's lock.
 """
 
@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable
 
 from prefetch.sources.shards import manifest_name, parse_class_names
-from prefetch.tools import shard_set
-from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
-from prefetch.tools.shard_resume import Journal, Plan, progress_name, written_by
+from prefetch.tools.shards import _set as shard_set
+from prefetch.tools.shards._out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
+from prefetch.tools.shards._resume import Journal, Plan, progress_name, written_by
 
 # The shard file names start with this unless a `prefix` is given.
 DEFAULT_PREFIX = "shard"

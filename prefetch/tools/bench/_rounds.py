@@ -1,8 +1,8 @@
 """The rounds of `prefetch.tools.bench.run` and the report they make.
 
 `measure(plan, progress, on_measured)` runs `plan`'s rounds: each round the single-core rate
-of every decoder, the entropy floor's single-core rate (`bench_floor`), then every loader at
-steady state (`bench_steady.measure_row`), the rows' order reversed every other round; a row
+of every decoder, the entropy floor's single-core rate (`_floor`), then every loader at
+steady state (`_steady.measure_row`), the rows' order reversed every other round; a row
 that fails is dropped with its one-line reason. `report(plan, runs)` turns them into the
 `BenchReport`: medians, ranges and ratios.
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 from prefetch.decode import DecodeOptions, Decoder
 from prefetch.runtime import usable_cores
-from prefetch.tools.bench_floor import EntropyDecoder, FloorSample, floor_rate
-from prefetch.tools.bench_hint import fast_hint
-from prefetch.tools.bench_loaders import LOADER_NAMES, Setup
-from prefetch.tools.bench_machine import machine_info
-from prefetch.tools.bench_report import (
+from prefetch.tools.bench._floor import EntropyDecoder, FloorSample, floor_rate
+from prefetch.tools.bench._hint import fast_hint
+from prefetch.tools.bench._loaders import LOADER_NAMES, Setup
+from prefetch.tools.bench._machine import machine_info
+from prefetch.tools.bench._report import (
     FLOOR_KEY,
     FLOOR_NAME,
     BenchConfig,
@@ -30,8 +30,8 @@ from prefetch.tools.bench_report import (
     LoaderResult,
     Measurement,
 )
-from prefetch.tools.bench_steady import RowFailed, RowResult, Span, alternated, measure_row
-from prefetch.tools.bench_timeline import record_setup_timeline
+from prefetch.tools.bench._steady import RowFailed, RowResult, Span, alternated, measure_row
+from prefetch.tools.bench._timeline import record_setup_timeline
 from prefetch.tools.timeline import Timeline
 
 Progress = Callable[[int, int, str], None]

@@ -2,11 +2,11 @@
 
 `prepare(samples, options)` reads each sample's file, checks it as the loader's readers would
 (`image_problem`: empty, not an image, over the readers' limits: pixels, scans) and, with
-`fit_crop`, re-encodes it (`prefetch.tools.fit_crop.fit_image`, the loader's colour rules); the
+`fit_crop`, re-encodes it (`_fit_crop.fit_image`, the loader's colour rules); the
 answer for each sample is `Prepared(data, resized)` or `Skip(reason)`. A file that cannot be
 read raises (the write stops, naming it); a file that cannot be decoded is a `Skip` naming why.
 A pure function of the files and the options: the same answers in any process, so the shards
-do not depend on the number of workers (`prefetch.tools.shard_work` runs it in them).
+do not depend on the number of workers (`_work` runs it in them).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import NamedTuple
 from PIL import Image
 
 from prefetch.io import check_image_bytes, read_location
-from prefetch.tools import fit_crop as fitting
-from prefetch.tools.shard_layout import Sample
+from prefetch.tools.shards import _fit_crop as fitting
+from prefetch.tools.shards._layout import Sample
 
 
 class Options(NamedTuple):

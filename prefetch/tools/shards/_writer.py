@@ -5,18 +5,18 @@ samples once, cuts them into shards of `shard_size` samples and writes each shar
 image bytes as stored (re-encoded only with `fit_crop`). Each image's header is read first
 (Pillow): an empty file, one that is not an image, one over the readers' limits or (with
 `fit_crop`) one that cannot be decoded is skipped and reported (`on_skip`), or refused with
-`strict=True`. That per-sample work runs in `workers` processes (`prefetch.tools.shard_work`;
-1: in the calling thread), the shards are written in order by the calling thread, and the
-bytes do not depend on the number of workers. It owns the files it writes in `out`, holds
+`strict=True`. That per-sample work runs in `workers` processes (`_work`; 1: in the calling
+thread), the shards are written in order by the calling thread, and the bytes do not depend on
+the number of workers. It owns the files it writes in `out`, holds
 `out`'s lock while it runs (a second writer is refused at once), and reports its progress
 (`on_progress`, a `Progress` after each chunk of samples).
 
 Safe against a neighbour and a crash (docs/shards.md, "Writing safely"): `out` is opened once
 as a folder descriptor, every file is created under a fresh unpredictable name, never through
-a link (`out_folder`); all shards are written first, committed together with a journal, and
-the manifest (names, sizes, sample counts, SHA-256, class names) last (`shard_set`): an
+a link (`_out_folder`); all shards are written first, committed together with a journal, and
+the manifest (names, sizes, sample counts, SHA-256, class names) last (`_set`): an
 interrupted or failed write leaves the old complete set or the new one, never a mixed set.
-The shards it finished stay hidden, recorded in a progress journal (`shard_resume`), and the
+The shards it finished stay hidden, recorded in a progress journal (`_resume`), and the
 same write again continues from them.
 The shards depend only on the files, the order (`seed`, `shuffle`) and the options (tar
 headers carry mtime 0): the same input gives the same bytes.
@@ -50,15 +50,13 @@ from prefetch.sources.shards import (
     ShardEntry,
     index_shard,
 )
-from prefetch.tools import fit_crop as fitting
-from prefetch.tools import shard_set
-from prefetch.tools.out_folder import OutFolder
-from prefetch.tools.shard_layout import (
+from prefetch.tools.shards import _fit_crop as fitting
+from prefetch.tools.shards import _set as shard_set
+from prefetch.tools.shards._layout import (
     Sample,
     extension_of,
 )
-from prefetch.tools.shard_names import (
-    CLASSES_FILE,
+from prefetch.tools.shards._names import (
     DEFAULT_PREFIX,
     already_written,
     check_prefix,
@@ -67,18 +65,17 @@ from prefetch.tools.shard_names import (
     refuse_existing,
     remove_strays,
     shard_name,
-    shard_pattern,
 )
-from prefetch.tools.shard_pass import (
+from prefetch.tools.shards._out_folder import OutFolder
+from prefetch.tools.shards._pass import (
     NoteCallback,
-    Progress,
     ProgressCallback,
     ShardCallback,
     SkipCallback,
     Writing,
     chunked,
 )
-from prefetch.tools.shard_resume import (
+from prefetch.tools.shards._resume import (
     Done,
     Journal,
     Plan,
@@ -86,22 +83,11 @@ from prefetch.tools.shard_resume import (
     progress_name,
     resumable,
 )
-from prefetch.tools.shard_samples import Options
-from prefetch.tools.shard_work import Preparer, ShardTask
+from prefetch.tools.shards._samples import Options
+from prefetch.tools.shards._work import Preparer, ShardTask
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
-# What the command and the tests take from here, defined beside the parts of a write.
-__all__ = [
-    "CLASSES_FILE",
-    "DEFAULT_PREFIX",
-    "FORMATS",
-    "SHARDS_PER_WORKER",
-    "Progress",
-    "shard_name",
-    "shard_pattern",
-    "write_shards",
-]
 
 
 def write_shards(
@@ -131,7 +117,7 @@ def write_shards(
       order and rules; a path or an fsspec URL).
     - `out`: the folder the shards, their manifest and `classes.txt` go into; created (with
       its parents) if missing; not a symbolic link. Locked while the write runs: a second
-      writer into it is refused at once (`prefetch.tools.out_folder.FolderBusyError`).
+      writer into it is refused at once (`prefetch.tools.shards.FolderBusyError`).
     - `format`: `"tar"` (WebDataset layout) or `"tfrecord"` (`tf.train.Example` records); the
       module docstring gives both layouts.
     - `shard_size`: samples per shard, >= 1; the last shard holds the rest (a shard holds
@@ -151,15 +137,15 @@ def write_shards(
       decoded, instead of skipping it.
     - `fit_crop`: re-encode each image larger than needed at the smallest size at which every
       window of the default `RandomResizedCrop` is still at least `fit_crop` pixels on each
-      side, converted as the loader reads it (`prefetch.tools.fit_crop`; lossy: JPEGs are
+      side, converted as the loader reads it (`fit_image`; lossy: JPEGs are
       compressed again); smaller images are kept byte for byte. None (default): every
       image's bytes are copied as stored.
     - `fit_crop_quality`: the JPEG quality (1-100) of the images `fit_crop` re-encodes;
-      default 90 (`prefetch.tools.fit_crop.DEFAULT_QUALITY`): smaller and faster to read
+      default 90 (`prefetch.tools.shards.DEFAULT_QUALITY`): smaller and faster to read
       than 95, a little further from the original pixels. Recorded in the manifest
       (`options["fit_crop"]["jpeg_quality"]`); another value needs `fit_crop`.
     - `workers`: how many read, check and re-encode images: 1 (default) in the calling
-      thread, more in that many worker processes (`prefetch.tools.shard_work`). The shards
+      thread, more in that many worker processes (`_work`). The shards
       are the same bytes for any number (`prefetch shards write` uses the usable cores).
     - `on_shard`: called as `on_shard(path, samples, size)` after each shard is written (under
       a temporary name; all are put at their `path` together at the end).
@@ -170,7 +156,7 @@ def write_shards(
 
     An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
     none; the shards it finished stay under hidden temporary names with a progress journal
-    (`prefetch.tools.shard_resume`), and the same call again continues from them, checked
+    (`_resume`), and the same call again continues from them, checked
     against the plan (names, sample counts, SHA-256), giving the bytes an uninterrupted write
     gives; another input or other options start over. A crash while the set is put in place
     is finished by the next write (the module docstring), which then does what it was asked.

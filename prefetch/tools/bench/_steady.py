@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefetch.tools.bench_loaders import Contender, Setup, make_contender
+from prefetch.tools.bench._loaders import Contender, Setup, make_contender
 
 # Default span: one epoch of warm-up, then three timed, for folders up to this many images;
 # a larger folder is measured on this many warm-up images and three times as many timed ones

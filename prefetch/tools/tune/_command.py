@@ -10,13 +10,14 @@ import importlib.util
 import json
 import sys
 
-from prefetch.tools import tune
-from prefetch.tools.command_args import (
+from prefetch.tools._command_args import (
     ProgressBar,
     add_batch_shape_arguments,
     positive_int,
 )
 from prefetch.tools.timeline import MATPLOTLIB_HINT
+from prefetch.tools.tune._report import SPREAD_PER_TOLERANCE, STEP_HOW_TO, TRIAL_BATCHES
+from prefetch.tools.tune._tune import REPEATS, TOLERANCE, tune
 
 
 def add_tune_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,30 +82,30 @@ def _add_tune_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trial-batches",
         type=positive_int,
-        default=tune.TRIAL_BATCHES,
-        help=f"batches timed per trial, after a warm-up batch (default {tune.TRIAL_BATCHES})",
+        default=TRIAL_BATCHES,
+        help=f"batches timed per trial, after a warm-up batch (default {TRIAL_BATCHES})",
     )
     parser.add_argument(
         "--repeats",
         type=positive_int,
-        default=tune.REPEATS,
+        default=REPEATS,
         help=f"rounds per configuration; medians and spread are reported (default "
-        f"{tune.REPEATS}; 1 cannot tell noise)",
+        f"{REPEATS}; 1 cannot tell noise)",
     )
     parser.add_argument(
         "--tolerance",
         type=float,
-        default=tune.TOLERANCE,
+        default=TOLERANCE,
         help="the recommendation is the smallest configuration within this share of the best "
-        f"(default {tune.TOLERANCE:g})",
+        f"(default {TOLERANCE:g})",
     )
     parser.add_argument(
         "--max-spread",
         type=float,
         metavar="SHARE",
         help="largest (highest - lowest) / median of a configuration's rounds that counts as "
-        f"steady (default: {tune.SPREAD_PER_TOLERANCE:g} x --tolerance, "
-        f"{tune.SPREAD_PER_TOLERANCE * tune.TOLERANCE:g})",
+        f"steady (default: {SPREAD_PER_TOLERANCE:g} x --tolerance, "
+        f"{SPREAD_PER_TOLERANCE * TOLERANCE:g})",
     )
 
 
@@ -125,12 +126,12 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.step_ms is None and not args.quiet:
         print(
             "prefetch tune: no --step-ms: measuring the loader alone, without a training step; "
-            f"to size the loader for your training, {tune.STEP_HOW_TO}",
+            f"to size the loader for your training, {STEP_HOW_TO}",
             file=sys.stderr,
         )
     bar = ProgressBar(sys.stderr, enabled=sys.stderr.isatty() and not args.quiet)
     try:
-        report = tune.tune(
+        report = tune(
             args.root,
             step_ms=0.0 if args.step_ms is None else args.step_ms,
             batch_size=args.batch_size,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from prefetch.tools.timeline import import_matplotlib
 
 if TYPE_CHECKING:
-    from prefetch.tools.tune_report import Trial, TuneReport
+    from prefetch.tools.tune._report import Trial, TuneReport
 
 # One colour per depth in the chart (the backend sets the line style and marker).
 SERIES_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")

@@ -19,7 +19,7 @@ from prefetch.decode import fast_available
 from prefetch.runtime import usable_cores
 
 if TYPE_CHECKING:
-    from prefetch.tools.bench_report import DecoderRate
+    from prefetch.tools.bench._report import DecoderRate
 
 # CPU ms per image decoded and resized to 224x224 by (decode_image, decode_turbo), at two photo
 # sizes (width x height pixels), with and without antialiasing: the "Speed" table of

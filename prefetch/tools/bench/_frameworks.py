@@ -23,7 +23,7 @@ from prefetch.plan import CenterCrop, Crop
 from prefetch.sources import ImageFolder
 
 if TYPE_CHECKING:
-    from prefetch.tools.bench_loaders import Setup
+    from prefetch.tools.bench._loaders import Setup
 
 
 class TfDataContender:

@@ -1,24 +1,7 @@
-"""prefetch.tools.bench: measure loaders on one image folder against the machine's limits.
+"""`run`: one measurement of `prefetch bench`, from its arguments to its `BenchReport`.
 
-`run(root, ...)` measures, in one run, the single-core decode + resize rate of every decoder
-in `available_decoders()` (the decode limit is usable cores x the best rate), the entropy
-floor (`bench_floor`: entropy decoding alone, x usable cores) and the steady-state images/s of
-each loader as a training job runs it (`bench_loaders`: a Python loop, a 15-line thread pool,
-`prefetch.Loader` by default, with threads and with processes, and tf.data, Keras and torch
-where installed; `bench_steady`: one long-lived pipeline per row, in a fresh process;
-`bench_rounds` runs the rounds). It
-returns a `BenchReport` (`bench_report`: table, JSON, chart) and, when the `fast` extra is
-missing, an estimate of what installing it would gain (`bench_hint`). Rounds are interleaved
-(every loader once per round, alternating their order; medians over rounds) so that a busy
-machine slows all rows alike. `root` may be an fsspec URL (a bucket, a web server): the
-decode limit is then measured on local copies of the decode sample (the CPU's limit, without
-the storage's latency), and the TensorFlow rows are skipped when `tf.io.gfile` cannot read the
-URL. This module re-exports the public names of its `bench_*` siblings.
-
-Contract: runs in the calling thread; every loader it opens (threads, processes), and every
-process it spawns for a row, is closed before `run` returns or raises. TensorFlow, Keras and
-torch are imported only to measure their loaders (in the rows' processes), matplotlib only to
-draw. Figures are timings: compare rows of one run, not runs.
+The package docstring (`prefetch.tools.bench`) states what is measured and the contract: runs
+in the calling thread, closes every loader and row process it starts before it returns.
 """
 
 from __future__ import annotations
@@ -33,73 +16,28 @@ from prefetch.decode import DecodeOptions, Decoder, compiled_available, fast_ava
 from prefetch.plan import Crop
 from prefetch.runtime import Loader, usable_cores
 from prefetch.sources import ImageFolder
-from prefetch.tools.bench_floor import (
+from prefetch.tools.bench._floor import (
     NO_ENTROPY_DECODER,
     entropy_decoder,
     floor_sample,
 )
-from prefetch.tools.bench_hint import FAST_INSTALL, TURBO_MEASURED, FastHint, fast_hint
-from prefetch.tools.bench_loaders import (
+from prefetch.tools.bench._loaders import (
     LOADER_NAMES,
     CroppingDecoder,
     Setup,
-    missing_requirement,
-    python_loop_batches,
-    thread_pool_batches,
     unavailable,
 )
-from prefetch.tools.bench_machine import (
-    DECODER_PROVIDERS,
-    DECODERS,
-    SAMPLE_SIZE,
+from prefetch.tools.bench._machine import (
     available_decoders,
     decoder_name,
     default_decoder,
     local_sample,
-    machine_info,
-    write_sample_folder,
 )
-from prefetch.tools.bench_report import (
-    SCHEMA_VERSION,
-    BenchConfig,
+from prefetch.tools.bench._report import (
     BenchReport,
-    DecoderRate,
-    LoaderResult,
-    Measurement,
 )
-from prefetch.tools.bench_rounds import OnMeasured, Plan, Progress, measure, report
-from prefetch.tools.bench_steady import Span
-from prefetch.tools.bench_timeline import record_timeline
-
-__all__ = [
-    "DECODERS",
-    "DECODER_PROVIDERS",
-    "DECODE_SAMPLE",
-    "FAST_INSTALL",
-    "LOADER_NAMES",
-    "SAMPLE_SIZE",
-    "SCHEMA_VERSION",
-    "TURBO_MEASURED",
-    "BenchConfig",
-    "BenchReport",
-    "DecoderRate",
-    "FastHint",
-    "LoaderResult",
-    "Measurement",
-    "Progress",
-    "Span",
-    "available_decoders",
-    "decoder_name",
-    "default_decoder",
-    "fast_hint",
-    "machine_info",
-    "missing_requirement",
-    "python_loop_batches",
-    "record_timeline",
-    "run",
-    "thread_pool_batches",
-    "write_sample_folder",
-]
+from prefetch.tools.bench._rounds import OnMeasured, Plan, Progress, measure, report
+from prefetch.tools.bench._steady import Span
 
 # Images per single-core decode measurement (fewer when the folder is smaller).
 DECODE_SAMPLE = 200
@@ -142,7 +80,7 @@ def run(
       Loader's default (`default_decoder()`; `report.config.loader_decoder` names the one
       used). The "default" row is `Loader(root, batch_size=, image_size=, seed=)` with
       nothing else: its own decoder, backend, workers, depth and antialias.
-    - Each loader is measured as a training job runs it (`bench_steady`): in each of
+    - Each loader is measured as a training job runs it (`measure_row`): in each of
       `repeats` rounds, one long-lived pipeline per loader (tf.data and Keras with `.repeat()`
       and one iterator, prefetch one open Loader), in a fresh process (`isolate=False`: in
       this one), `warmup_images` untimed, then `timed_images` timed (rounded up to whole
@@ -151,7 +89,7 @@ def run(
       medians over the rounds are reported, with each round's value. After each batch the
       consumer sleeps `step_ms` (a simulated training step). A row that fails is reported in
       `skipped` with its one-line reason, and the others are still measured.
-    - The entropy floor (`bench_floor`): when this build has the entropy-only decoder, the
+    - The entropy floor (`floor_rate`): when this build has the entropy-only decoder, the
       single-core rate of entropy decoding alone of the rows each sample needs, on the decode
       sample's JPEGs and the same crop windows, x usable cores; every row's
       `ratio_to_floor` is its share of it.

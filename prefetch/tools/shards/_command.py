@@ -1,7 +1,7 @@
-"""`prefetch shards`: its arguments, and running it (`prefetch.tools.shard_writer` writes).
+"""`prefetch shards`: its arguments, and running it (`_writer` writes).
 
 `add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
-(`handler=run_shards_write`: a progress line on stderr (`prefetch.tools.shard_progress`; none
+(`handler=run_shards_write`: a progress line on stderr (`_progress`; none
 with --quiet), a line per shard with --verbose, then a summary naming the files skipped and the
 Python lines that read the shards back) and `verify` (`handler=run_shards_verify`: each manifest
 in OUT against its set, with every check a reader makes and then each shard's SHA-256; exit
@@ -26,11 +26,14 @@ from prefetch.sources.shards import (
     reproducible,
 )
 from prefetch.sources.shards import verify as verify_manifest
-from prefetch.tools import fit_crop, shard_set, shard_writer
-from prefetch.tools.command_args import positive_int
-from prefetch.tools.out_folder import OutFolder
-from prefetch.tools.shard_progress import ProgressLine
-from prefetch.tools.shard_resume import progress_name
+from prefetch.tools._command_args import positive_int
+from prefetch.tools.shards._fit_crop import DEFAULT_QUALITY, quality_problem
+from prefetch.tools.shards._names import DEFAULT_PREFIX, shard_pattern
+from prefetch.tools.shards._out_folder import OutFolder
+from prefetch.tools.shards._progress import ProgressLine
+from prefetch.tools.shards._resume import progress_name
+from prefetch.tools.shards._set import CLASSES_FILE, classes_text
+from prefetch.tools.shards._writer import FORMATS, write_shards
 
 # `prefetch shards write` defaults.
 DEFAULT_FORMAT = "tar"
@@ -82,7 +85,7 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     write.add_argument("out", metavar="OUT", help="folder to write the shards into (created)")
     write.add_argument(
         "--format",
-        choices=shard_writer.FORMATS,
+        choices=FORMATS,
         default=DEFAULT_FORMAT,
         help=f"shard format (default {DEFAULT_FORMAT})",
     )
@@ -104,8 +107,8 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     write.add_argument(
         "--prefix",
-        default=shard_writer.DEFAULT_PREFIX,
-        help=f"start of the shard file names (default {shard_writer.DEFAULT_PREFIX})",
+        default=DEFAULT_PREFIX,
+        help=f"start of the shard file names (default {DEFAULT_PREFIX})",
     )
     write.add_argument(
         "--overwrite",
@@ -136,7 +139,7 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         default=None,
         metavar="Q",
         help="JPEG quality (1-100) of the images --fit-crop re-encodes (default "
-        f"{fit_crop.DEFAULT_QUALITY}: fewer bytes and faster reads; 95 keeps the crops closer "
+        f"{DEFAULT_QUALITY}: fewer bytes and faster reads; 95 keeps the crops closer "
         "to the original pixels); needs --fit-crop",
     )
     write.add_argument(
@@ -201,11 +204,11 @@ def run_shards_write(args: argparse.Namespace) -> int:
             "quality of the images --fit-crop re-encodes): add --fit-crop 224, or leave "
             "--fit-crop-quality out"
         )
-    quality = fit_crop.DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
+    quality = DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
     workers = usable_cores() if args.workers is None else args.workers
     started = time.monotonic()
     try:
-        paths = shard_writer.write_shards(
+        paths = write_shards(
             args.folder,
             args.out,
             format=args.format,
@@ -250,9 +253,9 @@ def run_shards_write(args: argparse.Namespace) -> int:
         f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
         f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
     )
-    if written is not None and shard_set.classes_text(written[0].class_names) is None:
+    if written is not None and classes_text(written[0].class_names) is None:
         print(
-            f"  {shard_set.CLASSES_FILE} not written: a class name holds a line break (the "
+            f"  {CLASSES_FILE} not written: a class name holds a line break (the "
             "manifest names the classes; the sources read them from it)"
         )
     if written is not None and args.fit_crop is not None:
@@ -265,7 +268,7 @@ def run_shards_write(args: argparse.Namespace) -> int:
         print(f"  skipped {path}: {reproducible(reason)}")
     if len(skipped) > _SKIPS_SHOWN:
         print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
-    pattern = os.path.join(args.out, shard_writer.shard_pattern(args.format, args.prefix))
+    pattern = os.path.join(args.out, shard_pattern(args.format, args.prefix))
     source = "TarSource" if args.format == "tar" else "TFRecordSource"
     print("read them back with:")
     print("  import prefetch")
@@ -287,8 +290,8 @@ def run_shards_verify(args: argparse.Namespace) -> int:
         parser.error(str(error))
     if not found:
         alone = (
-            f" ({shard_set.CLASSES_FILE} alone is not one)"
-            if os.path.exists(os.path.join(args.out, shard_set.CLASSES_FILE))
+            f" ({CLASSES_FILE} alone is not one)"
+            if os.path.exists(os.path.join(args.out, CLASSES_FILE))
             else ""
         )
         parser.error(
@@ -339,12 +342,12 @@ def _verify_all(folder: str) -> tuple[bool, int]:
 
 
 def _jpeg_quality(text: str) -> int:
-    """Parse --fit-crop-quality: an int from 1 to 100 (`fit_crop.quality_problem`)."""
+    """Parse --fit-crop-quality: an int from 1 to 100 (`quality_problem`)."""
     try:
         value: int | str = int(text)
     except ValueError:
         value = text
-    problem = fit_crop.quality_problem(value)
+    problem = quality_problem(value)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     assert isinstance(value, int)

@@ -1,10 +1,10 @@
 """The worker processes of `prefetch shards write`, which share out its per-sample work.
 
-`Preparer(workers, options)` runs `prepare` (`prefetch.tools.shard_samples`) on chunks of
+`Preparer(workers, options)` runs `prepare` (`_samples`) on chunks of
 samples: in the calling thread for one worker, else in `workers` spawned worker processes (the
 loader's start-up rules: `prefetch.backends.main_script_hidden`, spawn, never fork).
 `write(tasks, out, on_progress)` has the workers write whole shards instead (`write_shard`: each
-image prepared, framed by `prefetch.tools.shard_layout`, hashed and written to a temporary file
+image prepared, framed by `_layout`, hashed and written to a temporary file
 of `out`, whose folder descriptor is passed to each worker over its pipe), yielding each
 `ShardWritten` as it finishes; a worker checks between two images whether it is asked to stop.
 `map(chunks)` yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER`
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple, NoReturn
 
 from prefetch.backends import main_script_hidden, rebuild_error, with_traceback_text
 from prefetch.coordinator import POLL_S
-from prefetch.tools.out_folder import OutFolder
-from prefetch.tools.shard_layout import Sample, sample_bytes, shard_end
-from prefetch.tools.shard_samples import Answer, Options, Skip, prepare
+from prefetch.tools.shards._layout import Sample, sample_bytes, shard_end
+from prefetch.tools.shards._out_folder import OutFolder
+from prefetch.tools.shards._samples import Answer, Options, Skip, prepare
 
 # Samples per task sent to a worker: large enough that a message per chunk costs little next to
 # its images (8 decodes of a 2 MP photo take about 0.3 s), small enough to balance the workers

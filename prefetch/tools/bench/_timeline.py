@@ -1,8 +1,8 @@
-"""prefetch.tools.bench_timeline: a Timeline of one prefetch loader's first batches.
+"""A Timeline of one prefetch loader's first batches.
 
-`record_timeline(root, ...)` (re-exported by `prefetch.tools.bench`) records which worker decoded
+`record_timeline(root, ...)` (exported by `prefetch.tools.bench`) records which worker decoded
 each image when, how many batches were in flight, and when the consumer waited and stepped.
-`bench.run(timeline_batches=...)` records the same for its own setup.
+`run(timeline_batches=...)` records the same for its own setup.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prefetch._checks import positive
 from prefetch.decode import DecodeOptions, Decoder, decode_image
 from prefetch.runtime import Loader, usable_cores
 from prefetch.sources import ImageFolder
-from prefetch.tools.bench_loaders import Setup, batch_sizes
+from prefetch.tools.bench._loaders import Setup, batch_sizes
 from prefetch.tools.timeline import TimedDecoder, Timeline
 
 

@@ -2,7 +2,7 @@
 
 A python loop and a thread pool written by hand, `prefetch.Loader` (as a user gets it, and with
 threads and processes), and, where installed, tf.data AUTOTUNE, Keras
-`image_dataset_from_directory` and torch's `DataLoader` (those three in `bench_frameworks`).
+`image_dataset_from_directory` and torch's `DataLoader` (those three in `_frameworks`).
 `make_contender(key, setup)` builds
 one; `open(stack)` enters what it owns into the caller's ExitStack, so everything it starts is
 closed with the stack; `stream()` is then one long-lived pipeline, as a training job iterates
@@ -31,7 +31,7 @@ from prefetch.io import Location, is_url
 from prefetch.plan import Augment, CenterCrop, Crop, epoch_order
 from prefetch.runtime import Loader, available_memory_bytes
 from prefetch.sources import ImageFolder
-from prefetch.tools.bench_frameworks import (
+from prefetch.tools.bench._frameworks import (
     KerasContender,
     TfDataContender,
     TorchContender,

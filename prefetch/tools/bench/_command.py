@@ -14,13 +14,16 @@ import tempfile
 from contextlib import ExitStack
 
 from prefetch.plan import CenterCrop, Crop, RandomResizedCrop
-from prefetch.tools import bench
-from prefetch.tools.bench_steady import SPAN_EPOCH_CAP, TIMED_EPOCHS
-from prefetch.tools.command_args import (
+from prefetch.tools._command_args import (
     ProgressBar,
     add_batch_shape_arguments,
     positive_int,
 )
+from prefetch.tools.bench._loaders import LOADER_NAMES
+from prefetch.tools.bench._machine import SAMPLE_SIZE, write_sample_folder
+from prefetch.tools.bench._report import BenchReport, Measurement
+from prefetch.tools.bench._run import DECODE_SAMPLE, run
+from prefetch.tools.bench._steady import SPAN_EPOCH_CAP, TIMED_EPOCHS
 from prefetch.tools.timeline import MATPLOTLIB_HINT
 
 # `prefetch bench --crop`: the training and evaluation shapes of the work.
@@ -63,7 +66,7 @@ def _add_bench_folder_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="first write N sample JPEGs of {}x{} into ROOT (kept), or into a temporary "
         "folder (removed) when ROOT is not given (default: none; ROOT is measured as it "
-        "is)".format(*bench.SAMPLE_SIZE),
+        "is)".format(*SAMPLE_SIZE),
     )
 
 
@@ -114,15 +117,15 @@ def _add_bench_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--loaders",
-        default=",".join(bench.LOADER_NAMES),
-        help=f"comma-separated subset of {','.join(bench.LOADER_NAMES)} (default: all available)",
+        default=",".join(LOADER_NAMES),
+        help=f"comma-separated subset of {','.join(LOADER_NAMES)} (default: all available)",
     )
     parser.add_argument(
         "--decode-sample",
         type=positive_int,
-        default=bench.DECODE_SAMPLE,
+        default=DECODE_SAMPLE,
         metavar="N",
-        help=f"images per single-core decode measurement (default {bench.DECODE_SAMPLE})",
+        help=f"images per single-core decode measurement (default {DECODE_SAMPLE})",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of every loader's shuffle (default 0)"
@@ -189,7 +192,7 @@ def run_bench(args: argparse.Namespace) -> int:
         root = _bench_root(args, parser, stack)
         timeline_batches = args.timeline_batches if args.timeline or args.timeline_text else 0
         try:
-            report = bench.run(
+            report = run(
                 root,
                 batch_size=args.batch_size,
                 image_size=args.image_size,
@@ -225,7 +228,7 @@ def _prints_rows(args: argparse.Namespace) -> bool:
     return not args.quiet and not sys.stdout.isatty()
 
 
-def print_measurement(measurement: bench.Measurement) -> None:
+def print_measurement(measurement: Measurement) -> None:
     """Print one round's figure on stdout at once (a pipe or a file buffers it otherwise)."""
     print(measurement.text(), flush=True)
 
@@ -240,9 +243,9 @@ def _checked_bench_loaders(args: argparse.Namespace, parser: argparse.ArgumentPa
     if not args.step_ms >= 0:
         parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
     loaders = [key.strip() for key in args.loaders.split(",") if key.strip()]
-    unknown = [key for key in loaders if key not in bench.LOADER_NAMES]
+    unknown = [key for key in loaders if key not in LOADER_NAMES]
     if unknown:
-        parser.error(f"--loaders: unknown {unknown}; choose from {','.join(bench.LOADER_NAMES)}")
+        parser.error(f"--loaders: unknown {unknown}; choose from {','.join(LOADER_NAMES)}")
     return loaders
 
 
@@ -252,18 +255,18 @@ def _bench_root(args: argparse.Namespace, parser: argparse.ArgumentParser, stack
     if args.generate is not None:
         if root is None:
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="prefetch-bench-"))
-        width, height = bench.SAMPLE_SIZE
+        width, height = SAMPLE_SIZE
         note = f"writing {args.generate} sample JPEGs of {width}x{height} into {root}"
         if not args.quiet:
             print(note, file=sys.stderr)
         try:
-            bench.write_sample_folder(root, args.generate)
+            write_sample_folder(root, args.generate)
         except (ValueError, FileExistsError) as error:
             parser.error(str(error))
     return str(root)
 
 
-def _write_bench_outputs(args: argparse.Namespace, report: bench.BenchReport) -> None:
+def _write_bench_outputs(args: argparse.Namespace, report: BenchReport) -> None:
     """Print the table, write --json, --plot and --timeline, and say what was written."""
     if _prints_rows(args):
         print()  # after the rows printed as measured

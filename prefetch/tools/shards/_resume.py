@@ -12,7 +12,7 @@ still there with the recorded size and SHA-256 (hashed again), and writes only t
 (shards written by several workers finish in any order, so the recorded ones need not be the
 first); the set's bytes are then those of an uninterrupted run.
 A rerun with another plan starts over and says why (`Plan.difference`). The journal is removed
-when the set is committed (`prefetch.tools.shard_set`), after the manifest. Readers never see
+when the set is committed (`_set`), after the manifest. Readers never see
 it (a hidden name) nor the temporary shards. One writer at a time (the folder's lock); not
 thread-safe.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefetch.io import is_url
-from prefetch.tools.out_folder import OutFolder
+from prefetch.tools.shards._out_folder import OutFolder
 
 # The most bytes read of a progress journal (a line is about 200 bytes plus its skipped files).
 MAX_PROGRESS_BYTES = 1 << 30

@@ -1,6 +1,6 @@
 """Committing a set of shards: all of the new set, or (after a crash) none of it yet.
 
-The writer (`prefetch.tools.shard_writer`) first writes every shard of the new set under a
+The writer (`_writer`) first writes every shard of the new set under a
 temporary name (`OutFolder.write_temporary`); readers see nothing of it. `commit` then:
 
 1. puts a *journal* at the manifest's name: the new manifest with `"complete": false` and the
@@ -32,7 +32,7 @@ from prefetch.sources.shards import (
     manifest_name,
     shard_prefix,
 )
-from prefetch.tools.out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
+from prefetch.tools.shards._out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
 
 # The class names, one per line, written beside the shards when no name holds a line break.
 CLASSES_FILE = "classes.txt"

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from prefetch.io import is_url
-from prefetch.tools.bench_chart import bench_figure, ratio_text
-from prefetch.tools.bench_hint import FastHint
-from prefetch.tools.bench_loaders import LOADER_NAMES
+from prefetch.tools.bench._chart import bench_figure, ratio_text
+from prefetch.tools.bench._hint import FastHint
+from prefetch.tools.bench._loaders import LOADER_NAMES
 from prefetch.tools.timeline import Timeline
 
 # Version of the JSON written by `BenchReport.to_json` (bumped when a field changes meaning).
@@ -350,7 +350,7 @@ class BenchReport:
         self.figure().savefig(os.fspath(path), dpi=110)
 
     def figure(self) -> Any:
-        """A matplotlib `Figure` of images/s per loader (`bench_chart.bench_figure`: each bar
+        """A matplotlib `Figure` of images/s per loader (`_chart.bench_figure`: each bar
         labelled with its rate and its ratio to tf.data, the decode limit, the entropy floor
         when measured and, with a step, the step ceiling). Needs matplotlib (ImportError
         saying how to install it)."""

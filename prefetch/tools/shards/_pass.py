@@ -2,8 +2,8 @@
 
 `Writing` holds a write's state across its shards (the `Progress` it reports after each chunk
 of samples, the skips, `strict`); `ShardInProgress` is one shard written by the writer's own
-process from its samples' answers (`prefetch.tools.shard_work`), chunk by chunk, as its bytes
-are asked for; `shard_chunks` lays those bytes out (`prefetch.tools.shard_layout`).
+process from its samples' answers (`_work`), chunk by chunk, as its bytes
+are asked for; `shard_chunks` lays those bytes out (`_layout`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from prefetch.tools.shard_layout import Sample, relative_to, sample_bytes, shard_end
-from prefetch.tools.shard_resume import Done
-from prefetch.tools.shard_samples import Answer, Skip
-from prefetch.tools.shard_work import CHUNK_SAMPLES, ShardWritten, strict_refusal
+from prefetch.tools.shards._layout import Sample, relative_to, sample_bytes, shard_end
+from prefetch.tools.shards._resume import Done
+from prefetch.tools.shards._samples import Answer, Skip
+from prefetch.tools.shards._work import CHUNK_SAMPLES, ShardWritten, strict_refusal
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.

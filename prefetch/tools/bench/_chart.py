@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from prefetch.tools.timeline import import_matplotlib
 
 if TYPE_CHECKING:
-    from prefetch.tools.bench_report import BenchReport
+    from prefetch.tools.bench._report import BenchReport
 
 # The step ceiling is drawn as a line when it is at most this many times the chart's right
 # edge (the axis is then stretched to it); further off, the axis label names it instead.

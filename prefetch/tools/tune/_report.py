@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefetch.tools.tune_chart import tune_figure
+from prefetch.tools.tune._chart import tune_figure
 
 # Batches timed per trial, after one warm-up batch.
 TRIAL_BATCHES = 12
@@ -340,6 +340,6 @@ class TuneReport:
         self.figure().savefig(os.fspath(path), dpi=110)
 
     def figure(self) -> Any:
-        """A matplotlib `Figure` of images/s against workers (`tune_chart.tune_figure`). Needs
+        """A matplotlib `Figure` of images/s against workers (`_chart.tune_figure`). Needs
         matplotlib (ImportError saying how to install it)."""
         return tune_figure(self)

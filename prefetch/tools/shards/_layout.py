@@ -1,4 +1,4 @@
-"""The bytes of a shard, sample by sample: the layouts `prefetch.tools.shard_writer` writes.
+"""The bytes of a shard, sample by sample: the layouts `_writer` writes.
 
 `sample_bytes(format, sample, image, top)` is one sample's bytes in a shard of `format`
 (`"tar"`: the image member `<number:09d>.<ext>` and the label member `<number:09d>.cls`, each a

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from prefetch.tools.shard_writer import Progress
+from prefetch.tools.shards._pass import Progress
 
 # Seconds between redraws of the line on a terminal (a redraw costs little; more is flicker).
 TERMINAL_INTERVAL_S = 0.2
