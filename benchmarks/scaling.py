@@ -13,8 +13,10 @@ Rows (RandomResizedCrop to `--image-size` and a left-right flip, batch `--batch-
   recipe (skipped with one line where torchvision is missing).
 - `feed ...` (CUDA only): ResNet-50 (torchvision, bf16 autocast, channels_last, SGD) trained
   on a batch kept on the GPU (the ceiling), fed by `prefetch.torch.DeviceLoader` over the
-  default Loader, and by the DataLoader with decode_jpeg; with the share of step time spent
-  waiting for the next batch.
+  default Loader, and by the DataLoader with decode_jpeg; with the share of the time the loop
+  spent in `next()` (which overlaps the GPU's queued work) and the share the GPU sat idle
+  between steps (CUDA events: from the end of a step's kernels to the moment the next batch
+  was ready on the stream).
 
 Then a model of the curve from what was measured: one worker's CPU per image, the GIL share of
 a thread worker's sample (a Python thread spinning beside one worker thread: the share of time
@@ -296,22 +298,38 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
         loss.backward()
         optimizer.step()
 
-    def train(batches: Iterator[tuple[Any, Any]], warmup: int) -> tuple[float, float]:
-        """(images/s, share of the time spent waiting for a batch) after `warmup` steps (an
-        epoch's worth where the last batch is smaller: cuDNN tunes each new shape once)."""
+    def marker() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def train(batches: Iterator[tuple[Any, Any]], warmup: int) -> Row:
+        """images/s, the share of the time spent in `next()`, and the share the GPU was idle
+        between steps, after `warmup` steps (an epoch's worth where the last batch is
+        smaller: cuDNN tunes each new shape once). A step's end and the next batch's arrival
+        are events on the stream: the gap between them is time the GPU had nothing queued."""
         for _ in range(warmup):
             step(*next(batches))
         torch.cuda.synchronize()
         images, waited, began = 0, 0.0, time.perf_counter()
+        gaps, previous = [], marker()
+        first = previous
         while time.perf_counter() - began < args.seconds:
             asked = time.perf_counter()
             batch = next(batches)
             waited += time.perf_counter() - asked
+            gaps.append((previous, marker()))
             step(*batch)
+            previous = marker()
             images += len(batch[0])
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - began
-        return images / elapsed, waited / elapsed
+        idle_ms = sum(done.elapsed_time(ready) for done, ready in gaps)
+        return {
+            "images_per_s": images / elapsed,
+            "wait_share": waited / elapsed,
+            "gpu_idle_share": idle_ms / first.elapsed_time(previous),
+        }
 
     size = args.image_size
     resident = (
@@ -326,8 +344,7 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
         while True:
             yield resident
 
-    rate, wait = train(endless_resident(), args.feed_warmup_steps)
-    rows.append({"row": "feed resident batch", "images_per_s": rate, "wait_share": wait})
+    rows.append({"row": "feed resident batch", **train(endless_resident(), args.feed_warmup_steps)})
     variants: list[tuple[str, dict[str, Any]]] = [("feed prefetch.torch", {})]
     if args.feed_variants:
         variants += [
@@ -342,10 +359,9 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
                 while True:
                     yield from device_loader
 
-            rate, wait = train(endless_prefetch(), len(device_loader) + args.feed_warmup_steps)
+            row = train(endless_prefetch(), len(device_loader) + args.feed_warmup_steps)
             stats = loader.stats()
-        note = f"{stats.backend}, {stats.workers} workers"
-        rows.append({"row": name, "images_per_s": rate, "wait_share": wait, "note": note})
+        rows.append({"row": name, **row, "note": f"{stats.backend}, {stats.workers} workers"})
     torch_data = torch_data_loader(args, workers, _decode_jpeg, pin_memory=True)
 
     def endless_torch() -> Iterator[tuple[Any, Any]]:
@@ -354,8 +370,7 @@ def feeding_rows(args: argparse.Namespace, workers: int) -> list[Row]:
                 images = images.cuda(non_blocking=True).float().div_(255)
                 yield images.contiguous(memory_format=torch.channels_last), labels.cuda()
 
-    rate, wait = train(endless_torch(), args.feed_warmup_steps)
-    rows.append({"row": "feed torch decode_jpeg", "images_per_s": rate, "wait_share": wait})
+    rows.append({"row": "feed torch decode_jpeg", **train(endless_torch(), args.feed_warmup_steps)})
     return rows
 
 
@@ -421,7 +436,7 @@ def main() -> None:
             else ""
         )
         if "wait_share" in row:
-            extra = f"  waiting {row['wait_share']:.0%}"
+            extra = f"  in next() {row['wait_share']:.0%}, GPU idle {row['gpu_idle_share']:.0%}"
         print(
             f"{row['row']:<24} {row['images_per_s']:>9,.0f} images/s{extra}  {row.get('note', '')}"
         )
