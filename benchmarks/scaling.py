@@ -18,6 +18,10 @@ Rows (RandomResizedCrop to `--image-size` and a left-right flip, batch `--batch-
   between steps (CUDA events: from the end of a step's kernels to the moment the next batch
   was ready on the stream).
 
+- `ceiling N`: the machine's limit for this work at N processes (the default's worker count
+  and the usable cores): N independent processes running the loader's per-sample code on
+  their own slices of the files, no loader around them; `default / ceiling` is printed.
+
 Then a model of the curve from what was measured: one worker's CPU per image, the GIL share of
 a thread worker's sample (a Python thread spinning beside one worker thread: the share of time
 the spinner could not run), and the parent's own CPU per image with processes; from these the
@@ -34,6 +38,7 @@ import argparse
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -107,6 +112,57 @@ def prefetch_row(args: argparse.Namespace, name: str, **tuning: Any) -> Row:
         "parent_us_per_image": 1e6 * parent_s,
         "note": stats.backend_reason if name == "default" else "",
     }
+
+
+def _ceiling_worker(
+    reader: Any, indices: np.ndarray, size: int, barrier: Any, seconds: float, out: Any
+) -> None:
+    chunk = min(16, len(indices))  # samples per call: a short overshoot past `seconds`
+    slot = Slot(np.empty((chunk, size, size, 3), np.uint8), np.empty(chunk, np.int32))
+    reader.prepare()
+    reader.read_into(BatchTask(indices[:chunk], 0, 0), slot, 0, chunk, "warm-up")
+    barrier.wait()
+    done, began, epoch, position = 0, time.perf_counter(), 1, 0
+    while time.perf_counter() - began < seconds:
+        if position + chunk > len(indices):
+            position, epoch = 0, epoch + 1
+        task = BatchTask(indices[position : position + chunk], epoch, 0)
+        reader.read_into(task, slot, 0, chunk, "ceiling")
+        position, done = position + chunk, done + chunk
+    out.put(done / (time.perf_counter() - began))
+
+
+def ceiling_rows(args: argparse.Namespace, counts: list[int]) -> list[Row]:
+    """The machine's own limit for this work: N processes that share nothing, each running the
+    loader's per-sample code (`SampleReader.read_into`, the same crop, flip and decoder) on its
+    own slice of the files, with no loader around them (no parent, no pipes, no ring); the
+    sum of their rates. A loader at N workers is judged against it: the host's per-core speed
+    as its cores fill (hyperthreads, an all-core clock, memory bandwidth) bends this curve
+    too, and no loader can beat it."""
+    with make_loader(args, workers=1, backend="thread") as loader:
+        reader = loader._epochs.workers.reader  # the per-sample code every backend runs
+        total = len(loader.source)
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    for count in counts:
+        barrier, out = context.Barrier(count + 1), context.Queue()
+        processes = [
+            context.Process(
+                target=_ceiling_worker,
+                args=(reader, mine, args.image_size, barrier, args.seconds, out),
+                daemon=True,
+            )
+            for mine in (np.arange(first, total, count) for first in range(count))
+        ]
+        for process in processes:
+            process.start()
+        barrier.wait(timeout=300)
+        rate = sum(out.get(timeout=300 + args.seconds) for _ in processes)
+        for process in processes:
+            process.join()
+        note = "independent processes, the loader's per-sample code, no loader"
+        rows.append({"row": f"ceiling {count}", "images_per_s": rate, "note": note})
+    return rows
 
 
 def beside_python_rows(args: argparse.Namespace) -> list[Row]:
@@ -411,7 +467,7 @@ def main() -> None:
         "--skip",
         nargs="*",
         default=[],
-        help="parts to leave out: thread, process, beside, torch, feed",
+        help="parts to leave out: thread, process, ceiling, beside, torch, feed",
     )
     parser.add_argument(
         "--feed-variants",
@@ -463,6 +519,10 @@ def main() -> None:
                 name = f"{backend} {n}"
                 row = functools.partial(prefetch_row, args, name, workers=n, backend=backend)
                 guarded(name, lambda row=row: [row()])
+    if "ceiling" not in args.skip:
+        default_workers = next((r["workers"] for r in rows if r["row"] == "default"), None)
+        counts = sorted({1, args.max_workers, *([default_workers] if default_workers else [])})
+        guarded("ceiling", lambda: ceiling_rows(args, counts))
     if "beside" not in args.skip:
         guarded("beside Python", lambda: beside_python_rows(args))
     if "torch" not in args.skip:
@@ -471,9 +531,12 @@ def main() -> None:
         guarded("feeding rows", lambda: feeding_rows(args, args.max_workers))
     guarded("model", lambda: model(rows, share, args.max_workers))
     by_name = {row["row"]: row["images_per_s"] for row in rows}
-    for name in ("torch decode_jpeg", "torch pillow"):
-        if "default" in by_name and by_name.get(name):
-            print(f"default / {name}: {by_name['default'] / by_name[name]:.2f}x")
+    default = next((row for row in rows if row["row"] == "default"), None)
+    if default is not None:
+        ceiling = f"ceiling {default['workers']}"
+        for name in ("torch decode_jpeg", "torch pillow", ceiling):
+            if by_name.get(name):
+                print(f"default / {name}: {default['images_per_s'] / by_name[name]:.2f}x")
 
 
 if __name__ == "__main__":

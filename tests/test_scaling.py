@@ -189,4 +189,5 @@ def test_the_scaling_benchmark_prints_its_curve_and_writes_its_rows(tmp_path: Pa
         assert rows[name]["images_per_s"] > 0, name
     assert rows["default"]["backend"] == "process"
     assert {"model process 16", "model process 64", "default, beside Python"} <= set(rows)
+    assert rows["ceiling 1"]["images_per_s"] > 0 and "default / ceiling" in run.stdout
     assert "GIL held for" in run.stdout and "model thread 64" in run.stdout
