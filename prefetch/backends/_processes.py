@@ -33,12 +33,11 @@ import pickle
 import signal
 import threading
 from dataclasses import replace
-from multiprocessing.connection import wait
 from multiprocessing.reduction import send_handle
-from typing import Any
 
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
+from prefetch.backends._answers import WorkerPoll
 from prefetch.backends._base import BatchTask, Skipped, Slot
 from prefetch.backends._process_pending import (
     InFlight,
@@ -116,6 +115,7 @@ class ProcessBackend:
         self._crashed: WorkerCrashedError | None = None
         self._lock = threading.RLock()
         self._pickled: tuple[BatchTask | None, bytes] = (None, b"")  # the newest task sent
+        self._poll = WorkerPoll()
         self._needs_main = check_picklable(reader)
 
     def start(self) -> None:
@@ -153,6 +153,7 @@ class ProcessBackend:
         child_end.close()
         self._coordinator.register_thread(process)
         worker = WorkerHandle(index, process, parent_end)
+        self._poll.add(worker, parent_end.fileno(), process.sentinel)
         for name in self._slots.segments():
             self._give_segment(worker, name)
         return worker
@@ -263,19 +264,13 @@ class ProcessBackend:
     def pump(self, timeout_s: float) -> None:
         """Receive results and handle dead workers, waiting at most `timeout_s`."""
         with self._lock:
-            by_handle: dict[Any, WorkerHandle] = {}
-            for worker in self._workers:
-                by_handle[worker.conn] = worker
-                by_handle[worker.process.sentinel] = worker
-            ready = wait(list(by_handle), timeout_s)
-            for worker in list(self._workers):
-                if worker.conn in ready:
-                    self._receive(worker)
-            for worker in list(self._workers):
-                # Only a worker whose sentinel is readable can have exited: asking every
-                # worker's exit code is a waitpid each, and each system call costs this
-                # thread a wait for the GIL behind a training thread (issue 34).
-                if worker.process.sentinel in ready and worker.process.exitcode is not None:
+            readable, exited = self._poll.wait(timeout_s)
+            for worker in readable:
+                self._receive(worker)
+            for worker in exited:
+                # Only these can have exited: asking every worker's exit code is a waitpid
+                # each, each a wait for the GIL behind a training thread (issue 34).
+                if worker in self._workers and worker.process.exitcode is not None:
                     self._receive(worker)  # what it sent before it died still counts
                     self._handle_death(worker)
 
@@ -317,6 +312,7 @@ class ProcessBackend:
         for _, _, part in lost:  # rows it was reading stopped with it: no clock runs
             if part.slot.started is not None:
                 part.slot.started[part.start : part.stop] = 0.0
+        self._poll.remove(worker.conn.fileno(), worker.process.sentinel)
         worker.conn.close()
         worker.process.join()
         self._workers.remove(worker)
@@ -395,6 +391,7 @@ class ProcessBackend:
                 if worker.process.is_alive():
                     worker.process.kill()
                     worker.process.join()
+                self._poll.remove(worker.conn.fileno(), worker.process.sentinel)
                 worker.conn.close()
             self._workers = []
             for pending in self._pending.values():
