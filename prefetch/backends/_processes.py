@@ -50,6 +50,7 @@ from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
+from prefetch.backends._shared_arrays import SharedArrays
 from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends._spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
@@ -107,10 +108,12 @@ class ProcessBackend:
         self._crashed: WorkerCrashedError | None = None
         self._lock = threading.RLock()
         self._needs_main = check_picklable(reader)
+        self._sent: SharedArrays | None = None  # the reader as workers get it, from start()
 
     def start(self) -> None:
         slots = ring_capacity(self._depth)
         check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
+        self._sent = SharedArrays(self._reader)  # its large arrays once, shared by the workers
         self._workers = [self._spawn(i) for i in range(self.workers)]
 
     def set_workers(self, count: int) -> None:
@@ -134,7 +137,7 @@ class ProcessBackend:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self._reader, self._layout, child_end, os.getpid(), self.threads_per_worker),
+            args=(self._sent, self._layout, child_end, os.getpid(), self.threads_per_worker),
             name=f"prefetch-process-{index}",
             daemon=True,
         )
@@ -383,3 +386,5 @@ class ProcessBackend:
                 pending.cancelled = pending.abandoned = True  # no worker writes any more
             self._pending.clear()
             self._slots.close()
+            if self._sent is not None:
+                self._sent.close()
