@@ -2,7 +2,8 @@
 worker process (`prefetch.backends._shared_arrays`; docs/shards.md, "Bounds on one sample").
 
 Writes one tar shard of `--samples` one-pixel PNGs (1 KiB of tar each) whose member names are
-`--name-bytes` long (ustar names up to 255 bytes, GNU long names above) into `--folder`
+`--name-bytes` long (`prefetch.testing.shards.named_tar`: ustar names up to 255 bytes, GNU
+long names above) into `--folder`
 (kept, with its index, for the next run), makes a `TarSource` of it, then reads a few batches
 with `--workers` worker processes and prints each process's memory from
 /proc/PID/smaps_rollup: RSS, PSS (shared pages divided among the processes mapping them) and
@@ -21,43 +22,13 @@ import psutil
 from PIL import Image
 
 import prefetch
-from prefetch.sources.shards import TAR_END, tar_header, tar_padding
-
-# GNU long-name headers: the name's bytes follow a header named this, of kind 'L'.
-_LONG_LINK = "././@LongLink"
+from prefetch.testing.shards import named_tar
 
 
 def png() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (1, 1), (200, 30, 30)).save(buffer, "PNG")
     return buffer.getvalue()
-
-
-def long_name_header(name: bytes) -> bytes:
-    """The GNU 'L' header and data block that give the next member the name `name`."""
-    header = tar_header(_LONG_LINK, len(name) + 1)
-    header = header[:156] + b"L" + header[157:]
-    header = header[:148] + b" " * 8 + header[156:]
-    header = header[:148] + b"%06o\0 " % sum(header) + header[156:]
-    return header + name + b"\0" + tar_padding(len(name) + 1)
-
-
-def write_shard(path: str, samples: int, name_bytes: int) -> None:
-    """A tar of `samples` PNG members named `<number><x...>.png`, `name_bytes` long each."""
-    image = png()
-    with open(path + ".partial", "wb") as file:
-        for number in range(samples):
-            stem = f"{number:09d}"
-            name = stem + "x" * (name_bytes - len(stem) - 4) + ".png"
-            if len(name) <= 100:
-                member = tar_header(name, len(image))
-            elif len(name) <= 255:  # ustar: a prefix of up to 155 bytes, a slash, the rest
-                member = tar_header(name[:154] + "/" + name[155:], len(image))
-            else:
-                member = long_name_header(name.encode()) + tar_header(stem + ".png", len(image))
-            file.write(member + image + tar_padding(len(image)))
-        file.write(TAR_END)
-    os.replace(path + ".partial", path)
 
 
 def rollup(pid: int) -> dict[str, int]:
@@ -105,7 +76,8 @@ def main() -> None:
     path = os.path.join(args.folder, f"names-{args.name_bytes}-{args.samples}.tar")
     if not os.path.exists(path):
         began = time.perf_counter()
-        write_shard(path, args.samples, args.name_bytes)
+        named_tar(path + ".partial", args.samples, args.name_bytes, png())
+        os.replace(path + ".partial", path)
         print(f"wrote {path} in {time.perf_counter() - began:.0f} s")
     print(f"{path}: {os.path.getsize(path) / 1e6:.0f} MB")
     show("this process, at start", os.getpid())
