@@ -308,7 +308,7 @@ def test_a_shard_of_the_longest_names_costs_little_more_than_one_of_short_names(
     tmp_path: Path,
 ) -> None:
     # 255-byte ustar names, 1 KiB of tar a sample: the most names a shard can hold. Each name
-    # is held in at most MAX_HELD_NAME_BYTES (was: whole, twice: 720 bytes a sample).
+    # is held in at most MAX_HELD_NAME_BYTES (was: whole, in the table and in `paths`).
     samples = 150_000
     short, short_key = names_peak(tmp_path, 13, samples)
     long, long_key = names_peak(tmp_path, 255, samples)
@@ -316,7 +316,7 @@ def test_a_shard_of_the_longest_names_costs_little_more_than_one_of_short_names(
     held = long_key.encode()
     assert len(held) <= MAX_HELD_NAME_BYTES and "…" in long_key, long_key
     assert long_key.startswith(f"{samples - 1:09d}xxx") and long_key.endswith("xxx.jpg")
-    assert long - short < 250, (short, long)
+    assert long - short < 300, (short, long)  # was 559 (names whole, twice)
 
 
 def test_a_manifest_over_its_size_limit_is_refused_naming_it(tmp_path: Path) -> None:
