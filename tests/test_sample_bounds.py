@@ -319,6 +319,20 @@ def test_a_shard_of_the_longest_names_costs_little_more_than_one_of_short_names(
     assert long - short < 300, (short, long)  # was 559 (names whole, twice)
 
 
+def test_a_long_name_is_held_as_its_first_and_last_whole_characters(tmp_path: Path) -> None:
+    name = "é" * 70 + "/" + "ü" * 45  # 231 bytes of two-byte characters, ".jpg" added
+    path = tmp_path / "accents.tar"
+    write_tar(path, [(name, jpeg(), 0), ("short", jpeg(), 1)])
+    source = prefetch.TarSource(path)
+    held = source.member(0).key
+    assert len(held.encode()) <= MAX_HELD_NAME_BYTES and "…" in held, held
+    assert held.startswith("éééé") and held.endswith("üüü.jpg"), held
+    assert held in source.describe(0) and "at byte 512" in source.describe(0)  # its data
+    assert source.member(1).key == "short.jpg"
+    again = prefetch.TarSource(path)  # from the index file kept beside the shard
+    assert again.member(0).key == held
+
+
 def test_a_manifest_over_its_size_limit_is_refused_naming_it(tmp_path: Path) -> None:
     folder = write_image_folder(tmp_path / "images", per_class=2)
     out = tmp_path / "out"

@@ -33,14 +33,13 @@ MAX_LONG_NAME_BYTES = 64 << 10
 MAX_PAX_BYTES = 1 << 20
 # The most bytes (UTF-8) of a member's name, however it is stored (ustar, GNU long name, pax
 # path): what a ustar header holds (155 + "/" + 100), room for any WebDataset key with its
-# folders (the writer's are 13 bytes). A source keeps every image member's name, so memory is
-# about 2.6 bytes per byte of names while indexing: at 256 bytes, at most a third of the
-# shard's size (a member with a long name is at least 2 KB of tar); 60 KB names would cost
-# twice the shard's size. A longer name is refused as damage.
+# folders (the writer's are 13 bytes); it also bounds what pairing a sample's members holds
+# while indexing. A longer name is refused as damage (60 KB names cost twice the shard's size
+# when they were held whole).
 MAX_MEMBER_NAME_BYTES = 256
 # The most bytes (UTF-8) of a member's name that a source holds (in its member table, in its
 # index file) and shows in messages: a longer name is held as its first and last bytes around
-# "…" (`held_name`). Every real name we met fits (WebDataset keys with their folders, the
+# "…" (`held_name`). Common names fit whole (WebDataset keys with a folder or two, the
 # writer's 13 bytes); a message also gives the member's byte offset, which tells it exactly.
 # So a sample's name costs at most this (plus its 9 bytes of framing) however long it is, and
 # a shard of long names costs no more per sample than about twice a short-named one's.
