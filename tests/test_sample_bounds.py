@@ -8,6 +8,7 @@ docs/shards.md reports ("Bounds on one sample")."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -20,15 +21,26 @@ from PIL import Image
 import prefetch
 from prefetch import ErrorPolicy
 from prefetch.decode import compiled_available, fast_available
-from prefetch.io import DEFAULT_MAX_PIXELS, MAX_JPEG_SCAN_PIXELS, check_image_bytes, frame_record
+from prefetch.io import (
+    DEFAULT_MAX_PIXELS,
+    MAX_JPEG_SCAN_PIXELS,
+    PathArray,
+    check_image_bytes,
+    frame_record,
+)
 from prefetch.sources.shards import (
+    INDEX_SUFFIX,
     MAX_HELD_NAME_BYTES,
     MAX_MANIFEST_BYTES,
+    IndexRefused,
+    IndexSpec,
+    decode_index,
     encode_example,
     length_field,
     tar_header,
     tar_padding,
 )
+from prefetch.sources.shards._index_file import write_index
 from prefetch.testing import write_image_folder
 from prefetch.testing.bombs import claim_size, write_flat_png, write_scan_bomb
 from prefetch.testing.shards import named_tar, run_limited, write_tar
@@ -331,6 +343,18 @@ def test_a_long_name_is_held_as_its_first_and_last_whole_characters(tmp_path: Pa
     assert source.member(1).key == "short.jpg"
     again = prefetch.TarSource(path)  # from the index file kept beside the shard
     assert again.member(0).key == held
+
+
+def test_a_kept_index_holding_longer_names_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "long.tar"
+    write_tar(path, [("k" * 90, jpeg(), 0)])  # a 94-byte name, held shortened
+    assert "…" in prefetch.TarSource(path).member(0).key  # and its index kept beside it
+    spec = IndexSpec("tar")
+    index = decode_index((tmp_path / ("long.tar" + INDEX_SUFFIX)).read_bytes(), spec)
+    whole = io.BytesIO()
+    write_index(dataclasses.replace(index, keys=PathArray(["k" * 90 + ".jpg"])), spec, whole)
+    with pytest.raises(IndexRefused, match=f"longer than the {MAX_HELD_NAME_BYTES} bytes held"):
+        decode_index(whole.getvalue(), spec)
 
 
 def test_a_manifest_over_its_size_limit_is_refused_naming_it(tmp_path: Path) -> None:
