@@ -2,7 +2,10 @@
 
 Workers start with spawn or forkserver (never fork: the loader's process may run TensorFlow's
 threads). They do not re-run the main script unless the transform, decoder or source is defined
-there, so a script's `import tensorflow` does not load TensorFlow in every worker.
+there, so a script's `import tensorflow` does not load TensorFlow in every worker. What a worker
+is sent as it starts (the `SampleReader`, with the source) travels as a `SharedArrays`: the
+source's large arrays are written once, at `start`, into a memory file every worker maps
+(prefetch.backends._shared_arrays), not copied into each.
 
 Each worker has its own pipe (prefetch.backends._process_worker lists the messages). The parent
 passes every slot's segment to every worker as a file descriptor when the slot is created (and
