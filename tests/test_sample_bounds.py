@@ -8,6 +8,7 @@ docs/shards.md reports ("Bounds on one sample")."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -20,17 +21,29 @@ from PIL import Image
 import prefetch
 from prefetch import ErrorPolicy
 from prefetch.decode import compiled_available, fast_available
-from prefetch.io import DEFAULT_MAX_PIXELS, MAX_JPEG_SCAN_PIXELS, check_image_bytes, frame_record
+from prefetch.io import (
+    DEFAULT_MAX_PIXELS,
+    MAX_JPEG_SCAN_PIXELS,
+    PathArray,
+    check_image_bytes,
+    frame_record,
+)
 from prefetch.sources.shards import (
+    INDEX_SUFFIX,
+    MAX_HELD_NAME_BYTES,
     MAX_MANIFEST_BYTES,
+    IndexRefused,
+    IndexSpec,
+    decode_index,
     encode_example,
     length_field,
     tar_header,
     tar_padding,
 )
+from prefetch.sources.shards._index_file import write_index
 from prefetch.testing import write_image_folder
 from prefetch.testing.bombs import claim_size, write_flat_png, write_scan_bomb
-from prefetch.testing.shards import run_limited, write_tar
+from prefetch.testing.shards import named_tar, run_limited, write_tar
 from prefetch.tools.shards import write_shards
 
 # The address space a child may take: its interpreter, numpy and Pillow (about 0.5 GB of
@@ -263,6 +276,85 @@ def test_a_member_name_over_the_limit_is_refused_naming_the_shard(tmp_path: Path
     fine = tmp_path / "fine.tar"
     write_tar(fine, [("d" * 120 + "/" + "a" * 90, jpeg(), 0)])  # 215 bytes: fine
     assert len(prefetch.TarSource(fine)) == 1
+
+
+# Runs in the child: read a tiny tar (the steady state), then make a source of BIG and read
+# two batches with a worker process; print the peak RSS over the steady state, per sample.
+NAMES_CHILD = """
+import resource
+import prefetch
+
+def run(path):
+    source = prefetch.TarSource(path, label_ext="")
+    with prefetch.Loader(source, batch_size=8, image_size=8, workers=1, backend="process",
+                         label_mode=None, shuffle=False) as loader:
+        batches = iter(loader)
+        next(batches), next(batches)
+    return source
+
+run(SMALL)
+steady = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+source = run(BIG)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print("BYTES_PER_SAMPLE", round((peak - steady) * 1024 / len(source)))
+print("KEY", source.member(len(source) - 1).key)
+"""
+
+
+def names_peak(tmp_path: Path, name_bytes: int, samples: int) -> tuple[int, str]:
+    """The peak bytes per sample over the steady state of reading a tar of `samples` samples
+    whose member names take `name_bytes`, and its last sample's key as the source holds it."""
+    small, big = tmp_path / f"small-{name_bytes}.tar", tmp_path / f"big-{name_bytes}.tar"
+    named_tar(small, 16, name_bytes, jpeg((4, 4)))
+    named_tar(big, samples, name_bytes, jpeg((4, 4)))
+    code = f"SMALL, BIG = {str(small)!r}, {str(big)!r}\n" + NAMES_CHILD
+    output = run_limited(code, LIMIT_BYTES, timeout_s=120)
+    print(f"{samples} samples, names of {name_bytes} bytes: {output}")  # with pytest -s
+    found = re.search(r"BYTES_PER_SAMPLE (\S+)\nKEY (.+)", output)
+    assert found, output
+    return int(found.group(1)), found.group(2)
+
+
+@pytest.mark.timeout(300)
+def test_a_shard_of_the_longest_names_costs_little_more_than_one_of_short_names(
+    tmp_path: Path,
+) -> None:
+    # 255-byte ustar names, 1 KiB of tar a sample: the most names a shard can hold. Each name
+    # is held in at most MAX_HELD_NAME_BYTES (was: whole, in the table and in `paths`).
+    samples = 150_000
+    short, short_key = names_peak(tmp_path, 13, samples)
+    long, long_key = names_peak(tmp_path, 255, samples)
+    assert short_key == f"{samples - 1:09d}.jpg"
+    held = long_key.encode()
+    assert len(held) <= MAX_HELD_NAME_BYTES and "…" in long_key, long_key
+    assert long_key.startswith(f"{samples - 1:09d}xxx") and long_key.endswith("xxx.jpg")
+    assert long - short < 300, (short, long)  # was 559 (names whole, twice)
+
+
+def test_a_long_name_is_held_as_its_first_and_last_whole_characters(tmp_path: Path) -> None:
+    name = "é" * 70 + "/" + "ü" * 45  # 231 bytes of two-byte characters, ".jpg" added
+    path = tmp_path / "accents.tar"
+    write_tar(path, [(name, jpeg(), 0), ("short", jpeg(), 1)])
+    source = prefetch.TarSource(path)
+    held = source.member(0).key
+    assert len(held.encode()) <= MAX_HELD_NAME_BYTES and "…" in held, held
+    assert held.startswith("éééé") and held.endswith("üüü.jpg"), held
+    assert held in source.describe(0) and "at byte 512" in source.describe(0)  # its data
+    assert source.member(1).key == "short.jpg"
+    again = prefetch.TarSource(path)  # from the index file kept beside the shard
+    assert again.member(0).key == held
+
+
+def test_a_kept_index_holding_longer_names_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "long.tar"
+    write_tar(path, [("k" * 90, jpeg(), 0)])  # a 94-byte name, held shortened
+    assert "…" in prefetch.TarSource(path).member(0).key  # and its index kept beside it
+    spec = IndexSpec("tar")
+    index = decode_index((tmp_path / ("long.tar" + INDEX_SUFFIX)).read_bytes(), spec)
+    whole = io.BytesIO()
+    write_index(dataclasses.replace(index, keys=PathArray(["k" * 90 + ".jpg"])), spec, whole)
+    with pytest.raises(IndexRefused, match=f"longer than the {MAX_HELD_NAME_BYTES} bytes held"):
+        decode_index(whole.getvalue(), spec)
 
 
 def test_a_manifest_over_its_size_limit_is_refused_naming_it(tmp_path: Path) -> None:

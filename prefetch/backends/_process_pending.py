@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from prefetch._messages import counted
 from prefetch.backends._answers import AnswerReader
 from prefetch.backends._base import (
     BatchOutcome,
@@ -25,6 +26,7 @@ from prefetch.backends._base import (
     Slot,
     compact,
 )
+from prefetch.errors import WorkerCrashedError
 
 
 class Pump(Protocol):
@@ -134,6 +136,13 @@ class ProcessPending:
 InFlight = tuple[int, int, Part]
 
 
+_NEVER_ANSWERED = (
+    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
+    "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
+    "its main code)"
+)
+
+
 class WorkerHandle:
     """The parent's view of one worker process: its pipe and the parts it holds, by part id."""
 
@@ -150,3 +159,15 @@ class WorkerHandle:
     def rows(self) -> int:
         """Rows of the parts it holds: how busy it is."""
         return sum(part.rows for _, _, part in self.in_flight.values())
+
+    def crashed(
+        self, reason: str, restarts: int, max_restarts: int, files: list[str]
+    ) -> WorkerCrashedError:
+        """The error for this worker's death past `max_restarts`, naming what it decoded."""
+        return WorkerCrashedError(
+            f"worker process {self.process.name} (pid {self.process.pid}) died with "
+            f"{reason}, after {counted(restarts, 'restart')} (max_restarts="
+            f"{max_restarts}); it was decoding {counted(len(files), 'file')}: {files[:8]}"
+            + (" ..." if len(files) > 8 else "")
+            + (_NEVER_ANSWERED if self.answered == 0 else "")
+        )

@@ -2,7 +2,10 @@
 
 Workers start with spawn or forkserver (never fork: the loader's process may run TensorFlow's
 threads). They do not re-run the main script unless the transform, decoder or source is defined
-there, so a script's `import tensorflow` does not load TensorFlow in every worker.
+there, so a script's `import tensorflow` does not load TensorFlow in every worker. What a worker
+is sent as it starts (the `SampleReader`, with the source) travels as a `SharedArrays`: the
+source's large arrays are written once, at `start`, into a memory file every worker maps
+(prefetch.backends._shared_arrays), not copied into each.
 
 Each worker has its own pipe (prefetch.backends._process_worker lists the messages). The parent
 passes every slot's segment to every worker as a file descriptor when the slot is created (and
@@ -58,6 +61,7 @@ from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
+from prefetch.backends._shared_arrays import SharedArrays
 from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends._spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
@@ -67,13 +71,6 @@ log = logging.getLogger("prefetch.backends")
 
 # How long close() waits for workers to exit after the stop message, before terminating them.
 STOP_GRACE_S = 2.0
-
-
-_NEVER_ANSWERED = (
-    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
-    "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
-    "its main code)"
-)
 
 
 class ProcessBackend:
@@ -117,10 +114,12 @@ class ProcessBackend:
         self._pickled: tuple[BatchTask | None, bytes] = (None, b"")  # the newest task sent
         self._poll = WorkerPoll()
         self._needs_main = check_picklable(reader)
+        self._sent: SharedArrays | None = None  # the reader as workers get it, from start()
 
     def start(self) -> None:
         slots = ring_capacity(self._depth)
         check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
+        self._sent = SharedArrays(self._reader)  # its large arrays once, shared by the workers
         self._workers = [self._spawn(i) for i in range(self.workers)]
 
     def set_workers(self, count: int) -> None:
@@ -144,7 +143,7 @@ class ProcessBackend:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self._reader, self._layout, child_end, os.getpid(), self.threads_per_worker),
+            args=(self._sent, self._layout, child_end, os.getpid(), self.threads_per_worker),
             name=f"prefetch-process-{index}",
             daemon=True,
         )
@@ -331,13 +330,7 @@ class ProcessBackend:
                 for _, _, part in lost
                 for i in part.task.indices[part.start : part.stop]
             ]
-            error = WorkerCrashedError(
-                f"worker process {worker.process.name} (pid {worker.process.pid}) died with "
-                f"{reason}, after {counted(self.restarts, 'restart')} (max_restarts="
-                f"{self.max_restarts}); it was decoding {counted(len(files), 'file')}: {files[:8]}"
-                + (" ..." if len(files) > 8 else "")
-                + (_NEVER_ANSWERED if worker.answered == 0 else "")
-            )
+            error = worker.crashed(reason, self.restarts, self.max_restarts, files)
             self._crashed = error
             for batch_id, number, _ in lost:
                 pending = self._pending.get(batch_id)
@@ -398,3 +391,5 @@ class ProcessBackend:
                 pending.cancelled = pending.abandoned = True  # no worker writes any more
             self._pending.clear()
             self._slots.close()
+            if self._sent is not None:
+                self._sent.close()

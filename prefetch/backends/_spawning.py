@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
-import pickle
 import sys
 import threading
 import types
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefetch.backends._reader import SampleReader
+from prefetch.backends._shared_arrays import dumps_leaving_arrays
 
 
 def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:
@@ -37,7 +37,7 @@ def unpicklable_part(reader: SampleReader) -> str:
     """The name of the first part sent to workers that cannot be pickled ("" when all can)."""
     for what, value in _sent_parts(reader):
         try:
-            pickle.dumps(value)
+            dumps_leaving_arrays(value)
         except Exception:
             return what
     return ""
@@ -54,7 +54,7 @@ def check_picklable(reader: SampleReader) -> bool:
     needs_main = False
     for what, value in _sent_parts(reader):
         try:
-            pickled = pickle.dumps(value)
+            pickled = dumps_leaving_arrays(value)
         except Exception as error:
             raise TypeError(
                 f"backend='process' sends the {what} to worker processes, but {value!r} cannot be "
@@ -74,7 +74,7 @@ def main_part(reader: SampleReader) -> str:
     does, or one cannot be pickled)."""
     for what, value in _sent_parts(reader):
         try:
-            if b"__main__" in pickle.dumps(value):
+            if b"__main__" in dumps_leaving_arrays(value):
                 return what
         except Exception:
             return ""

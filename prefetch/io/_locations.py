@@ -48,8 +48,9 @@ class Member(NamedTuple):
     """Where a sample's bytes lie: `shard` (a path or URL: where it is read), its `format`
     ("tar" or "tfrecord"), the byte `offset` and `length` of what is read (a tar member's
     data; a TFRecord record's data, the framing excluded), for TFRecord the image's `start`
-    and `size` within the record's data, the member's `key` (a tar member's name; "" for a
-    record) and `origin` (the shard's own path or URL, named in errors; "": `shard`)."""
+    and `size` within the record's data, the member's `key` (a tar member's name, a long one
+    shortened around "…": `MAX_HELD_NAME_BYTES`; "" for a record) and `origin` (the shard's
+    own path or URL, named in errors; "": `shard`)."""
 
     shard: str
     format: str

@@ -5,6 +5,7 @@ leave, built in a few milliseconds and a few megabytes each.
   replaced shard of the same size tells itself apart by its labels).
 - `bomb_index`: an index file whose `offsets` member inflates to gigabytes from about 2 MB.
 - `long_name_tar`: a sparse tar whose first header is a GNU long name declaring gigabytes.
+- `named_tar`: a tar of many samples whose member names take a given number of bytes.
 - `empty_values_record`: a TFRecord whose one record holds millions of empty BytesList values.
 - `run_limited`: run Python code in a subprocess under an address-space limit, so that a test
   of a memory bound cannot take the machine down.
@@ -134,6 +135,33 @@ def long_name_tar(path: str | os.PathLike[str], declared: int = 2 << 30) -> None
     with open(path, "wb") as file:
         file.write(bytes(header) + bytes(8192 - 512))
         file.truncate(512 + declared + 1024)
+
+
+def named_tar(path: str | os.PathLike[str], samples: int, name_bytes: int, image: bytes) -> None:
+    """A tar at `path` of `samples` members holding `image`, named `<9 digits>xxx...x.jpg` in
+    `name_bytes` bytes (unlabelled): a ustar name (up to 255 bytes, 1 KiB of tar a sample for
+    a small image: the densest names), else a GNU long name. Written as it is made."""
+    with open(path, "wb") as file:
+        for number in range(samples):
+            stem = f"{number:09d}"
+            name = stem + "x" * (name_bytes - len(stem) - 4) + ".jpg"
+            if len(name) <= 100:
+                member = tar_header(name, len(image))
+            elif len(name) <= 255:  # a prefix of up to 155 bytes, a slash, the rest
+                member = tar_header(name[:154] + "/" + name[155:], len(image))
+            else:
+                member = _long_name(name.encode()) + tar_header(stem + ".jpg", len(image))
+            file.write(member + image + tar_padding(len(image)))
+        file.write(TAR_END)
+
+
+def _long_name(name: bytes) -> bytes:
+    """The GNU 'L' header and data that give the next member the name `name`."""
+    header = bytearray(tar_header("././@LongLink", len(name) + 1))
+    header[156:157] = b"L"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + name + b"\0" + tar_padding(len(name) + 1)
 
 
 def empty_values_record(path: str | os.PathLike[str], values: int = 10_000_000) -> None:

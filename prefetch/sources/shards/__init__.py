@@ -40,6 +40,7 @@ from prefetch.sources.shards._manifest import (
 from prefetch.sources.shards._set import verify
 from prefetch.sources.shards._sources import ShardSource, TarSource, TFRecordSource
 from prefetch.sources.shards._tar import (
+    MAX_HELD_NAME_BYTES,
     TAR_END,
     TarMember,
     iter_tar_members,
@@ -57,6 +58,7 @@ from prefetch.sources.shards._tfrecord import (
 
 __all__ = [
     "INDEX_SUFFIX",
+    "MAX_HELD_NAME_BYTES",
     "MAX_MANIFEST_BYTES",
     "TAR_END",
     "IndexRefused",

@@ -54,7 +54,7 @@ from prefetch.sources.shards._index_file import IndexSpec as IndexSpec
 from prefetch.sources.shards._index_file import ShardIdentity as ShardIdentity
 from prefetch.sources.shards._index_file import ShardIndex as ShardIndex
 from prefetch.sources.shards._sniff import HEAD_BYTES, refuse_other_format
-from prefetch.sources.shards._tar import iter_tar_members, sample_key
+from prefetch.sources.shards._tar import held_name, iter_tar_members, sample_key
 
 log = logging.getLogger("prefetch.loader")
 
@@ -214,9 +214,10 @@ def _tar_columns(
     file: Any, path: str, spec: IndexSpec
 ) -> tuple[list[array.array[int]], array.array[int] | None, PathArray]:
     """offsets, lengths, starts, sizes; labels (or None); and the image members' names of a
-    tar shard's samples, in flat arrays and one dictionary of keys (about 150 bytes a sample
-    with WebDataset's keys). A key with two images of one extension, or two labels, is
-    refused; a label met before its image waits in a small dictionary of its own."""
+    tar shard's samples (as held: `held_name`), in flat arrays and one dictionary of keys
+    (about 150 bytes a sample with WebDataset's keys). A key with two images of one
+    extension, or two labels, is refused; a label met before its image waits in a small
+    dictionary of its own."""
     numbers: dict[str | bytes, int] = {}  # key (a long one by its digest) -> sample number
     early: dict[str | bytes, tuple[int, int, str]] = {}  # a label member before its image
     offsets, lengths, labels = array.array("q"), array.array("q"), array.array("q")
@@ -237,7 +238,7 @@ def _tar_columns(
             offsets.append(member.offset)
             lengths.append(member.size)
             kinds.append(kind)
-            names += member.name.encode("utf-8", "surrogatepass") + b"\0"
+            names += held_name(member.name) + b"\0"  # a long one shortened
             name_ends.append(len(names))
             labels.append(-1)
             labelled.append(0)

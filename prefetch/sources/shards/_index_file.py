@@ -29,9 +29,11 @@ from typing import BinaryIO
 import numpy as np
 
 from prefetch.io import RECORD_OVERHEAD, PathArray
+from prefetch.sources.shards._tar import MAX_HELD_NAME_BYTES
 
-# Bumped whenever what an index holds changes: older indexes are rebuilt.
-INDEX_VERSION = 2
+# Bumped whenever what an index holds changes: older indexes are rebuilt (3: tar member names
+# as held, at most `MAX_HELD_NAME_BYTES` each).
+INDEX_VERSION = 3
 INDEX_SUFFIX = ".prefetch-index.npz"
 # Bytes at each end of a shard whose digest is part of its identity.
 EDGE_BYTES = 64 << 10
@@ -123,7 +125,8 @@ class ShardIndex:
     """The samples of one shard, in the shard's order: `offsets`, `lengths` (int64: a tar
     member's data; a TFRecord record's start and data length), `starts`, `sizes` (int64, the
     image within a record's data; zeros for tar), `labels` (int32, or None without labels),
-    `keys` (a tar sample's image member name, in one buffer; None for TFRecord, whose samples
+    `keys` (a tar sample's image member name as held, `held_name`, in one buffer; None for
+    TFRecord, whose samples
     are named by their byte offset) and the `identity` of the bytes it was built from."""
 
     offsets: np.ndarray
@@ -297,6 +300,8 @@ def _checked(
             keys = PathArray.from_parts(columns["key_bytes"], columns["key_starts"])
         except ValueError as error:
             raise IndexRefused(f"its member names are damaged ({error})") from None
+        if count and int(np.diff(columns["key_starts"]).max()) > MAX_HELD_NAME_BYTES + 1:
+            raise IndexRefused(f"a member name is longer than the {MAX_HELD_NAME_BYTES} bytes held")
     if any(length != count for length in lengths):
         raise IndexRefused("its columns have different lengths")
     offsets, sample_lengths, starts, sizes = (

@@ -33,11 +33,18 @@ MAX_LONG_NAME_BYTES = 64 << 10
 MAX_PAX_BYTES = 1 << 20
 # The most bytes (UTF-8) of a member's name, however it is stored (ustar, GNU long name, pax
 # path): what a ustar header holds (155 + "/" + 100), room for any WebDataset key with its
-# folders (the writer's are 13 bytes). A source keeps every image member's name, so memory is
-# about 2.6 bytes per byte of names while indexing: at 256 bytes, at most a third of the
-# shard's size (a member with a long name is at least 2 KB of tar); 60 KB names would cost
-# twice the shard's size. A longer name is refused as damage.
+# folders (the writer's are 13 bytes); it also bounds what pairing a sample's members holds
+# while indexing. A longer name is refused as damage (60 KB names cost twice the shard's size
+# when they were held whole).
 MAX_MEMBER_NAME_BYTES = 256
+# The most bytes (UTF-8) of a member's name that a source holds (in its member table, in its
+# index file) and shows in messages: a longer name is held as its first and last bytes around
+# "…" (`held_name`). Common names fit whole (WebDataset keys with a folder or two, the
+# writer's 13 bytes); a message also gives the member's byte offset, which tells it exactly.
+# So a sample's name costs at most this (plus its 9 bytes of framing) however long it is, and
+# a shard of long names costs no more per sample than about twice a short-named one's.
+MAX_HELD_NAME_BYTES = 64
+_ELLIPSIS = "…".encode()
 _EXTRA_CAPS = {
     b"L": MAX_LONG_NAME_BYTES,
     b"K": MAX_LONG_NAME_BYTES,
@@ -154,6 +161,22 @@ def iter_tar_members(file: BinaryIO, path: str) -> Iterator[TarMember]:
                 yield TarMember(name, data_offset, member_size)
             long_name, pax = None, {}
         offset = data_offset + member_size + -member_size % _BLOCK
+
+
+def held_name(name: str) -> bytes:
+    """`name` in UTF-8 as a source holds it: itself when it takes at most
+    `MAX_HELD_NAME_BYTES`, else its first and last bytes (whole characters) around "…", in
+    at most that many bytes."""
+    encoded = name.encode("utf-8", "surrogatepass")
+    if len(encoded) <= MAX_HELD_NAME_BYTES:
+        return encoded
+    keep = (MAX_HELD_NAME_BYTES - len(_ELLIPSIS)) // 2
+    head, tail = keep, len(encoded) - keep
+    while head and encoded[head] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        head -= 1
+    while tail < len(encoded) and encoded[tail] & 0xC0 == 0x80:
+        tail += 1
+    return encoded[:head] + _ELLIPSIS + encoded[tail:]
 
 
 # WebDataset's split of a member name: key up to the basename's first dot, extension after it.
