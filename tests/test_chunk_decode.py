@@ -17,6 +17,7 @@ import prefetch
 import prefetch.backends._reader as reader_module
 from prefetch.backends import BatchTask, Slot
 from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions
 from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
 from prefetch.testing import draw_shape, write_bad_files
 
@@ -185,3 +186,44 @@ def test_an_image_over_max_pixels_is_refused_as_before(tmp_path: Path) -> None:
     )
     with pytest.raises(Image.DecompressionBombError, match="max_pixels"), loader:
         next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    "crop",
+    [RandomResizedCrop(), RandomResizedCrop((0.9, 1.0), (0.2, 0.3)), CenterCrop(0.33)],
+    ids=["default", "narrow", "center"],
+)
+def test_windows_and_flips_are_the_plans_for_any_shape(tmp_path: Path, crop: Any) -> None:
+    """Each sample's window (at its DCT scale) and flip are what `crop.box`, `dct_scale`,
+    `scaled_box` and `Augment.flipped` give, for odd shapes, targets, seeds and indices."""
+    rng = np.random.default_rng(1)
+    sizes = [(int(w), int(h)) for w, h in rng.integers(8, 700, (24, 2))] + [(1, 300), (300, 1)]
+    paths = []
+    for number, size in enumerate(sizes):
+        paths.append(tmp_path / f"{number}.jpg")
+        Image.new("RGB", size, (number, 50, 90)).save(paths[-1])
+    augment = Augment(crop, flip=True)
+    options = DecodeOptions((7, 300))
+    for seed, epoch in ((0, 0), (2**40 + 5, 2**33)):
+        indices = [int(i) for i in rng.integers(0, 10**7, len(paths))]
+        images = np.empty((len(paths), *options.shape), np.uint8)
+        done, _ = window_decode.decode_chunk(
+            [str(p) for p in paths],
+            indices,
+            list(range(len(paths))),
+            seed,
+            epoch,
+            crop,
+            True,
+            options,
+            images,
+        )
+        assert done.all()
+        for number, ((width, height), index) in enumerate(zip(sizes, indices, strict=True)):
+            generator = Augment.rng(seed, epoch, index)
+            want = window_decode.decode_window(
+                str(paths[number]), crop, generator, options, "turbo"
+            )
+            if augment.flipped(generator):
+                want = want[:, ::-1]
+            np.testing.assert_array_equal(images[number], want, err_msg=str((width, height)))
