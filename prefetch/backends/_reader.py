@@ -74,7 +74,10 @@ class SampleReader:
     `window_engine`), or cut from the source's image; the flip is a view; then the transform
     runs. Files are read
     within `remote` (`storage.using`: deadlines, size caps; None: the defaults); a cached copy
-    is decoded through `ObjectCache.decoded`, which keeps only copies that decode. With
+    is decoded through `ObjectCache.decoded`, which keeps only copies that decode. A task's
+    crops of local files (no transform, no cache) are first decoded together in one call of the
+    compiled window decoder (`prefetch.decode.decode_chunk`, the GIL released); the rows it
+    leaves are read one by one, as above, with the same pixels either way. With
     `spool_folder` (where the runtime's spool keeps a streamed shard source's copies), samples
     of URL shards are read from the shards' local copies there.
     """
@@ -185,11 +188,12 @@ class SampleReader:
             return None
         positions = [p for p in range(start, stop) if p not in task.timed_out]
         indices = task.indices[positions].tolist()
-        paths = [self.file_path(index) for index in indices]
-        if not all(isinstance(path, str) for path in paths):
+        locations = [self.file_path(index) for index in indices]
+        paths = [path for path in locations if isinstance(path, str)]
+        if len(paths) != len(locations):  # a shard's members: read one by one
             return None
         done, seconds = decode_chunk(
-            paths,  # type: ignore[arg-type]
+            paths,
             indices,
             positions,
             int(task.seed),

@@ -21,6 +21,12 @@ over
 Pillow's pixel limit, and gray/RGBA outputs the compiled path does not make go to the Pillow
 path with the same window, so a bad file raises what `decode_image` raises. Stateless and
 thread-safe; the compiled decode and OpenCV release the GIL.
+
+`decode_chunk` does the same for a worker's rows at once (issue 34: a thread worker holds the
+GIL for almost nothing): one call of the compiled decoder reads the local files, draws each
+sample's box and flip (numpy's generator, transcribed in C) and decodes every window without
+the GIL, then each window is resized and flipped into its slot row; what it cannot take is
+left to the caller's per-sample path.
 """
 
 from __future__ import annotations
@@ -111,7 +117,6 @@ def chunk_available(crop: Crop | None, options: DecodeOptions, engine: str) -> b
 # What `decode_chunk` gives each sample (its table's columns; see _jpegwindow.c).
 _STATUS, _OFFSET, _HEIGHT, _WIDTH, _FLIPPED, _NANOS = range(6)
 _DONE = 0
-_UINT64_END = 1 << 64
 
 
 def decode_chunk(
