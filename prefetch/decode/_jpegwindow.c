@@ -24,16 +24,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#endif
 
 /* libjpeg's internal header, where installed (Debian's libjpeg-turbo dev package has it): its
  * entropy decoder's decode_mcu lets entropy_decode_rows decode exactly the rows it is asked. */
@@ -345,6 +347,11 @@ static PyObject *entropy_decode_rows(PyObject *self, PyObject *args) {
     }
     return PyLong_FromUnsignedLong(rows);
 }
+
+/* draws and decode_chunk need 128-bit integers (PCG64) and POSIX files; elsewhere the module
+ * has neither and the loader reads crops one sample at a time (chunk_available in _window.py). */
+#if defined(__SIZEOF_INT128__) && (defined(__unix__) || defined(__APPLE__))
+#define CHUNKS 1
 
 /* ---- a sample's generator: numpy's SeedSequence and PCG64, bit for bit ----------------------
  *
@@ -841,6 +848,8 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     return result;
 }
 
+#endif /* CHUNKS */
+
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace) of a JPEG's header."},
@@ -850,6 +859,7 @@ static PyMethodDef methods[] = {
     {"entropy_decode_rows", entropy_decode_rows, METH_VARARGS,
      "entropy_decode_rows(data, last_row) -> int: entropy-decode the iMCU rows covering pixel "
      "rows 0..last_row (no IDCT or colour); the pixel rows covered."},
+#ifdef CHUNKS
     {"draws", draws, METH_VARARGS,
      "draws(seed, epoch, index, stream, count) -> bytes: `count` float64 draws, equal to "
      "np.random.default_rng([seed, epoch, index, stream]).random(count)."},
@@ -857,6 +867,7 @@ static PyMethodDef methods[] = {
      "decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, "
      "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, started) -> (windows, "
      "table): a chunk of samples read, their boxes drawn and windows decoded without the GIL."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
