@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(__linux__)
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -348,9 +348,10 @@ static PyObject *entropy_decode_rows(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(rows);
 }
 
-/* draws and decode_chunk need 128-bit integers (PCG64) and POSIX files; elsewhere the module
- * has neither and the loader reads crops one sample at a time (chunk_available in _window.py). */
-#if defined(__SIZEOF_INT128__) && (defined(__unix__) || defined(__APPLE__))
+/* draws and decode_chunk need 128-bit integers (PCG64), POSIX files, and CLOCK_MONOTONIC to be
+ * Python's time.monotonic() (the `started` column): Linux. Elsewhere the module has neither and
+ * the loader reads crops one sample at a time (chunk_available in _window.py). */
+#if defined(__SIZEOF_INT128__) && defined(__linux__)
 #define CHUNKS 1
 
 /* ---- a sample's generator: numpy's SeedSequence and PCG64, bit for bit ----------------------
