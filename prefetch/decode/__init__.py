@@ -32,8 +32,10 @@ from prefetch.decode._turbo import (
     fast_available,
 )
 from prefetch.decode._window import (
+    chunk_available,
     compiled_available,
     crop_image,
+    decode_chunk,
     decode_window,
     entropy_decode_rows,
     flip_left_right,
@@ -50,10 +52,12 @@ __all__ = [
     "available_decoders",
     "best_decoder",
     "check_max_pixels",
+    "chunk_available",
     "compiled_available",
     "convert_mode",
     "crop_image",
     "decode_bytes",
+    "decode_chunk",
     "decode_image",
     "decode_turbo",
     "decode_window",

@@ -10,6 +10,10 @@
  *   header(data) -> (width, height, components, colorspace)
  *   decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray
  *   entropy_decode_rows(data, last_row) -> rows entropy-decoded (the floor; see below)
+ *   draws(seed, epoch, index, stream, count) -> bytes: `count` float64 draws of a sample's
+ *       generator, equal to np.random.default_rng([seed, epoch, index, stream]).random(count)
+ *   decode_chunk(...) -> (windows, table): a chunk of samples read, their boxes drawn and
+ *       their windows decoded with the GIL released (see decode_chunk below)
  *
  * `decode` returns height * width * channels bytes, rows of RGB (channels=3) or gray
  * (channels=1) pixels; the window is in the coordinates of the scaled image, whose size is
@@ -20,10 +24,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
 
 /* libjpeg's internal header, where installed (Debian's libjpeg-turbo dev package has it): its
  * entropy decoder's decode_mcu lets entropy_decode_rows decode exactly the rows it is asked. */
@@ -336,6 +348,509 @@ static PyObject *entropy_decode_rows(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(rows);
 }
 
+/* draws and decode_chunk need 128-bit integers (PCG64), POSIX files, and CLOCK_MONOTONIC to be
+ * Python's time.monotonic() (the `started` column): Linux. Elsewhere the module has neither and
+ * the loader reads crops one sample at a time (chunk_available in _window.py). */
+#if defined(__SIZEOF_INT128__) && defined(__linux__)
+#define CHUNKS 1
+
+/* ---- a sample's generator: numpy's SeedSequence and PCG64, bit for bit ----------------------
+ *
+ * np.random.default_rng([seed, epoch, index, stream]) is PCG64(SeedSequence(those ints)): the
+ * entropy (each int as its little-endian 32-bit words, 0 as one word) is hashed into a pool of
+ * four words, which generates PCG64's state and increment; Generator.random() is
+ * (next64 >> 11) * 2**-53. Transcribed from numpy/random/bit_generator.pyx and pcg64.h; a test
+ * compares `draws` with numpy's own. */
+#define SS_POOL 4
+#define SS_INIT_A 0x43b0d7e5u
+#define SS_MULT_A 0x931e8875u
+#define SS_INIT_B 0x8b51f9ddu
+#define SS_MULT_B 0x58f38dedu
+#define SS_MIX_L 0xca01f9ddu
+#define SS_MIX_R 0x4973f715u
+#define SS_SHIFT 16
+
+static uint32_t ss_hashmix(uint32_t value, uint32_t *hash_const) {
+    value ^= *hash_const;
+    *hash_const *= SS_MULT_A;
+    value *= *hash_const;
+    value ^= value >> SS_SHIFT;
+    return value;
+}
+
+static uint32_t ss_mix(uint32_t x, uint32_t y) {
+    uint32_t result = SS_MIX_L * x - SS_MIX_R * y;
+    return result ^ (result >> SS_SHIFT);
+}
+
+/* Appends `value`'s 32-bit words (least significant first; 0 is one word) to words[*n]. */
+static void ss_words(uint64_t value, uint32_t *words, int *n) {
+    words[(*n)++] = (uint32_t)value;
+    if (value >> 32) {
+        words[(*n)++] = (uint32_t)(value >> 32);
+    }
+}
+
+typedef struct {
+    __uint128_t state;
+    __uint128_t inc;
+} pcg64;
+
+#define PCG_MULT (((__uint128_t)2549297995355413924ULL << 64) + 4865540595714422341ULL)
+
+static uint64_t pcg64_next(pcg64 *rng) {
+    rng->state = rng->state * PCG_MULT + rng->inc;
+    uint64_t high = (uint64_t)(rng->state >> 64), low = (uint64_t)rng->state;
+    unsigned rot = (unsigned)(high >> 58);
+    uint64_t value = high ^ low;
+    return (value >> rot) | (value << ((64 - rot) & 63));
+}
+
+static double pcg64_double(pcg64 *rng) {
+    return (double)(pcg64_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void sample_rng(pcg64 *rng, uint64_t seed, uint64_t epoch, uint64_t index,
+                       uint64_t stream) {
+    uint32_t entropy[8];
+    int n = 0;
+    ss_words(seed, entropy, &n);
+    ss_words(epoch, entropy, &n);
+    ss_words(index, entropy, &n);
+    ss_words(stream, entropy, &n);
+    uint32_t pool[SS_POOL];
+    uint32_t hash_const = SS_INIT_A;
+    for (int i = 0; i < SS_POOL; i++) {
+        pool[i] = ss_hashmix(i < n ? entropy[i] : 0, &hash_const);
+    }
+    for (int src = 0; src < SS_POOL; src++) {
+        for (int dst = 0; dst < SS_POOL; dst++) {
+            if (src != dst) {
+                pool[dst] = ss_mix(pool[dst], ss_hashmix(pool[src], &hash_const));
+            }
+        }
+    }
+    for (int src = SS_POOL; src < n; src++) {
+        for (int dst = 0; dst < SS_POOL; dst++) {
+            pool[dst] = ss_mix(pool[dst], ss_hashmix(entropy[src], &hash_const));
+        }
+    }
+    uint32_t state[8];
+    hash_const = SS_INIT_B;
+    for (int i = 0; i < 8; i++) {
+        uint32_t value = pool[i % SS_POOL] ^ hash_const;
+        hash_const *= SS_MULT_B;
+        value *= hash_const;
+        value ^= value >> SS_SHIFT;
+        state[i] = value;
+    }
+    uint64_t words[4];
+    for (int i = 0; i < 4; i++) {
+        words[i] = (uint64_t)state[2 * i] | ((uint64_t)state[2 * i + 1] << 32);
+    }
+    __uint128_t initstate = ((__uint128_t)words[0] << 64) + words[1];
+    __uint128_t initseq = ((__uint128_t)words[2] << 64) + words[3];
+    rng->state = 0;
+    rng->inc = (initseq << 1) | 1;
+    pcg64_next(rng);
+    rng->state += initstate;
+    pcg64_next(rng);
+}
+
+static PyObject *draws(PyObject *self, PyObject *args) {
+    unsigned long long seed, epoch, index, stream;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "KKKKn:draws", &seed, &epoch, &index, &stream, &count)) {
+        return NULL;
+    }
+    if (count < 0 || count > 1 << 20) {
+        return PyErr_Format(PyExc_ValueError, "count must be in [0, 2**20], got %zd", count);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
+    if (result == NULL) {
+        return NULL;
+    }
+    double *out = (double *)PyBytes_AS_STRING(result);
+    pcg64 rng;
+    sample_rng(&rng, seed, epoch, index, stream);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        out[i] = pcg64_double(&rng);
+    }
+    return result;
+}
+
+/* ---- the boxes: prefetch.plan._crops and _window's scale, in the same double arithmetic ---- */
+
+/* Python's round() of a float: to the nearest integer, halves to even. */
+static double round_even(double x) {
+    double rounded = round(x);
+    if (fabs(x - rounded) == 0.5) {
+        rounded = 2.0 * round(x / 2.0);
+    }
+    return rounded;
+}
+
+#define CROP_RANDOM 1 /* RandomResizedCrop(scale=(p0, p1), ratio=(p2, p3)) */
+#define CROP_CENTER 2 /* CenterCrop(fraction=p0) */
+#define ATTEMPTS 10
+
+typedef struct {
+    long top, left, height, width;
+} box_t;
+
+/* RandomResizedCrop.box: 20 draws (10 attempts of area and ratio), then 2 for the position of
+ * the first that fits, else the centred fallback. `volatile`: no fused multiply-add, so each
+ * product is rounded as Python rounds it. */
+static box_t random_box(long height, long width, const double *p, pcg64 *rng) {
+    double area = (double)height * (double)width;
+    double log_low = log(p[2]), log_high = log(p[3]);
+    double d[2 * ATTEMPTS];
+    for (int i = 0; i < 2 * ATTEMPTS; i++) {
+        d[i] = pcg64_double(rng);
+    }
+    for (int i = 0; i < ATTEMPTS; i++) {
+        volatile double spread = (p[1] - p[0]) * d[2 * i];
+        volatile double target_area = area * (p[0] + spread);
+        volatile double log_spread = (log_high - log_low) * d[2 * i + 1];
+        double aspect = exp(log_low + log_spread);
+        volatile double wide = target_area * aspect;
+        double crop_w = round_even(sqrt(wide));
+        double crop_h = round_even(sqrt(target_area / aspect));
+        if (0 < crop_w && crop_w <= (double)width && 0 < crop_h && crop_h <= (double)height) {
+            long w = (long)crop_w, h = (long)crop_h;
+            double row = pcg64_double(rng), column = pcg64_double(rng);
+            long top = (long)(row * (double)(height - h + 1));
+            long left = (long)(column * (double)(width - w + 1));
+            box_t box = {top < height - h ? top : height - h, left < width - w ? left : width - w,
+                         h, w};
+            return box;
+        }
+    }
+    double aspect = (double)width / (double)height;
+    long w = width, h = height;
+    if (aspect < p[2]) {
+        h = (long)round_even((double)width / p[2]);
+        h = h > 1 ? h : 1;
+    } else if (aspect > p[3]) {
+        w = (long)round_even((double)height * p[3]);
+        w = w > 1 ? w : 1;
+    }
+    box_t box = {(height - h) / 2, (width - w) / 2, h, w};
+    return box;
+}
+
+/* CenterCrop.box (no draws). */
+static box_t center_box(long height, long width, const double *p, long target_h,
+                        long target_w) {
+    double full_h = (double)(width * target_h) / (double)target_w;
+    double full_w = (double)(height * target_w) / (double)target_h;
+    full_h = full_h < (double)height ? full_h : (double)height;
+    full_w = full_w < (double)width ? full_w : (double)width;
+    long h = (long)(p[0] * full_h), w = (long)(p[0] * full_w);
+    h = h > 1 ? h : 1;
+    w = w > 1 ? w : 1;
+    box_t box = {(height - h + 1) / 2, (width - w + 1) / 2, h, w};
+    return box;
+}
+
+/* prefetch.decode._window.dct_scale and scaled_box. */
+static unsigned dct_scale(box_t box, long target_h, long target_w) {
+    static const long scales[] = {8, 4, 2};
+    for (int i = 0; i < 3; i++) {
+        if (box.height / scales[i] >= target_h && box.width / scales[i] >= target_w) {
+            return (unsigned)scales[i];
+        }
+    }
+    return 1;
+}
+
+static box_t scaled_box(box_t box, long full_h, long full_w, unsigned scale) {
+    long s = (long)scale;
+    long rows = (full_h + s - 1) / s, columns = (full_w + s - 1) / s;
+    long top = (long)round_even((double)box.top / (double)s);
+    long left = (long)round_even((double)box.left / (double)s);
+    top = top < rows - 1 ? top : rows - 1;
+    left = left < columns - 1 ? left : columns - 1;
+    long bottom = (long)round_even((double)(box.top + box.height) / (double)s);
+    long right = (long)round_even((double)(box.left + box.width) / (double)s);
+    bottom = bottom > top + 1 ? bottom : top + 1;
+    bottom = bottom < rows ? bottom : rows;
+    right = right > left + 1 ? right : left + 1;
+    right = right < columns ? right : columns;
+    box_t out = {top, left, bottom - top, right - left};
+    return out;
+}
+
+/* ---- a chunk of samples ------------------------------------------------------------------ */
+
+/* The columns of decode_chunk's table (int64, one row per sample). */
+enum { T_STATUS, T_OFFSET, T_HEIGHT, T_WIDTH, T_FLIPPED, T_NANOS, T_COLUMNS };
+/* T_STATUS: the window is decoded, or the caller reads the sample itself. */
+enum { DONE = 0, FALLBACK = 1 };
+
+typedef struct {
+    const char *path;
+    uint64_t index;
+    Py_ssize_t position;
+    unsigned char *data;
+    size_t size;
+    box_t window;
+    unsigned scale;
+    int64_t *row;
+} sample_t;
+
+static double monotonic_s(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static int64_t nanos_since(double began) { return (int64_t)((monotonic_s() - began) * 1e9); }
+
+typedef struct {
+    unsigned long long seed, epoch, stream;
+    int crop, flip, channels;
+    double params[4];
+    long target_h, target_w;
+    long long max_pixels, pil_limit, max_bytes;
+    double *started; /* the slot's `started` column (time.monotonic() per row), or NULL */
+} chunk_options;
+
+/* Reads the file (a regular file of at most max_bytes, read as prefetch.io.read_local reads
+ * it), reads its header (a sequential Huffman JPEG of at most max_pixels and Pillow's limit,
+ * in a colour space libjpeg-turbo decodes as Pillow does), draws its box and flip, and picks
+ * the DCT scale and the window. Returns DONE, or FALLBACK for anything else: the caller then
+ * reads that sample itself, and says what is wrong with it. */
+static int plan_sample(sample_t *sample, const chunk_options *options) {
+    int handle = open(sample->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (handle < 0) {
+        return FALLBACK;
+    }
+    struct stat info;
+    if (fstat(handle, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size < 3 ||
+        (long long)info.st_size > options->max_bytes) {
+        close(handle);
+        return FALLBACK;
+    }
+    size_t size = (size_t)info.st_size;
+    unsigned char *data = malloc(size + 1);
+    if (data == NULL) {
+        close(handle);
+        return FALLBACK;
+    }
+    size_t got = 0;
+    while (got < size + 1) { /* a byte more than its size: a file that grew is the caller's */
+        ssize_t count = pread(handle, data + got, size + 1 - got, (off_t)got);
+        if (count <= 0) {
+            break;
+        }
+        got += (size_t)count;
+    }
+    close(handle);
+    sample->data = data;
+    sample->size = size;
+    if (got != size || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
+        return FALLBACK;
+    }
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    strict(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        return FALLBACK;
+    }
+    jpeg_mem_src(&cinfo, data, (unsigned long)size);
+    jpeg_read_header(&cinfo, TRUE);
+    long height = (long)cinfo.image_height, width = (long)cinfo.image_width;
+    long long pixels = (long long)height * width;
+    J_COLOR_SPACE space = cinfo.jpeg_color_space;
+    int bounded = !cinfo.progressive_mode && !cinfo.arith_code;
+    jpeg_destroy_decompress(&cinfo);
+    if (!bounded || (space != JCS_YCbCr && space != JCS_GRAYSCALE && space != JCS_RGB) ||
+        height <= 0 || width <= 0 || (options->max_pixels >= 0 && pixels > options->max_pixels) ||
+        (options->pil_limit >= 0 && pixels > options->pil_limit)) {
+        return FALLBACK;
+    }
+    pcg64 rng;
+    sample_rng(&rng, options->seed, options->epoch, sample->index, options->stream);
+    box_t box;
+    if (options->crop == CROP_RANDOM) {
+        box = random_box(height, width, options->params, &rng);
+    } else {
+        box = center_box(height, width, options->params, options->target_h, options->target_w);
+    }
+    sample->row[T_FLIPPED] = options->flip && pcg64_double(&rng) < 0.5;
+    sample->scale = dct_scale(box, options->target_h, options->target_w);
+    sample->window = scaled_box(box, height, width, sample->scale);
+    sample->row[T_HEIGHT] = sample->window.height;
+    sample->row[T_WIDTH] = sample->window.width;
+    return DONE;
+}
+
+static void set_started(const chunk_options *options, Py_ssize_t position, double value) {
+    if (options->started != NULL) {
+        options->started[position] = value;
+    }
+}
+
+static void free_samples(sample_t *samples, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        free(samples[i].data);
+        samples[i].data = NULL;
+    }
+}
+
+/* decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, target_h,
+ *              target_w, channels, max_pixels, pil_limit, max_bytes, started)
+ *   -> (windows: bytearray, table: bytes)
+ *
+ * For each sample i (its local path as bytes, its index in the source, its row positions[i] of
+ * the slot): read the file, draw its box and flip from the sample's generator (seed, epoch,
+ * index, stream) and decode its window at the DCT scale, as prefetch.decode._window does for
+ * one sample. `table` is int64 (len(paths), 6): status (DONE, or FALLBACK: the caller reads
+ * that sample itself), the offset of the window's pixels in `windows`, its height and width,
+ * flipped, and the nanoseconds spent on it. `started` (a float64 array with a row per slot row,
+ * or None) holds each sample's time.monotonic() while its file is read or its window decoded
+ * (0 after), for the loader's sample_timeout_s. Two stretches without the GIL: read and plan
+ * every sample, then decode every window into one buffer. */
+static PyObject *decode_chunk(PyObject *self, PyObject *args) {
+    PyObject *paths, *indices, *positions, *started_object;
+    chunk_options options;
+    int target_h, target_w;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKKi(dddd)iiiiLLLO:decode_chunk", &PyList_Type, &paths,
+                          &PyList_Type, &indices, &PyList_Type, &positions, &options.seed,
+                          &options.epoch, &options.stream, &options.crop, &options.params[0],
+                          &options.params[1], &options.params[2], &options.params[3],
+                          &options.flip, &target_h, &target_w, &options.channels,
+                          &options.max_pixels, &options.pil_limit, &options.max_bytes,
+                          &started_object)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(paths);
+    if (PyList_GET_SIZE(indices) != n || PyList_GET_SIZE(positions) != n) {
+        return PyErr_Format(PyExc_ValueError, "paths, indices and positions differ in length");
+    }
+    if (options.crop != CROP_RANDOM && options.crop != CROP_CENTER) {
+        return PyErr_Format(PyExc_ValueError, "crop must be 1 or 2, got %d", options.crop);
+    }
+    if (options.channels != 1 && options.channels != 3) {
+        return PyErr_Format(PyExc_ValueError, "channels must be 1 or 3, got %d",
+                            options.channels);
+    }
+    if (target_h <= 0 || target_w <= 0) {
+        return PyErr_Format(PyExc_ValueError, "the target size must be positive");
+    }
+    options.target_h = target_h;
+    options.target_w = target_w;
+    Py_buffer started = {0};
+    options.started = NULL;
+    if (started_object != Py_None) {
+        if (PyObject_GetBuffer(started_object, &started, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) !=
+            0) {
+            return NULL;
+        }
+        options.started = (double *)started.buf;
+    }
+    Py_ssize_t rows = started_object != Py_None ? started.len / (Py_ssize_t)sizeof(double) : 0;
+    PyObject *table = PyBytes_FromStringAndSize(NULL, n * T_COLUMNS * (Py_ssize_t)sizeof(int64_t));
+    sample_t *samples = calloc(n > 0 ? (size_t)n : 1, sizeof(sample_t));
+    if (table == NULL || samples == NULL) {
+        Py_XDECREF(table);
+        free(samples);
+        if (options.started != NULL) {
+            PyBuffer_Release(&started);
+        }
+        return table == NULL ? NULL : PyErr_NoMemory();
+    }
+    int64_t *cells = (int64_t *)PyBytes_AS_STRING(table);
+    memset(cells, 0, (size_t)n * T_COLUMNS * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        samples[i].row = cells + i * T_COLUMNS;
+        samples[i].index = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(indices, i));
+        samples[i].position = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+        if (PyErr_Occurred() || !PyBytes_Check(path) || samples[i].position < 0 ||
+            (options.started != NULL && samples[i].position >= rows)) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError,
+                                "paths must be bytes and positions rows of `started`");
+            }
+            Py_DECREF(table);
+            free(samples);
+            if (options.started != NULL) {
+                PyBuffer_Release(&started);
+            }
+            return NULL;
+        }
+        samples[i].path = PyBytes_AS_STRING(path); /* `paths` keeps it alive */
+    }
+    size_t total = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double began = monotonic_s();
+        set_started(&options, samples[i].position, began);
+        int status = plan_sample(&samples[i], &options);
+        set_started(&options, samples[i].position, 0.0);
+        samples[i].row[T_STATUS] = status;
+        samples[i].row[T_NANOS] = nanos_since(began);
+        if (status == DONE) {
+            samples[i].row[T_OFFSET] = (int64_t)total;
+            total += (size_t)samples[i].window.height * (size_t)samples[i].window.width *
+                     (size_t)options.channels;
+        } else {
+            free(samples[i].data);
+            samples[i].data = NULL;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *windows = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (windows == NULL) {
+        free_samples(samples, n);
+        free(samples);
+        Py_DECREF(table);
+        if (options.started != NULL) {
+            PyBuffer_Release(&started);
+        }
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(windows);
+    Py_BEGIN_ALLOW_THREADS
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    strict(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        sample_t *sample = &samples[i];
+        if (sample->row[T_STATUS] != DONE) {
+            continue;
+        }
+        double began = monotonic_s();
+        set_started(&options, sample->position, began);
+        box_t window = sample->window;
+        int status = decode_window(&cinfo, &errors, sample->data, sample->size,
+                                   (JDIMENSION)window.top, (JDIMENSION)window.left,
+                                   (JDIMENSION)window.height, (JDIMENSION)window.width,
+                                   sample->scale, options.channels, 1,
+                                   out + sample->row[T_OFFSET]);
+        set_started(&options, sample->position, 0.0);
+        free(sample->data);
+        sample->data = NULL;
+        sample->row[T_STATUS] = status == 0 ? DONE : FALLBACK;
+        sample->row[T_NANOS] += nanos_since(began);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    Py_END_ALLOW_THREADS
+    free(samples);
+    if (options.started != NULL) {
+        PyBuffer_Release(&started);
+    }
+    PyObject *result = Py_BuildValue("(NN)", windows, table);
+    return result;
+}
+
+#endif /* CHUNKS */
+
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace) of a JPEG's header."},
@@ -345,6 +860,15 @@ static PyMethodDef methods[] = {
     {"entropy_decode_rows", entropy_decode_rows, METH_VARARGS,
      "entropy_decode_rows(data, last_row) -> int: entropy-decode the iMCU rows covering pixel "
      "rows 0..last_row (no IDCT or colour); the pixel rows covered."},
+#ifdef CHUNKS
+    {"draws", draws, METH_VARARGS,
+     "draws(seed, epoch, index, stream, count) -> bytes: `count` float64 draws, equal to "
+     "np.random.default_rng([seed, epoch, index, stream]).random(count)."},
+    {"decode_chunk", decode_chunk, METH_VARARGS,
+     "decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, "
+     "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, started) -> (windows, "
+     "table): a chunk of samples read, their boxes drawn and windows decoded without the GIL."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,12 @@ over
 Pillow's pixel limit, and gray/RGBA outputs the compiled path does not make go to the Pillow
 path with the same window, so a bad file raises what `decode_image` raises. Stateless and
 thread-safe; the compiled decode and OpenCV release the GIL.
+
+`decode_chunk` does the same for a worker's rows at once (issue 34: a thread worker holds the
+GIL for almost nothing): one call of the compiled decoder reads the local files, draws each
+sample's box and flip (numpy's generator, transcribed in C) and decodes every window without
+the GIL, then each window is resized and flipped into its slot row; what it cannot take is
+left to the caller's per-sample path.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import dataclasses
 import functools
 import importlib
 import io
+import os
 from types import ModuleType
 
 import numpy as np
@@ -37,8 +44,8 @@ from PIL import Image
 from prefetch.decode._cv_resize import resize_antialiased, resize_no_antialias, write_into
 from prefetch.decode._decoders import DecodeOptions, convert_mode, to_target_size
 from prefetch.decode._turbo import turbo_modules
-from prefetch.io import Location, open_bytes, read_image
-from prefetch.plan import Box, Crop
+from prefetch.io import Location, active_options, open_bytes, read_image
+from prefetch.plan import AUGMENT_STREAM, Box, CenterCrop, Crop, RandomResizedCrop
 
 
 def _compiled() -> ModuleType | None:
@@ -93,6 +100,95 @@ def entropy_decode_rows(data: bytes, last_row: int) -> int:
         raise ValueError(f"last_row must be >= 0, got {last_row}")
     rows: int = _jpegwindow.entropy_decode_rows(data, last_row)
     return rows
+
+
+def chunk_available(crop: Crop | None, options: DecodeOptions, engine: str) -> bool:
+    """Whether `decode_chunk` can decode this crop's windows: the compiled window decoder with
+    its chunk entry point, engine "turbo", a crop, and RGB or gray output."""
+    return (
+        _jpegwindow is not None
+        and hasattr(_jpegwindow, "decode_chunk")
+        and engine == "turbo"
+        and isinstance(crop, (RandomResizedCrop, CenterCrop))
+        and options.channels in (1, 3)
+    )
+
+
+# What `decode_chunk` gives each sample (its table's columns; see _jpegwindow.c).
+_STATUS, _OFFSET, _HEIGHT, _WIDTH, _FLIPPED, _NANOS = range(6)
+_DONE = 0
+
+
+def decode_chunk(
+    paths: list[str],
+    indices: list[int],
+    positions: list[int],
+    seed: int,
+    epoch: int,
+    crop: Crop,
+    flip: bool,
+    options: DecodeOptions,
+    images: np.ndarray,
+    started: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a chunk of samples' windows into their rows of `images` (a slot's uint8 array):
+    sample i is the local file `paths[i]`, the source's sample `indices[i]`, written to row
+    `positions[i]`, cropped and flipped as `decode_window` and `Augment.flipped` do with the
+    generator `Augment.rng(seed, epoch, indices[i])`, to the same pixels.
+
+    One call of the compiled decoder reads every file, draws every box and flip and decodes
+    every window without the GIL; then each window is resized (and flipped) into its row.
+    Returns (done, seconds): a bool per sample, False for a sample left to the caller (not a
+    plain local path, not a baseline JPEG, over a limit, damaged: the caller reads it the
+    usual way, which names what is wrong), and the seconds spent on each. `started` (the
+    slot's float64 column) holds each sample's `time.monotonic()` while it is read. Needs
+    `chunk_available(crop, options, "turbo")`."""
+    assert _jpegwindow is not None
+    count = len(paths)
+    local = [os.fsencode(p) if "://" not in p and "\x00" not in p else b"" for p in paths]
+    if isinstance(crop, RandomResizedCrop):
+        kind, params = 1, (*crop.scale, *crop.ratio)
+    else:
+        kind, params = 2, (crop.fraction, 0.0, 0.0, 0.0)
+    limit = Image.MAX_IMAGE_PIXELS
+    windows, raw = _jpegwindow.decode_chunk(
+        local,
+        indices,
+        positions,
+        seed,
+        epoch,
+        AUGMENT_STREAM,
+        kind,
+        params,
+        bool(flip),
+        *options.image_size,
+        options.channels,
+        -1 if options.max_pixels is None else options.max_pixels,
+        -1 if limit is None else int(limit),
+        active_options().max_object_bytes,
+        started,
+    )
+    table = np.frombuffer(raw, np.int64).reshape(count, 6)
+    done = table[:, _STATUS] == _DONE
+    seconds = table[:, _NANOS] * 1e-9
+    channels, target = options.channels, options.image_size
+    # resize_window's own path for these options (OpenCV's bilinear, no antialiasing), called
+    # directly: the least Python a sample.
+    plain = options.interpolation == "bilinear" and not options.antialias
+    cv2 = _cv2() if plain else None
+    size, linear = (target[1], target[0]), cv2.INTER_LINEAR if cv2 is not None else 0
+    chosen = np.flatnonzero(done)
+    samples = table[chosen, _OFFSET:_NANOS].tolist()
+    for i, (offset, height, width, flipped) in zip(chosen.tolist(), samples, strict=True):
+        pixels = np.frombuffer(windows, np.uint8, height * width * channels, offset)
+        pixels, row = pixels.reshape(height, width, channels), images[positions[i]]
+        if cv2 is not None and (height, width) != target:
+            cv2.resize(pixels, size, dst=row, interpolation=linear)  # written into `row`
+        else:
+            resize_window(pixels, options, row)
+        if flipped:
+            flip_left_right(row, row)
+    return done, seconds
 
 
 def window_engine_name(engine: str) -> str:

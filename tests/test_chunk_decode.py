@@ -1,0 +1,229 @@
+"""A chunk of crops in one call of the compiled decoder (issue 34: the GIL held for almost
+nothing): the same generator draws as numpy's, the same pixels as the per-sample path, one call
+per chunk, and every file it cannot take left to the per-sample path (which names the error).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import prefetch
+import prefetch.backends._reader as reader_module
+from prefetch.backends import BatchTask, Slot
+from prefetch.decode import _window as window_decode
+from prefetch.decode._decoders import DecodeOptions
+from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
+from prefetch.testing import draw_shape, write_bad_files
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        not window_decode.compiled_available(), reason="the window decoder is not built"
+    ),
+]
+
+# Sizes (width, height): landscape, portrait, square, wide, and one under the target.
+SIZES = ((160, 120), (120, 160), (128, 128), (200, 90), (40, 30))
+TARGET = (48, 48)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """JPEGs of five shapes (3 classes x 8), a gray one, a progressive one and a PNG."""
+    root = tmp_path_factory.mktemp("chunk-photos")
+    rng = np.random.default_rng(5)
+    for class_index, name in enumerate(("circle", "square", "triangle")):
+        (root / name).mkdir()
+        for i in range(8):
+            size = SIZES[(i + class_index) % len(SIZES)]
+            draw_shape(name, size, rng).save(root / name / f"{i:02d}.jpg", quality=90)
+    draw_shape("circle", (90, 70), rng).convert("L").save(root / "circle" / "gray.jpg")
+    progressive = draw_shape("square", (100, 80), rng)
+    progressive.save(root / "square" / "progressive.jpg", progressive=True)
+    draw_shape("triangle", (70, 90), rng).save(root / "triangle" / "drawing.png")
+    return root
+
+
+def test_draws_are_numpys_default_rng_bit_for_bit() -> None:
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    rng = np.random.default_rng(0)
+    cases = [(0, 0, 0), (1, 2, 3), (2**32 - 1, 2**32, 2**40), (2**64 - 1, 7, 0)]
+    cases += [tuple(int(v) for v in rng.integers(0, 2**63, 3)) for _ in range(200)]
+    cases += [tuple(int(v) for v in rng.integers(0, 1000, 3)) for _ in range(200)]
+    for seed, epoch, index in cases:
+        want = np.random.default_rng([seed, epoch, index, AUGMENT_STREAM]).random(25)
+        got = np.frombuffer(jpeg.draws(seed, epoch, index, AUGMENT_STREAM, 25))
+        np.testing.assert_array_equal(got, want, err_msg=str((seed, epoch, index)))
+
+
+def read_all(photos: Path, chunked: bool, monkeypatch: pytest.MonkeyPatch, **options: Any) -> Any:
+    """Every batch of two epochs, with the chunk path on or off."""
+    on = window_decode.chunk_available
+    monkeypatch.setattr(reader_module, "chunk_available", on if chunked else lambda *a: False)
+    loader = prefetch.Loader(photos, batch_size=7, image_size=TARGET, workers=2, **options)
+    with loader:
+        return [(x.copy(), y.copy()) for _ in range(2) for x, y in loader]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"augment": Augment(RandomResizedCrop(), flip=True)},
+        {"augment": Augment(RandomResizedCrop((0.5, 1.0), (0.5, 2.0)))},
+        {"augment": Augment(CenterCrop(), flip=True)},
+        {"augment": Augment(RandomResizedCrop(), flip=True), "antialias": True},
+        {"augment": Augment(RandomResizedCrop(), flip=True), "color_mode": "grayscale"},
+        {"augment": Augment(CenterCrop(0.5), flip=True), "interpolation": "nearest"},
+        {"augment": Augment(RandomResizedCrop(), flip=True), "backend": "process"},
+    ],
+    ids=["random-flip", "random", "center-flip", "antialias", "gray", "nearest", "process"],
+)
+def test_the_chunk_path_gives_the_per_sample_paths_batches(
+    photos: Path, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"backend": "thread", "seed": 9, **options}
+    want = read_all(photos, False, monkeypatch, **options)
+    got = read_all(photos, True, monkeypatch, **options)
+    assert len(got) == len(want)
+    for (images, labels), (want_images, want_labels) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(labels, want_labels)
+
+
+def test_one_call_a_chunk_and_what_it_cannot_take_goes_one_by_one(
+    photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk of 27 files is one call of decode_chunk; the PNG and the progressive JPEG
+    (and nothing else) are read by the per-sample window decoder."""
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    calls = {"decode_chunk": 0, "decode_window": 0}
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(jpeg, name)
+
+        def decode_chunk(self, *args: Any) -> Any:
+            calls["decode_chunk"] += 1
+            return jpeg.decode_chunk(*args)
+
+    def counting_window(*args: Any, **kwargs: Any) -> np.ndarray:
+        calls["decode_window"] += 1
+        return window_decode.decode_window(*args, **kwargs)
+
+    monkeypatch.setattr(window_decode, "_jpegwindow", Counting())
+    monkeypatch.setattr(reader_module, "decode_window", counting_window)
+    loader = prefetch.Loader(
+        photos,
+        batch_size=4,
+        image_size=TARGET,
+        workers=1,
+        backend="thread",
+        augment=Augment(RandomResizedCrop(), flip=True),
+    )
+    with loader:
+        reader = loader._epochs.workers.reader  # type: ignore[attr-defined]
+        count = len(loader.source)
+        slot = Slot(
+            np.empty((count, *TARGET, 3), np.uint8),
+            np.empty(count, np.int32),
+            started=np.zeros(count),
+        )
+        outcome = reader.read_into(BatchTask(np.arange(count), 0, 1), slot, 0, count, "test")
+    assert count == 27
+    assert calls == {"decode_chunk": 1, "decode_window": 2}
+    assert not outcome.skipped and len(outcome.read_s) == count
+    assert not slot.started.any()  # every row's clock is stopped
+    np.testing.assert_array_equal(slot.labels, loader.source.labels)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_bad_files_still_raise_or_skip_by_name(photos: Path, tmp_path: Path, on_error: str) -> None:
+    """Files the chunk cannot decode go the per-sample way: named, or skipped and counted."""
+    root = tmp_path / "photos"
+    shutil.copytree(photos, root)
+    bad = write_bad_files(root / "circle", ("corrupt", "truncated", "zero_byte", "text", "scans"))
+    loader = prefetch.Loader(
+        root,
+        batch_size=8,
+        image_size=TARGET,
+        workers=2,
+        backend="thread",
+        augment=Augment(RandomResizedCrop(), flip=True),
+        on_error=on_error,
+    )
+    if on_error == "raise":
+        with pytest.raises(Exception) as caught, loader:
+            for _ in loader:
+                pass
+        notes = " ".join(getattr(caught.value, "__notes__", []))
+        assert any(path.name in notes for path in bad.values()), notes
+    else:
+        with loader:
+            seen = sum(len(labels) for _, labels in loader)
+        assert seen == len(loader.source) - len(bad)
+
+
+def test_an_image_over_max_pixels_is_refused_as_before(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    draw_shape("circle", (300, 200), np.random.default_rng(0)).save(tmp_path / "a" / "big.jpg")
+    Image.new("RGB", (60, 50)).save(tmp_path / "a" / "small.jpg")
+    loader = prefetch.Loader(
+        tmp_path,
+        batch_size=2,
+        image_size=TARGET,
+        workers=1,
+        backend="thread",
+        augment=Augment(RandomResizedCrop()),
+        on_error=prefetch.ErrorPolicy(max_pixels=10_000),
+    )
+    with pytest.raises(Image.DecompressionBombError, match="max_pixels"), loader:
+        next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    "crop",
+    [RandomResizedCrop(), RandomResizedCrop((0.9, 1.0), (0.2, 0.3)), CenterCrop(0.33)],
+    ids=["default", "narrow", "center"],
+)
+def test_windows_and_flips_are_the_plans_for_any_shape(tmp_path: Path, crop: Any) -> None:
+    """Each sample's window (at its DCT scale) and flip are what `crop.box`, `dct_scale`,
+    `scaled_box` and `Augment.flipped` give, for odd shapes, targets, seeds and indices."""
+    rng = np.random.default_rng(1)
+    sizes = [(int(w), int(h)) for w, h in rng.integers(8, 700, (24, 2))] + [(1, 300), (300, 1)]
+    paths = []
+    for number, size in enumerate(sizes):
+        paths.append(tmp_path / f"{number}.jpg")
+        Image.new("RGB", size, (number, 50, 90)).save(paths[-1])
+    augment = Augment(crop, flip=True)
+    options = DecodeOptions((7, 300))
+    for seed, epoch in ((0, 0), (2**40 + 5, 2**33)):
+        indices = [int(i) for i in rng.integers(0, 10**7, len(paths))]
+        images = np.empty((len(paths), *options.shape), np.uint8)
+        done, _ = window_decode.decode_chunk(
+            [str(p) for p in paths],
+            indices,
+            list(range(len(paths))),
+            seed,
+            epoch,
+            crop,
+            True,
+            options,
+            images,
+        )
+        assert done.all()
+        for number, ((width, height), index) in enumerate(zip(sizes, indices, strict=True)):
+            generator = Augment.rng(seed, epoch, index)
+            want = window_decode.decode_window(
+                str(paths[number]), crop, generator, options, "turbo"
+            )
+            if augment.flipped(generator):
+                want = want[:, ::-1]
+            np.testing.assert_array_equal(images[number], want, err_msg=str((width, height)))
