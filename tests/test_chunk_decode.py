@@ -227,3 +227,39 @@ def test_windows_and_flips_are_the_plans_for_any_shape(tmp_path: Path, crop: Any
             if augment.flipped(generator):
                 want = want[:, ::-1]
             np.testing.assert_array_equal(images[number], want, err_msg=str((width, height)))
+
+
+def test_a_url_is_never_handed_to_the_compiled_decoder(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled decoder opens paths: `memory://bucket/x.jpg` opened as one is
+    `memory:/bucket/x.jpg` under the working folder, somebody else's file. URLs (and
+    `file://` paths, as plain paths) are read the per-sample way, through storage."""
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://chunk-{tmp_path.name}/a.jpg"
+    real = photos / "circle" / "00.jpg"
+    fsspec.filesystem("memory").pipe_file(url, real.read_bytes())
+    handed: list[str] = []
+    chunk = reader_module.decode_chunk
+
+    def spy(paths: list[str], *args: Any) -> Any:
+        handed.extend(paths)
+        return chunk(paths, *args)
+
+    monkeypatch.setattr(reader_module, "decode_chunk", spy)
+    try:
+        for location in (url, f"file://{real}", str(real)):
+            source = prefetch.FileList([location] * 4, [0] * 4, class_names=["a"])
+            loader = prefetch.Loader(
+                source,
+                batch_size=4,
+                image_size=(32, 32),
+                augment=Augment(RandomResizedCrop(), flip=True),
+                workers=1,
+                backend="thread",
+            )
+            with loader:
+                assert sum(len(images) for images, _ in loader) == 4
+    finally:
+        fsspec.filesystem("memory").rm(url)
+    assert handed and set(handed) == {str(real)}, set(handed)  # file:// too, as its path

@@ -38,6 +38,7 @@ from prefetch.io import (
     RemoteOptions,
     filesystem_for,
     is_url,
+    local_path,
     place_of,
     spooled,
     using,
@@ -189,8 +190,8 @@ class SampleReader:
         positions = [p for p in range(start, stop) if p not in task.timed_out]
         indices = task.indices[positions].tolist()
         locations = [self.file_path(index) for index in indices]
-        paths = [path for path in locations if isinstance(path, str)]
-        if len(paths) != len(locations):  # a shard's members: read one by one
+        paths = [local_path(p) for p in locations if isinstance(p, str) and not is_url(p)]
+        if len(paths) != len(locations):  # a shard's members, or URLs: read one by one
             return None
         done, seconds = decode_chunk(
             paths,
