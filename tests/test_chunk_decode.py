@@ -100,9 +100,9 @@ def test_the_chunk_path_gives_the_per_sample_paths_batches(
 def test_one_call_a_chunk_and_what_it_cannot_take_goes_one_by_one(
     photos: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A chunk of 27 files is one call of decode_chunk per `CHUNK_ROWS` rows (each call holds
-    its rows' files and windows in memory: a bound, not the whole part); the PNG and the
-    progressive JPEG (and nothing else) are read by the per-sample window decoder."""
+    """A chunk of 27 files is one call of decode_chunk per `CHUNK_ROWS` rows (8 here; each
+    call holds its rows' files and windows in memory: a bound, not the whole part); the PNG
+    and the progressive JPEG (and nothing else) are read by the per-sample window decoder."""
     jpeg = window_decode._jpegwindow
     assert jpeg is not None
     calls = {"decode_chunk": 0, "decode_window": 0}
@@ -120,6 +120,7 @@ def test_one_call_a_chunk_and_what_it_cannot_take_goes_one_by_one(
         return window_decode.decode_window(*args, **kwargs)
 
     monkeypatch.setattr(window_decode, "_jpegwindow", Counting())
+    monkeypatch.setattr(reader_module, "CHUNK_ROWS", 8)
     monkeypatch.setattr(reader_module, "decode_window", counting_window)
     loader = prefetch.Loader(
         photos,
@@ -139,8 +140,7 @@ def test_one_call_a_chunk_and_what_it_cannot_take_goes_one_by_one(
         )
         outcome = reader.read_into(BatchTask(np.arange(count), 0, 1), slot, 0, count, "test")
     assert count == 27
-    assert reader_module.CHUNK_ROWS == 16
-    assert calls == {"decode_chunk": 2, "decode_window": 2}
+    assert calls == {"decode_chunk": 4, "decode_window": 2}  # 27 rows, 8 a call
     assert not outcome.skipped and len(outcome.read_s) == count
     assert not slot.started.any()  # every row's clock is stopped
     np.testing.assert_array_equal(slot.labels, loader.source.labels)  # type: ignore[attr-defined]
