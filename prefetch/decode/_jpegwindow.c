@@ -90,28 +90,50 @@ static const char *colorspace_name(J_COLOR_SPACE space) {
     }
 }
 
+/* What a JPEG's header says. */
+typedef struct {
+    JDIMENSION width, height;
+    int components;
+    J_COLOR_SPACE space;
+    int sequential; /* neither progressive nor arithmetic-coded */
+} jpeg_info;
+
+/* Reads the header of the JPEG in data[0, size) into `info`: 0, or -1 with libjpeg's reason in
+ * errors->message. */
+static int read_header(const unsigned char *data, size_t size, jpeg_info *info,
+                       strict_errors *errors) {
+    struct jpeg_decompress_struct cinfo;
+    strict(&cinfo, errors);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(errors->escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    jpeg_mem_src(&cinfo, data, (unsigned long)size);
+    jpeg_read_header(&cinfo, TRUE);
+    info->width = cinfo.image_width;
+    info->height = cinfo.image_height;
+    info->components = cinfo.num_components;
+    info->space = cinfo.jpeg_color_space;
+    info->sequential = !cinfo.progressive_mode && !cinfo.arith_code;
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+}
+
 static PyObject *header(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*:header", &data)) {
         return NULL;
     }
-    struct jpeg_decompress_struct cinfo;
+    jpeg_info info;
     strict_errors errors;
-    strict(&cinfo, &errors);
-    jpeg_create_decompress(&cinfo);
-    if (setjmp(errors.escape)) {
-        jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&data);
+    int failed = read_header((const unsigned char *)data.buf, (size_t)data.len, &info, &errors);
+    PyBuffer_Release(&data);
+    if (failed) {
         return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", errors.message);
     }
-    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
-    jpeg_read_header(&cinfo, TRUE);
-    PyObject *result = Py_BuildValue("(IIis)", cinfo.image_width, cinfo.image_height,
-                                     cinfo.num_components,
-                                     colorspace_name(cinfo.jpeg_color_space));
-    jpeg_destroy_decompress(&cinfo);
-    PyBuffer_Release(&data);
-    return result;
+    return Py_BuildValue("(IIis)", info.width, info.height, info.components,
+                         colorspace_name(info.space));
 }
 
 /* Rows asked of each jpeg_read_scanlines call (libjpeg returns at most a row group per call):
@@ -652,22 +674,15 @@ static int plan_sample(sample_t *sample, const chunk_options *options) {
     if (got != size || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
         return FALLBACK;
     }
-    struct jpeg_decompress_struct cinfo;
+    jpeg_info jpeg;
     strict_errors errors;
-    strict(&cinfo, &errors);
-    jpeg_create_decompress(&cinfo);
-    if (setjmp(errors.escape)) {
-        jpeg_destroy_decompress(&cinfo);
+    if (read_header(data, size, &jpeg, &errors) != 0) {
         return FALLBACK;
     }
-    jpeg_mem_src(&cinfo, data, (unsigned long)size);
-    jpeg_read_header(&cinfo, TRUE);
-    long height = (long)cinfo.image_height, width = (long)cinfo.image_width;
+    long height = (long)jpeg.height, width = (long)jpeg.width;
     long long pixels = (long long)height * width;
-    J_COLOR_SPACE space = cinfo.jpeg_color_space;
-    int bounded = !cinfo.progressive_mode && !cinfo.arith_code;
-    jpeg_destroy_decompress(&cinfo);
-    if (!bounded || (space != JCS_YCbCr && space != JCS_GRAYSCALE && space != JCS_RGB) ||
+    J_COLOR_SPACE space = jpeg.space;
+    if (!jpeg.sequential || (space != JCS_YCbCr && space != JCS_GRAYSCALE && space != JCS_RGB) ||
         height <= 0 || width <= 0 || (options->max_pixels >= 0 && pixels > options->max_pixels) ||
         (options->pil_limit >= 0 && pixels > options->pil_limit)) {
         return FALLBACK;

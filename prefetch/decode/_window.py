@@ -132,20 +132,21 @@ def decode_chunk(
     started: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decode a chunk of samples' windows into their rows of `images` (a slot's uint8 array):
-    sample i is the local file `paths[i]`, the source's sample `indices[i]`, written to row
-    `positions[i]`, cropped and flipped as `decode_window` and `Augment.flipped` do with the
-    generator `Augment.rng(seed, epoch, indices[i])`, to the same pixels.
+    sample i is the local file `paths[i]` (a path, never a URL: the caller reads those), the
+    source's sample `indices[i]`, written to row `positions[i]`, cropped and flipped as
+    `decode_window` and `Augment.flipped` do with the generator
+    `Augment.rng(seed, epoch, indices[i])`, to the same pixels.
 
     One call of the compiled decoder reads every file, draws every box and flip and decodes
     every window without the GIL; then each window is resized (and flipped) into its row.
     Returns (done, seconds): a bool per sample, False for a sample left to the caller (not a
-    plain local path, not a baseline JPEG, over a limit, damaged: the caller reads it the
+    readable regular file, not a baseline JPEG, over a limit, damaged: the caller reads it the
     usual way, which names what is wrong), and the seconds spent on each. `started` (the
     slot's float64 column) holds each sample's `time.monotonic()` while it is read. Needs
     `chunk_available(crop, options, "turbo")`."""
     assert _jpegwindow is not None
     count = len(paths)
-    local = [os.fsencode(p) if "://" not in p and "\x00" not in p else b"" for p in paths]
+    local = [os.fsencode(p) if "\x00" not in p else b"" for p in paths]  # C strings end at NUL
     if isinstance(crop, RandomResizedCrop):
         kind, params = 1, (*crop.scale, *crop.ratio)
     else:
