@@ -63,6 +63,19 @@ def test_draws_are_numpys_default_rng_bit_for_bit() -> None:
         np.testing.assert_array_equal(got, want, err_msg=str((seed, epoch, index)))
 
 
+def crop_loader(files: Any, **options: Any) -> prefetch.Loader:
+    """A one-thread Loader of training crops (flipped) at TARGET, batch 4, unless `options`
+    say otherwise."""
+    settings: dict[str, Any] = {
+        "batch_size": 4,
+        "image_size": TARGET,
+        "workers": 1,
+        "backend": "thread",
+        "augment": Augment(RandomResizedCrop(), flip=True),
+    }
+    return prefetch.Loader(files, **{**settings, **options})
+
+
 def read_all(photos: Path, chunked: bool, monkeypatch: pytest.MonkeyPatch, **options: Any) -> Any:
     """Every batch of two epochs, with the chunk path on or off."""
     on = window_decode.chunk_available
@@ -122,14 +135,7 @@ def test_one_call_a_chunk_and_what_it_cannot_take_goes_one_by_one(
     monkeypatch.setattr(window_decode, "_jpegwindow", Counting())
     monkeypatch.setattr(reader_module, "CHUNK_ROWS", 8)
     monkeypatch.setattr(reader_module, "decode_window", counting_window)
-    loader = prefetch.Loader(
-        photos,
-        batch_size=4,
-        image_size=TARGET,
-        workers=1,
-        backend="thread",
-        augment=Augment(RandomResizedCrop(), flip=True),
-    )
+    loader = crop_loader(photos)
     with loader:
         reader = loader._epochs.workers.reader  # type: ignore[attr-defined]
         count = len(loader.source)
@@ -152,15 +158,7 @@ def test_bad_files_still_raise_or_skip_by_name(photos: Path, tmp_path: Path, on_
     root = tmp_path / "photos"
     shutil.copytree(photos, root)
     bad = write_bad_files(root / "circle", ("corrupt", "truncated", "zero_byte", "text", "scans"))
-    loader = prefetch.Loader(
-        root,
-        batch_size=8,
-        image_size=TARGET,
-        workers=2,
-        backend="thread",
-        augment=Augment(RandomResizedCrop(), flip=True),
-        on_error=on_error,
-    )
+    loader = crop_loader(root, batch_size=8, workers=2, on_error=on_error)
     if on_error == "raise":
         with pytest.raises(Exception) as caught, loader:
             for _ in loader:
@@ -177,12 +175,9 @@ def test_an_image_over_max_pixels_is_refused_as_before(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     draw_shape("circle", (300, 200), np.random.default_rng(0)).save(tmp_path / "a" / "big.jpg")
     Image.new("RGB", (60, 50)).save(tmp_path / "a" / "small.jpg")
-    loader = prefetch.Loader(
+    loader = crop_loader(
         tmp_path,
         batch_size=2,
-        image_size=TARGET,
-        workers=1,
-        backend="thread",
         augment=Augment(RandomResizedCrop()),
         on_error=prefetch.ErrorPolicy(max_pixels=10_000),
     )
@@ -252,15 +247,7 @@ def test_a_url_is_never_handed_to_the_compiled_decoder(
     try:
         for location in (url, f"file://{real}", str(real)):
             source = prefetch.FileList([location] * 4, [0] * 4, class_names=["a"])
-            loader = prefetch.Loader(
-                source,
-                batch_size=4,
-                image_size=(32, 32),
-                augment=Augment(RandomResizedCrop(), flip=True),
-                workers=1,
-                backend="thread",
-            )
-            with loader:
+            with crop_loader(source, image_size=(32, 32)) as loader:
                 assert sum(len(images) for images, _ in loader) == 4
     finally:
         fsspec.filesystem("memory").rm(url)
