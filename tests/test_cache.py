@@ -65,6 +65,11 @@ def epochs(
     return images, stats
 
 
+def kept_copies(folder: str | os.PathLike[str]) -> list[Path]:
+    """The copies in a cache folder (not its bookkeeping: `.ledger`, `.lock-*`, `.partial-*`)."""
+    return sorted(path for path in Path(folder).iterdir() if not path.name.startswith("."))
+
+
 def hits_and_misses(stats: list[LoaderStats]) -> list[tuple[int, int]]:
     return [(epoch.cache_hits, epoch.cache_misses) for epoch in stats]
 
@@ -93,11 +98,12 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
     np.testing.assert_array_equal(second, expected[1])  # the store was empty by then
     assert hits_and_misses(stats) == [(0, 12), (12, 0)]
     assert loader.options.cache_dir == cache_dir
-    copies = sorted(cache_dir.iterdir())
+    copies = kept_copies(cache_dir)
     assert len(copies) == len(loader.source) == 12
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
-    assert {stat.S_IMODE(copy.stat().st_mode) for copy in copies} == {0o600}
+    assert {stat.S_IMODE(item.stat().st_mode) for item in cache_dir.iterdir()} == {0o600}
+    assert {item.name for item in cache_dir.iterdir()} - {c.name for c in copies} == {".ledger"}
 
 
 @pytest.mark.timeout(120)  # spawns worker processes, twice
@@ -115,7 +121,7 @@ def test_worker_processes_share_the_copies_and_a_later_loader_needs_no_server(
             remote=RemoteOptions(cache_dir=cache_dir),
         )
         first, stats = epochs(Loader(source, backend="process", **options), 1)  # type: ignore[arg-type]
-    assert len(list(cache_dir.iterdir())) == len(source)
+    assert len(kept_copies(cache_dir)) == len(source)
     assert hits_and_misses(stats) == [(0, len(source))]
     # The server is gone: a new loader over the same listing reads every object from its copy.
     again, stats = epochs(Loader(source, backend="process", **options), 2)  # type: ignore[arg-type]
@@ -160,7 +166,10 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     assert cache.local_copy(url) == (cache.path_for(url), True)
     with pytest.raises(FileNotFoundError, match=r"missing\.jpg"):
         cache.local_copy(f"{memory_root}/a/missing.jpg")
-    assert os.listdir(cache.folder) == [os.path.basename(cache.path_for(url))]
+    assert [copy.name for copy in kept_copies(cache.folder)] == [
+        os.path.basename(cache.path_for(url))
+    ]
+    assert sorted(os.listdir(cache.folder)) == [".ledger", os.path.basename(cache.path_for(url))]
     # a worker killed mid-write leaves a partial copy: an old one is removed at the next open
     old, recent = Path(cache.folder, ".partial-old"), Path(cache.folder, ".partial-recent")
     old.write_bytes(b"half a jpeg")
@@ -211,4 +220,4 @@ def test_a_cache_that_cannot_be_written_reads_from_storage_and_says_so_once(
     assert "same pixels" in run.stdout
     assert run.stderr.count("cannot write to cache_dir") == 1
     assert "reading from storage instead" in run.stderr
-    assert os.listdir(cache_dir) == []  # no partial copies left behind
+    assert os.listdir(cache_dir) == [".ledger"]  # no partial copies left behind

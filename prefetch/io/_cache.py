@@ -1,46 +1,50 @@
 """A local folder of remote objects: `Loader(url, cache_dir=...)` reads each object once.
 
-`ObjectCache.open(folder)` checks (or creates) the folder and holds it by a descriptor;
+`ObjectCache.open(folder, limit)` checks (or creates) the folder and holds it by a descriptor;
 `decoded(url, decode)` decodes the local copy of the object at `url`, reading it with
 `storage.fetch_object` (retried, bounded, errors naming the URL) the first time. A copy is kept
 only when it is whole (its length checked: a Content-Length, or the store's client's own check)
-and decodes: it is written to a private temporary file in the folder, fsynced, decoded from
-there, and only then renamed into place, so no reader ever sees half a copy or a copy that
-never decoded, and two workers copying the same object at once both succeed. A kept copy that
-no longer decodes is removed and read again from the store, once. An `ObjectCache` pickles as
-its folder's path and identity (device, inode): worker processes open the folder again and
-refuse it if it is another one by then. It outlives the loader, so later epochs and runs read
-from local disk. Objects are assumed not to change: delete the folder to read them afresh.
-Nothing is evicted: the folder grows to the data set's size.
+and decodes: it is written to a private partial file in the folder (created exclusively,
+fsynced), decoded from there, and only then renamed into place, so no reader ever sees half a
+copy or a copy that never decoded. A kept copy that no longer decodes is removed and read again
+from the store, once. An `ObjectCache` pickles as its folder's path, identity (device, inode)
+and limit: worker processes open the folder again and refuse it if it is another one by then.
+It outlives the loader, so later epochs and runs read from local disk. Objects are assumed not
+to change: delete the folder to read them afresh.
 
-The folder is the user's own, and every check goes through the descriptor that is then used:
-opened with O_NOFOLLOW (a symlink is refused), created with mode 0700 when missing, refused when
-another user owns it or others may write to it, or when a folder above it lets another user
-swap it (writable by others without the sticky bit, or owned by another user than you or
-root). Copies are opened and renamed relative to that descriptor and handed to decoders through
-it (/proc/self/fd on Linux), so a folder swapped after the check is never read. Copies are
-0600. When a copy cannot be written (a full disk, a quota, a file-size limit), the sample is
-read from storage as without a cache, and the first such failure in each process is logged;
-the half-written file is removed (by `open`, an hour later, if its worker was killed).
-See docs/remote.md, "Reading each object once".
+Processes share the folder (the ranks of a host, worker processes) by the rules of
+`prefetch.io._cache_ledger`: an object missing from it is fetched once on the host (a lock per
+object: the others wait for that copy), every copy's bytes are counted in the folder's ledger
+before it is written, and with a `limit` (`RemoteOptions.cache_limit`) the least recently read
+copies are evicted first, never one that is being read. A copy that does not fit (larger than
+the limit, or every other copy in use) is decoded from a private temporary file and not kept.
+
+The folder is the user's own, and every check goes through the descriptor that is then used
+(`prefetch.io._cache_folder`): opened with O_NOFOLLOW, created with mode 0700 when missing,
+refused when another user owns it or others may write to it, or when a folder above it lets
+another user swap it. Copies are opened and renamed relative to that descriptor and handed to
+decoders through it (/proc/self/fd on Linux), so a folder swapped after the check is never
+read. Copies are 0600. When a copy cannot be written (a full disk, a quota, a file-size limit),
+the sample is read from storage as without a cache, and the first such failure in each process
+is logged. What a killed process leaves (a partial copy, a lock file) is removed by the next
+process that fetches the object, or by the next `open`; a process that opens the folder alone
+recounts its bytes from the files. See docs/remote.md, "Reading each object once".
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
-import secrets
-import stat
-import threading
-import time
+import tempfile
 import urllib.parse
-import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from prefetch.io._cache_folder import CacheCounts as CacheCounts
+from prefetch.io._cache_folder import CacheFolder, wait_s
+from prefetch.io._cache_ledger import PARTIAL_PREFIX, key_of, lock_object, pin, unlock_object
 from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")
@@ -52,99 +56,19 @@ T = TypeVar("T")
 KEY_CHARS = 40
 # The longest extension a copy keeps from its URL (".jpeg", ".webp"); decoders may read it.
 MAX_SUFFIX = 5
-# Copies being written are named with this prefix until they are renamed into place; one older
-# than PARTIAL_MAX_AGE_S was left by a worker killed mid-write, and `open` removes it.
-PARTIAL_PREFIX = ".partial-"
-PARTIAL_MAX_AGE_S = 3600.0
-# Where a process reaches a file through a descriptor of its folder (Linux); elsewhere copies
-# are handed to decoders by the folder's path.
-PROC_FD = "/proc/self/fd"
-
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _warned: set[str] = set()  # the warnings given in this process (each once)
 
 
-class ObjectCache:
-    """Local copies of remote objects in `folder`; see the module docstring.
+class ObjectCache(CacheFolder):
+    """Local copies of remote objects in `folder`, at most `limit` bytes of them (None: no
+    bound); see the module docstring.
 
-    Make one with `ObjectCache.open(folder)`. `device` and `inode` identify the folder that was
-    checked; a copy of the cache in another process (pickled) refuses any other.
+    Make one with `ObjectCache.open(folder, limit)`. `device` and `inode` identify the folder
+    that was checked; a copy of the cache in another process (pickled) refuses any other.
     """
-
-    def __init__(self, folder: str, device: int, inode: int) -> None:
-        self.folder = folder
-        self.device = device
-        self.inode = inode
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._pid = 0
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return ObjectCache, (self.folder, self.device, self.inode)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ObjectCache):
-            return NotImplemented
-        return (self.folder, self.device, self.inode) == (other.folder, other.device, other.inode)
-
-    def __hash__(self) -> int:
-        return hash((self.folder, self.device, self.inode))
-
-    def __repr__(self) -> str:
-        return f"ObjectCache({self.folder!r})"
-
-    @classmethod
-    def open(cls, folder: str | os.PathLike[str]) -> ObjectCache:
-        """The cache in `folder`, created (mode 0700) when missing, held by a descriptor.
-
-        Raises ValueError naming the folder and the fix when it is a symbolic link or not a
-        folder, another user owns it, its group or other users may write to it, or a folder
-        above it lets another user swap it.
-        """
-        path = os.path.abspath(os.fspath(folder))
-        with contextlib.suppress(FileExistsError):  # a file there is refused below
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        handle = _open_checked(path)
-        info = os.fstat(handle)
-        cache = cls(path, info.st_dev, info.st_ino)
-        cache._adopt(handle)
-        cache._remove_abandoned_partials()
-        return cache
-
-    def _adopt(self, handle: int) -> None:
-        self._fd, self._pid = handle, os.getpid()
-        weakref.finalize(self, _close, handle)
-
-    def _dir(self) -> int:
-        """The descriptor of the folder in this process (opened and checked on first use in a
-        worker process; ValueError if the folder at the path is no longer the one checked)."""
-        with self._lock:
-            if self._fd is None or self._pid != os.getpid():
-                handle = _open_checked(self.folder)
-                info = os.fstat(handle)
-                if (info.st_dev, info.st_ino) != (self.device, self.inode):
-                    os.close(handle)
-                    raise ValueError(
-                        f"cache_dir {self.folder!r} was replaced by another folder after the "
-                        "loader checked it: its copies could be anyone's; give the folder again"
-                    )
-                self._adopt(handle)
-            assert self._fd is not None
-            return self._fd
-
-    def _remove_abandoned_partials(self) -> None:
-        now = time.time()
-        handle = self._dir()
-        with os.scandir(handle) as entries:
-            for entry in entries:
-                if not entry.name.startswith(PARTIAL_PREFIX):
-                    continue
-                with contextlib.suppress(OSError):  # another loader's sweep got there first
-                    if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_MAX_AGE_S:
-                        os.unlink(entry.name, dir_fd=handle)
 
     def name_for(self, url: str) -> str:
         """The file name of the copy of `url` in the folder."""
@@ -156,104 +80,160 @@ class ObjectCache:
         path (decoders are handed it through the descriptor instead)."""
         return os.path.join(self.folder, self.name_for(url))
 
-    def _through(self, handle: int, name: str) -> str:
-        """A path to `name` in the folder that resolves through `handle`, not the folder's
-        path (on Linux; elsewhere the folder's path)."""
-        if os.path.isdir(PROC_FD):
-            return f"{PROC_FD}/{handle}/{name}"
-        return os.path.join(self.folder, name)
-
     def decoded(self, url: str, decode: Callable[[str], T]) -> tuple[T, bool]:
         """`(decode(path), kept)`: `decode` run on a local path holding the bytes of `url`, and
         whether that was a copy kept already (False: it was read from storage just now).
 
-        A kept copy that `decode` fails on is removed and the object read again from storage,
-        once; a new copy is kept only when it was read whole and `decode` succeeded on it (its
-        error is raised, as without a cache). When no copy can be written, `decode(url)` reads
+        A kept copy is pinned while `decode` reads it (never evicted meanwhile). One that
+        `decode` fails on is removed and the object read again from storage, once; a new copy
+        is kept only when it was read whole, fits the limit and `decode` succeeded on it (its
+        error is raised, as without a cache). While another process (or thread) fetches the
+        same object, this waits for its copy. When no copy can be written, `decode(url)` reads
         the object from storage itself.
         """
         handle = self._dir()
         name = self.name_for(url)
-        try:
-            info: os.stat_result | None = os.stat(name, dir_fd=handle, follow_symlinks=False)
-        except FileNotFoundError:
-            info = None
-        if info is not None:
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                try:
-                    return decode(self._through(handle, name)), True
-                except Exception as error:
-                    _warn_once(
-                        "stale",
-                        "prefetch: a copy in cache_dir %r does not decode (%s: %s): removed and "
-                        "read again from the store (said once per process)",
-                        self.folder,
-                        url,
-                        error,
-                    )
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=handle)
-        return self._copy_and_decode(handle, url, name, decode), False
-
-    def _copy_and_decode(self, handle: int, url: str, name: str, decode: Callable[[str], T]) -> T:
-        data, whole = fetch_object(url)
-        try:
-            partial = self._write(handle, data, _suffix(url))
-        except OSError as error:
-            _warn_once(
-                "write",
-                "prefetch: cannot write to cache_dir %r (%s): reading from storage instead, as "
-                "without a cache (said once per process)",
-                self.folder,
-                error,
-            )
-            return decode(url)
-        try:
-            value = decode(self._through(handle, partial))
-            if not whole:
+        stale = None
+        pinned = pin(handle, name)
+        if pinned is not None:
+            try:
+                return decode(self._through(handle, name)), True
+            except Exception as error:
                 _warn_once(
-                    "length",
-                    "prefetch: %r came without a Content-Length (its end could not be checked): "
-                    "not kept in cache_dir %r; objects like it are read from the store every "
-                    "time (said once per process)",
-                    url,
+                    "stale",
+                    "prefetch: a copy in cache_dir %r does not decode (%s: %s): removed and "
+                    "read again from the store (said once per process)",
                     self.folder,
+                    url,
+                    error,
                 )
-                return value
+                stale = os.fstat(pinned).st_ino
+            finally:
+                os.close(pinned)
+        key = key_of(name)
+        lock = lock_object(handle, key, wait_s())
+        if lock is None:
+            _warn_once(
+                "wait",
+                "prefetch: another process fetched %r into cache_dir %r for longer than its "
+                "requests may take: read from the store instead (said once per process)",
+                url,
+                self.folder,
+            )
+            return decode(url), False
+        try:
+            if stale is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(name, dir_fd=handle, follow_symlinks=False).st_ino == stale:
+                        self._remove(handle, name, self._books())
+            else:
+                pinned = pin(handle, name)  # fetched by another process while this waited
+                if pinned is not None:
+                    try:
+                        return decode(self._through(handle, name)), True
+                    finally:
+                        os.close(pinned)
+            return self._fetch_and_decode(handle, url, name, decode), False
+        finally:
+            unlock_object(handle, key, lock)
+
+    def _fetch_and_decode(self, handle: int, url: str, name: str, decode: Callable[[str], T]) -> T:
+        """Under the object's lock: fetch `url`, keep its copy as `name` if it may be kept,
+        and decode it."""
+        ledger = self._books()
+        partial = PARTIAL_PREFIX + name
+        with contextlib.suppress(FileNotFoundError):
+            self._remove(handle, partial, ledger)  # left by a killed process
+        data, whole = fetch_object(url)
+        self._count_fetched(len(data))
+        if not whole:
+            _warn_once(
+                "length",
+                "prefetch: %r came without a Content-Length (its end could not be checked): "
+                "not kept in cache_dir %r; objects like it are read from the store every "
+                "time (said once per process)",
+                url,
+                self.folder,
+            )
+            return _decode_outside(data, _suffix(url), decode, url)
+        try:
+            reserved = ledger.reserve(len(data))
+        except OSError as error:
+            return self._cannot_write(error, url, decode)
+        if not reserved:
+            _warn_once(
+                "room",
+                "prefetch: %r (%d bytes) does not fit cache_limit=%d of cache_dir %r beside "
+                "the copies in use: not kept (said once per process)",
+                url,
+                len(data),
+                self.limit,
+                self.folder,
+            )
+            return _decode_outside(data, _suffix(url), decode, url)
+        kept = False
+        try:
+            try:
+                _write(handle, partial, data)
+            except OSError as error:
+                return self._cannot_write(error, url, decode)
+            value = decode(self._through(handle, partial))
             os.replace(partial, name, src_dir_fd=handle, dst_dir_fd=handle)
-            partial = ""
+            kept = True
             with contextlib.suppress(OSError):  # the rename's own durability: best effort
                 os.fsync(handle)
             return value
         finally:
-            if partial:
+            if not kept:
                 with contextlib.suppress(OSError):
                     os.unlink(partial, dir_fd=handle)
+                ledger.release(len(data))
+
+    def _cannot_write(self, error: OSError, url: str, decode: Callable[[str], T]) -> T:
+        _warn_once(
+            "write",
+            "prefetch: cannot write to cache_dir %r (%s): reading from storage instead, as "
+            "without a cache (said once per process)",
+            self.folder,
+            error,
+        )
+        return decode(url)
 
     def local_copy(self, url: str) -> tuple[str, bool]:
         """`(path, kept)`: a local path (by the folder's path) with the bytes of `url`, and
         whether the copy was kept already (False: it was read from storage just now). When no
         copy could be kept (not written, or not known to be whole), the path is `url` itself
-        (the caller reads it from storage)."""
+        (the caller reads it from storage). Without a limit the copy stays; with one, it may
+        be evicted by a later read."""
         _, kept = self.decoded(url, _accept)
         path = self.path_for(url)
         return (path if os.path.exists(path) else url), kept
 
-    def _write(self, handle: int, data: bytes, suffix: str) -> str:
-        """Write `data` to a new private file in the folder, fsynced; its name."""
-        name = f"{PARTIAL_PREFIX}{secrets.token_hex(8)}{suffix}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
-        output = os.open(name, flags, 0o600, dir_fd=handle)
-        try:
-            with os.fdopen(output, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=handle)
-            raise
-        return name
+
+def _write(handle: int, name: str, data: bytes) -> None:
+    """Write `data` to the new private file `name` in the folder, fsynced."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+    output = os.open(name, flags, 0o600, dir_fd=handle)
+    with os.fdopen(output, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _decode_outside(data: bytes, suffix: str, decode: Callable[[str], T], url: str) -> T:
+    """`decode` run on a private temporary file (outside the folder) holding `data`, removed
+    after; when none can be written, `decode(url)` (read from the store again)."""
+    try:
+        output, path = tempfile.mkstemp(prefix="prefetch-object-", suffix=suffix)
+    except OSError:
+        return decode(url)
+    try:
+        with os.fdopen(output, "wb") as file:
+            file.write(data)
+        return decode(path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _accept(path: str) -> None:
@@ -263,87 +243,6 @@ def _accept(path: str) -> None:
 def _suffix(url: str) -> str:
     suffix = os.path.splitext(urllib.parse.urlsplit(url).path)[1].lower()
     return suffix if len(suffix) <= MAX_SUFFIX else ""
-
-
-def _close(handle: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(handle)
-
-
-def _open_checked(path: str) -> int:
-    """A descriptor of the folder `path` (not through a symlink at its end), after checking it
-    and the folders above it through descriptors; ValueError naming what is wrong and the
-    fix."""
-    try:
-        handle = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
-    except OSError as error:
-        if error.errno == errno.ELOOP or os.path.islink(path):
-            raise ValueError(
-                f"cache_dir {path!r} is a symbolic link: give the folder it points to, which "
-                "must be your own"
-            ) from error
-        if error.errno == errno.ENOTDIR:
-            raise ValueError(
-                f"cache_dir {path!r} is not a folder: give a folder of your own"
-            ) from error
-        raise
-    try:
-        _check_folder(path, os.fstat(handle))
-        _check_parents(path, handle)
-    except BaseException:
-        os.close(handle)
-        raise
-    return handle
-
-
-def _check_folder(path: str, info: os.stat_result) -> None:
-    me = os.geteuid()
-    if not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"cache_dir {path!r} is not a folder: give a folder of your own")
-    if info.st_uid != me:
-        raise ValueError(
-            f"cache_dir {path!r} belongs to user {info.st_uid}, not to you "
-            f"({me}): its copies could be swapped; give a folder of your own"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValueError(
-            f"cache_dir {path!r} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
-            f"its copies could be swapped; chmod 700 {path!r}, or give another folder"
-        )
-
-
-def _check_parents(path: str, handle: int) -> None:
-    """Refuse `path` when a folder above it (reached by ".." from `handle`, named by the real
-    path) lets another user rename it: writable by group or others without the sticky bit
-    (/tmp has it), or owned by another user than you or root."""
-    me = os.geteuid()
-    name = os.path.realpath(path)
-    current = os.open("..", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=handle)
-    try:
-        below = os.fstat(handle)
-        while True:
-            name = os.path.dirname(name)
-            info = os.fstat(current)
-            if info.st_uid not in (me, 0):
-                raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which belongs to user "
-                    f"{info.st_uid}: that user could swap it; give a folder whose parents are "
-                    "yours or root's"
-                )
-            shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-            if shared and not info.st_mode & stat.S_ISVTX:
-                raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which others may write to (mode "
-                    f"{stat.S_IMODE(info.st_mode):o}, no sticky bit): they could swap the "
-                    f"folder; chmod o-w,g-w {name!r} (or +t), or give another folder"
-                )
-            if (info.st_dev, info.st_ino) == (below.st_dev, below.st_ino):
-                return  # "/" is its own parent
-            parent = os.open("..", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=current)
-            os.close(current)
-            current, below = parent, info
-    finally:
-        os.close(current)
 
 
 def _warn_once(kind: str, message: str, *args: object) -> None:

@@ -65,6 +65,10 @@ class RemoteOptions:
       another scheme (`file://`) is never followed.
     - `cache_dir`: a `Loader`'s local folder that keeps each remote object (or streamed
       shard) after its first read, so later epochs and runs read local disk; None for none.
+      Processes and ranks of a host may share it: each object is fetched once on the host.
+    - `cache_limit`: the most bytes `cache_dir` holds (None: no bound, the default): the
+      least recently read copies are evicted to make room, never one being read. Give the
+      same limit to every process that shares the folder.
 
     Only http(s) requests have all three deadlines; other async filesystems (gcs, s3) get
     `request_timeout_s` per request, and their own clients' connect and read timeouts.
@@ -79,6 +83,7 @@ class RemoteOptions:
     max_depth: int = MAX_DEPTH
     follow_redirects: str = "same-host"
     cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
@@ -95,6 +100,18 @@ class RemoteOptions:
                 raise ValueError(
                     f"{name} must be an int >= 1, got {value!r}: pass e.g. "
                     f"RemoteOptions({name}={getattr(RemoteOptions, name)})"
+                )
+        limit = self.cache_limit
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(
+                    f"cache_limit must be a number of bytes >= 1 (an int) or None, got "
+                    f"{limit!r}: pass e.g. RemoteOptions(cache_dir=..., cache_limit=50 * 2**30)"
+                )
+            if self.cache_dir is None:
+                raise ValueError(
+                    f"cache_limit={limit} bounds the folder cache_dir, which is not given: "
+                    "pass RemoteOptions(cache_dir=..., cache_limit=...)"
                 )
         if self.follow_redirects not in FOLLOW_REDIRECTS:
             raise ValueError(

@@ -135,7 +135,8 @@ class Loader:
       files and a time limit per sample.
     - `remote`: a `RemoteOptions`: the deadlines, size caps and redirect policy of remote
       reads (and the caps of listing a folder URL), and its `cache_dir`, a local folder that
-      keeps each remote object after its first read; `None` for those of an
+      keeps each remote object after its first read (at most `cache_limit` bytes of them,
+      the least recently read evicted first); `None` for those of an
       `ImageFolder(url, remote=...)` source, else the defaults. Its `max_object_bytes` also
       bounds local files read whole.
 

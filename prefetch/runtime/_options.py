@@ -43,6 +43,7 @@ MOVED = {
     "sample_timeout_s": "on_error=ErrorPolicy(sample_timeout_s=...)",
     "memory_budget": "workers=Autotune(memory_budget=...)",
     "cache_dir": "remote=RemoteOptions(cache_dir=...)",
+    "cache_limit": "remote=RemoteOptions(cache_dir=..., cache_limit=...)",
     "crop": "augment=Augment(crop=...)",
     "flip": "augment=Augment(flip=True)",
     "transform": "augment=Augment(transform=...)",

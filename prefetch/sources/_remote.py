@@ -35,8 +35,11 @@ def reads_over_network(source: object) -> bool:
     return source_scheme(source) not in ("", "memory")
 
 
-def cache_for(source: object, cache_dir: str | os.PathLike[str] | None) -> ObjectCache | None:
-    """The `ObjectCache` a loader of `source` keeps in `cache_dir` (None without one).
+def cache_for(
+    source: object, cache_dir: str | os.PathLike[str] | None, limit: int | None = None
+) -> ObjectCache | None:
+    """The `ObjectCache` a loader of `source` keeps in `cache_dir`, with at most `limit`
+    bytes of copies (None without a folder).
 
     Raises ValueError when `source` holds no URLs: its files are local already, or it is not
     a file source (it reads its samples itself).
@@ -48,4 +51,4 @@ def cache_for(source: object, cache_dir: str | os.PathLike[str] | None) -> Objec
             f"cache_dir keeps local copies of remote objects, but {type(source).__name__} "
             "reads no URLs (local files, or samples it makes itself): leave cache_dir out"
         )
-    return ObjectCache.open(cache_dir)
+    return ObjectCache.open(cache_dir, limit)

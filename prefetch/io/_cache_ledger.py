@@ -1,0 +1,329 @@
+"""The bytes of a cache folder shared by processes: its ledger, per-object locks, pins, eviction.
+
+Every process that uses a cache folder (each rank of a host, each worker process) follows
+these rules, so that the folder holds at most `limit` bytes and one download per object is
+made on the host. In the folder, all 0600 and reached through its descriptor:
+
+- copies, `<key><ext>`: whole objects (`ObjectCache`) or shards (the spool). A copy's mtime is
+  when it was last read (`pin` sets it): the least recently used copy is the oldest.
+- `.partial-<name>`: the copy `name` being written, only by the holder of its object's lock.
+- `.lock-<key>`: the lock of one object (`lock_object`: flock, exclusive), held while its copy
+  is fetched, written and renamed into place, replaced or evicted. Its holder unlinks it when
+  done; a waiter that then holds an unlinked file opens the new one. The kernel releases the
+  lock of a killed process; its file and partial copy are removed by the next holder, or by
+  `sweep`.
+- `.ledger`: a header (the bytes of copies and of copies being written, the eviction queue's
+  head and length) and the eviction queue (the oldest copies when it was filled, covering
+  `limit / QUEUE_SHARE` bytes). Read and changed under its flock and, within a process, a
+  thread lock: one short serial step per copy kept, evicted or removed on the host. A hit
+  never takes it.
+
+A copy's bytes are reserved in the ledger (`Ledger.reserve`) before it is written, after
+evicting the least recently used copies when the folder would pass its limit: so the copies
+and partial copies never hold more than the ledger counts, nor the ledger (its own bytes
+included) more than the limit. A killed process can leave the count too high, never too low;
+`Ledger.recount`, run by a process that opens the folder alone, sets it from the files.
+
+A reader pins the copy it decodes (`pin`: flock shared on its open descriptor); eviction takes
+the copy's flock exclusive and the object's lock without waiting, and skips the copy when it
+cannot, or when it was read since it was queued: a copy being read is never removed (and on
+Linux a descriptor opened before an unlink reads the whole file anyway). See docs/remote.md,
+"A cache with a size".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+LEDGER = ".ledger"
+LOCK_PREFIX = ".lock-"
+PARTIAL_PREFIX = ".partial-"
+# The ledger's header (magic, bytes used, queue head, queue length) and one queued copy
+# (its mtime when queued, its size, its name: at most 48 bytes, a key and an extension).
+_HEADER = struct.Struct("<8sqqq")
+_RECORD = struct.Struct("<qq48s")
+_MAGIC = b"pfcache1"
+_USED, _HEAD, _COUNT = 0, 1, 2
+# The eviction queue covers the oldest copies of limit / QUEUE_SHARE bytes, at most QUEUE_MAX
+# of them (4 MiB of ledger): a folder is scanned (one stat a copy) once per eighth of its limit
+# evicted, and the ledger stays a small part of the limit.
+QUEUE_SHARE = 8
+QUEUE_MAX = 65536
+# Records read from the queue at a time.
+QUEUE_BATCH = 256
+# A flock is polled (LOCK_NB) after POLL_FIRST_S, doubling up to POLL_MAX_S: a wait for another
+# process's download wakes within 20 ms of its end. MosaicML Streaming polls every 7 ms.
+POLL_FIRST_S = 0.0005
+POLL_MAX_S = 0.02
+# The longest wait for the ledger: it is held for microseconds, and for a scan of the folder
+# (about 2 us a copy) once per eighth of the limit evicted.
+LEDGER_WAIT_S = 60.0
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+_LOCK = os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
+
+
+def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
+    """Take the flock `operation` (LOCK_SH or LOCK_EX) on `fd`, polling for at most
+    `timeout_s` seconds (0: one try); whether it was taken."""
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, POLL_MAX_S)
+
+
+def key_of(name: str) -> str:
+    """The object key of the copy (or partial copy) `name`: its name without the extension."""
+    if name.startswith(PARTIAL_PREFIX):
+        name = name[len(PARTIAL_PREFIX) :]
+    return name.split(".", 1)[0]
+
+
+def lock_object(handle: int, key: str, timeout_s: float) -> int | None:
+    """A descriptor holding the lock of object `key` in the folder `handle`, waiting for it at
+    most `timeout_s` seconds (0: one try); None when another holds it that long. Release it
+    with `unlock_object`."""
+    name = LOCK_PREFIX + key
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fd = os.open(name, _LOCK, 0o600, dir_fd=handle)
+        try:
+            taken = flock_within(fd, fcntl.LOCK_EX, max(0.0, deadline - time.monotonic()))
+            if taken and os.fstat(fd).st_nlink > 0:
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # not taken, or taken on a file its last holder unlinked: open anew
+        if not taken:
+            return None
+
+
+def unlock_object(handle: int, key: str, fd: int) -> None:
+    """Release the lock `lock_object` gave: its file is unlinked, then closed."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(LOCK_PREFIX + key, dir_fd=handle)
+    finally:
+        os.close(fd)
+
+
+def pin(handle: int, name: str) -> int | None:
+    """A descriptor of the copy `name`, pinned (flock shared: not evicted while open) and
+    marked used now (its mtime); None when there is none, it is being evicted, or it is not a
+    regular file of the current user. The caller closes it."""
+    try:
+        fd = os.open(name, _READ, dir_fd=handle)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # a symlink: not a copy (renaming a copy replaces it)
+            return None
+        raise
+    try:
+        if flock_within(fd, fcntl.LOCK_SH, 0):
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink:
+                with contextlib.suppress(OSError):  # a read-only folder keeps its order
+                    os.utime(fd)
+                return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+class Ledger:
+    """The bytes the folder `handle` holds and its eviction queue, in its `.ledger` file; see
+    the module docstring. `limit` is this process's bound in bytes (None: none, but copies are
+    still counted, for the processes that have one). Thread-safe; one per process and folder.
+    `evictions` and `evicted_bytes` count the copies this process evicted."""
+
+    def __init__(self, handle: int, limit: int | None) -> None:
+        self.limit = limit
+        self.evictions = 0
+        self.evicted_bytes = 0
+        self._dir = handle
+        self._lock = threading.Lock()
+        flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
+        self._fd = os.open(LEDGER, flags, 0o600, dir_fd=handle)
+        info = os.fstat(self._fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            os.close(self._fd)
+            raise OSError(errno.EPERM, "the cache's ledger is not a file of yours", LEDGER)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    def used(self) -> int:
+        """The bytes of the folder's copies, and of those being written, as the ledger counts."""
+        with self._held() as header:
+            return header[_USED]
+
+    def reserve(self, size: int) -> bool:
+        """Count `size` more bytes (a copy about to be written), after evicting the least
+        recently used copies when the folder would pass the limit; False (nothing counted)
+        when even that leaves no room."""
+        with self._held() as header:
+            if self.limit is not None and not self._make_room(header, size):
+                return False
+            header[_USED] += size
+            return True
+
+    def release(self, size: int) -> None:
+        """Count `size` bytes fewer (a copy, or a reservation, removed)."""
+        with self._held() as header:
+            header[_USED] = max(0, header[_USED] - size)
+
+    def recount(self) -> None:
+        """Set the count from the files (copies and partial copies): for a process that holds
+        the folder alone, when nothing is being written."""
+        with self._held() as header:
+            header[_USED] = sum(size for _, size, _ in self._copies(partials=True))
+            header[_HEAD] = header[_COUNT] = 0
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[list[int]]:
+        """The header's numbers [used, head, count], under the ledger's locks; written back
+        when changed. A ledger that is new (empty) or not one is counted from the files."""
+        if not self._lock.acquire(timeout=LEDGER_WAIT_S):
+            raise OSError(errno.ETIMEDOUT, "another thread held the cache's ledger too long")
+        try:
+            if not flock_within(self._fd, fcntl.LOCK_EX, LEDGER_WAIT_S):
+                raise OSError(errno.ETIMEDOUT, "another process held the cache's ledger too long")
+            try:
+                raw = os.pread(self._fd, _HEADER.size, 0)
+                magic, *numbers = _HEADER.unpack(raw) if len(raw) == _HEADER.size else (b"", -1)
+                if magic != _MAGIC or min(numbers) < 0:
+                    counted = sum(size for _, size, _ in self._copies(partials=True))
+                    numbers = [counted, 0, 0]
+                    self._write(numbers)
+                header = list(numbers)
+                try:
+                    yield header
+                finally:
+                    if header != numbers:
+                        self._write(header)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
+
+    def _write(self, header: list[int]) -> None:
+        os.pwrite(self._fd, _HEADER.pack(_MAGIC, *header), 0)
+
+    def _over(self, header: list[int], size: int) -> bool:
+        """Whether `size` more bytes pass the limit (the ledger's own bytes counted)."""
+        assert self.limit is not None
+        ledger = _HEADER.size + header[_COUNT] * _RECORD.size
+        return header[_USED] + size + ledger > self.limit
+
+    def _make_room(self, header: list[int], size: int) -> bool:
+        """Evict queued copies, oldest first (refilling the queue from the folder when it
+        runs out), until `size` more bytes fit; False when they cannot."""
+        evicted_since_refill = True
+        while self._over(header, size):
+            if header[_HEAD] >= header[_COUNT]:
+                if not evicted_since_refill:
+                    return False  # every copy left is in use or being replaced
+                self._refill(header)
+                evicted_since_refill = False
+                continue
+            count = min(QUEUE_BATCH, header[_COUNT] - header[_HEAD])
+            offset = _HEADER.size + header[_HEAD] * _RECORD.size
+            raw = os.pread(self._fd, count * _RECORD.size, offset)
+            whole = len(raw) // _RECORD.size * _RECORD.size
+            for mtime_ns, _, name in _RECORD.iter_unpack(raw[:whole]):
+                header[_HEAD] += 1
+                freed = self._evict(name.rstrip(b"\0").decode("ascii", "replace"), mtime_ns)
+                if freed is not None:
+                    header[_USED] = max(0, header[_USED] - freed)
+                    self.evictions += 1
+                    self.evicted_bytes += freed
+                    evicted_since_refill = True
+                    if not self._over(header, size):
+                        return True
+            if len(raw) < count * _RECORD.size:  # a ledger shorter than it says: refill
+                header[_HEAD] = header[_COUNT]
+        return True
+
+    def _refill(self, header: list[int]) -> None:
+        """Queue the oldest copies of the folder, covering limit / QUEUE_SHARE bytes."""
+        assert self.limit is not None
+        goal, covered, queue = self.limit // QUEUE_SHARE, 0, []
+        for mtime_ns, size, name in sorted(self._copies(partials=False)):
+            queue.append(_RECORD.pack(mtime_ns, size, name.encode("ascii")))
+            covered += size
+            if covered >= goal or len(queue) >= QUEUE_MAX:
+                break
+        os.pwrite(self._fd, b"".join(queue), _HEADER.size)
+        os.ftruncate(self._fd, _HEADER.size + len(queue) * _RECORD.size)
+        header[_HEAD], header[_COUNT] = 0, len(queue)
+
+    def _copies(self, partials: bool) -> Iterator[tuple[int, int, str]]:
+        """(mtime in ns, size, name) of each copy in the folder (and partial copy)."""
+        me = os.geteuid()
+        with os.scandir(self._dir) as entries:
+            for entry in entries:
+                name = entry.name
+                partial = name.startswith(PARTIAL_PREFIX)
+                if (name.startswith(".") and not (partials and partial)) or len(name) > 48:
+                    continue
+                if not name.isascii():
+                    continue
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode) and info.st_uid == me:
+                        yield info.st_mtime_ns, info.st_size, name
+
+    def _evict(self, name: str, mtime_ns: int) -> int | None:
+        """Remove the copy `name` if it was not read since it was queued (its mtime), nobody
+        reads it (its flock) and nobody replaces it (its object's lock); its size, or None."""
+        try:
+            info = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
+        except OSError:
+            return None
+        if info.st_mtime_ns != mtime_ns or not stat.S_ISREG(info.st_mode):
+            return None  # read since it was queued (or not a copy): it stays
+        key = key_of(name)
+        lock = lock_object(self._dir, key, 0)
+        if lock is None:
+            return None  # being fetched or replaced
+        try:
+            try:
+                fd = os.open(name, _READ, dir_fd=self._dir)
+            except OSError:
+                return None
+            try:
+                if not flock_within(fd, fcntl.LOCK_EX, 0):
+                    return None  # pinned: being read
+                now = os.fstat(fd)
+                if (now.st_ino, now.st_mtime_ns) != (info.st_ino, mtime_ns):
+                    return None
+                os.unlink(name, dir_fd=self._dir)
+                return now.st_size
+            finally:
+                os.close(fd)
+        finally:
+            unlock_object(self._dir, key, lock)
