@@ -61,7 +61,9 @@ class Skipped:
 @dataclass
 class ChunkOutcome:
     """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample;
-    `cache_hits`, `cache_misses`: samples read from a kept local copy, or copied first."""
+    `cache_hits`, `cache_misses`: samples read from a kept local copy, or copied first;
+    `cache_fetched_bytes`, `cache_evictions`, `cache_evicted_bytes`: what the worker's cache
+    read from storage and evicted meanwhile (`ObjectCache.take_counts`)."""
 
     skipped: list[Skipped] = field(default_factory=list)
     busy_s: float = 0.0
@@ -70,18 +72,30 @@ class ChunkOutcome:
     read_s: list[float] = field(default_factory=list)
     cache_hits: int = 0
     cache_misses: int = 0
+    cache_fetched_bytes: int = 0
+    cache_evictions: int = 0
+    cache_evicted_bytes: int = 0
 
     @classmethod
     def merged(cls, chunks: list[ChunkOutcome]) -> ChunkOutcome:
         """The chunks of one batch as one outcome (in row order)."""
+        sums = {
+            name: sum(getattr(chunk, name) for chunk in chunks)
+            for name in (
+                "busy_s",
+                "cpu_s",
+                "runnable_s",
+                "cache_hits",
+                "cache_misses",
+                "cache_fetched_bytes",
+                "cache_evictions",
+                "cache_evicted_bytes",
+            )
+        }
         return cls(
-            [item for chunk in chunks for item in chunk.skipped],
-            sum(chunk.busy_s for chunk in chunks),
-            sum(chunk.cpu_s for chunk in chunks),
-            sum(chunk.runnable_s for chunk in chunks),
-            [seconds for chunk in chunks for seconds in chunk.read_s],
-            sum(chunk.cache_hits for chunk in chunks),
-            sum(chunk.cache_misses for chunk in chunks),
+            skipped=[item for chunk in chunks for item in chunk.skipped],
+            read_s=[seconds for chunk in chunks for seconds in chunk.read_s],
+            **sums,
         )
 
 

@@ -169,6 +169,11 @@ class SampleReader:
             finally:
                 if started is not None:
                     started[position] = 0.0
+        if self.cache is not None:
+            counts = self.cache.take_counts()
+            outcome.cache_fetched_bytes = counts.fetched_bytes
+            outcome.cache_evictions = counts.evictions
+            outcome.cache_evicted_bytes = counts.evicted_bytes
         outcome.busy_s = time.perf_counter() - began
         cpu, runnable = thread_clocks()
         outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable

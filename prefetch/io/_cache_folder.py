@@ -219,25 +219,30 @@ class CacheFolder:
 
     def pinned_copy(
         self, name: str, size: int, fetch: Callable[[BinaryIO], None], good: Callable[[int], bool]
-    ) -> int:
-        """A pinned descriptor (never evicted while open; the caller closes it) of the copy
-        `name` in the folder (a shard of `size` bytes): the kept one when `good(descriptor)`,
-        else one written now by `fetch(file)` (which raises when what it wrote is not the
-        object), under the object's lock. Raises OSError when the limit leaves no room."""
+    ) -> tuple[int, bool]:
+        """`(descriptor, fetched)`: a pinned descriptor (never evicted while open; the caller
+        closes it) of the copy `name` in the folder (a shard of `size` bytes), and whether it
+        was fetched now: the kept one when `good(descriptor)`, else one written now by
+        `fetch(file)` (which raises when what it wrote is not the object), under the object's
+        lock (another process's fetch of it is waited for). Raises OSError when the limit
+        leaves no room for it beside the copies in use."""
         handle, ledger = self._dir(), self._books()
         pinned = pin(handle, name)
         if pinned is not None and good(pinned):
-            return pinned
+            return pinned, False
         if pinned is not None:
             os.close(pinned)
         key = key_of(name)
         lock = lock_object(handle, key, wait_s())
         if lock is None:
-            raise TimeoutError(f"another process fetched {name!r} into {self.folder!r} too long")
+            raise TimeoutError(
+                f"another process fetched {name!r} into cache_dir {self.folder!r} for longer "
+                "than its requests may take"
+            )
         try:
             pinned = pin(handle, name)
             if pinned is not None and good(pinned):
-                return pinned
+                return pinned, False
             if pinned is not None:
                 os.close(pinned)
                 with contextlib.suppress(FileNotFoundError):
@@ -269,7 +274,7 @@ class CacheFolder:
             pinned = pin(handle, name)
             if pinned is None:
                 raise OSError(f"the copy {name!r} in {self.folder!r} vanished once written")
-            return pinned
+            return pinned, True
         finally:
             unlock_object(handle, key, lock)
 

@@ -247,6 +247,14 @@ class Epochs:
         stats.read_s.extend(outcome.read_s)
         stats.cache_hits += outcome.cache_hits
         stats.cache_misses += outcome.cache_misses
+        stats.cache_fetched_bytes += outcome.cache_fetched_bytes
+        stats.cache_evictions += outcome.cache_evictions
+        stats.cache_evicted_bytes += outcome.cache_evicted_bytes
+        if self.spool is not None and self.spool.cache is not None:  # its fetches, here
+            counts = self.spool.cache.take_counts()
+            stats.cache_fetched_bytes += counts.fetched_bytes
+            stats.cache_evictions += counts.evictions
+            stats.cache_evicted_bytes += counts.evicted_bytes
         self.skips.count(outcome.skipped, stats)
 
     def labels(self, raw: np.ndarray) -> np.ndarray | None:
@@ -295,7 +303,13 @@ class Epochs:
             decoder,
             self.reads_in_flight(),
             workers.in_flight(),
+            self.cache_bytes(),
         )
+
+    def cache_bytes(self) -> int:
+        """The bytes `cache_dir` holds now (its ledger's count); 0 without one."""
+        cache = self.workers.reader.cache or (self.spool.cache if self.spool else None)
+        return cache.used_bytes() if cache is not None else 0
 
     def reads_in_flight(self) -> int:
         """Samples that workers are reading right now, over the running streams."""

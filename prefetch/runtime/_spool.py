@@ -2,8 +2,10 @@
 
 `ShardSpool` fetches the shards an epoch needs (in the order of its `StreamingPlan`,
 `prefetch.plan`), whole and a few ahead, into a local folder (`RemoteOptions.cache_dir`, where
-they stay; else a private temporary folder, where each is removed once its last batch has been
-delivered), so the workers read samples locally with `pread` (`SampleReader.spool_folder`). It
+they stay, at most `cache_limit` bytes of them, pinned while batches still need them so that
+no eviction removes them; else a private temporary folder, where each is removed once its last
+batch has been delivered), so the workers read samples locally with `pread`
+(`SampleReader.spool_folder`). It
 lives in the main process, runs its own fetching threads, and is driven by the loader's epochs
 (`prefetch.runtime._epoch`), one epoch at a time.
 """
@@ -52,15 +54,21 @@ class _Stoppable:
 
 class ShardSpool:
     """Local copies of the shards of a streamed source, fetched ahead of the batches that need
-    them. `folder` holds them: `keep=True` for a `cache_dir` (copies stay, and a copy of the
-    right size is not fetched again), else a private temporary folder removed by `close()`.
-    Not thread-safe: one epoch's stream drives it at a time."""
+    them. `folder` holds them: `cache`'s for a `cache_dir` (`keep`: copies stay, a copy of
+    the bytes indexed is not fetched again, and each is pinned from its fetch until its last
+    batch is delivered), else a private temporary folder removed by `close()`. Not
+    thread-safe: one epoch's stream drives it at a time."""
 
-    def __init__(self, source: Any, folder: str | None, remote: RemoteOptions) -> None:
+    def __init__(self, source: Any, cache: ObjectCache | None, remote: RemoteOptions) -> None:
         self.source = source
-        self.keep = folder is not None
-        self.folder = folder or tempfile.mkdtemp(prefix="prefetch-spool-")
+        self.cache = cache
+        self.keep = cache is not None
+        self.folder = (
+            cache.folder if cache is not None else tempfile.mkdtemp(prefix="prefetch-spool-")
+        )
         self.remote = remote
+        self._pins: dict[int, int] = {}  # shard -> a pinned descriptor of its kept copy
+        self._pins_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         self._fetches: dict[int, concurrent.futures.Future[None]] = {}
@@ -109,6 +117,7 @@ class ShardSpool:
         for shard, last in list(self._last_use.items()):
             if last < delivered:
                 del self._last_use[shard]
+                self._unpin(shard)
                 future = self._fetches.pop(shard, None)
                 if not self.keep and future is not None:
                     future.cancel()
@@ -125,14 +134,23 @@ class ShardSpool:
             )
         self._fetches[shard] = self._pool.submit(self._copy, shard)
 
+    def _unpin(self, shard: int) -> None:
+        with self._pins_lock:
+            pinned = self._pins.pop(shard, None)
+        if pinned is not None:
+            os.close(pinned)
+
     def _copy(self, shard: int) -> None:
         url, index = self.source.shards[shard], self.source.indexes[shard]
         if not is_url(url):
             return  # a local shard streamed (streaming=True) is read where it lies
+        if self.cache is not None:
+            self._keep(shard, url, index)
+            return
         final = self.path(shard)
         with contextlib.suppress(OSError):
             if index.identity.matches(_copy_identity(final)):
-                return  # kept from an earlier epoch or run, and the bytes indexed
+                return  # fetched already, and the bytes indexed
         handle, partial = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
         try:
             with os.fdopen(handle, "w+b") as file, using(self.remote):
@@ -145,6 +163,29 @@ class ShardSpool:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
             raise
+
+    def _keep(self, shard: int, url: str, index: Any) -> None:
+        """Fetch shard `shard` into the cache folder unless a copy of the bytes indexed is
+        kept there (from an earlier epoch, run or rank), and pin it."""
+        assert self.cache is not None
+
+        def fetch(file: BinaryIO) -> None:
+            download(url, _Stoppable(file, self._stop))  # type: ignore[arg-type]
+            file.flush()
+            index.check_copy(url, _identity_of(file.fileno()))
+
+        def good(handle: int) -> bool:
+            return bool(index.identity.matches(_identity_of(handle)))
+
+        with using(self.remote):
+            pinned, fetched = self.cache.pinned_copy(
+                spooled_name(url), index.identity.size, fetch, good
+            )
+        with self._pins_lock:
+            self._pins[shard], earlier = pinned, self._pins.get(shard)
+        if earlier is not None:
+            os.close(earlier)
+        self.fetched += fetched
 
     def end(self) -> None:
         """The epoch ended: abandon fetches (a download stops at its next chunk), wait for the
@@ -159,6 +200,8 @@ class ShardSpool:
             for shard in self._fetches:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path(shard))
+        for shard in list(self._pins):
+            self._unpin(shard)
         self._fetches = {}
 
     def close(self) -> None:
@@ -204,5 +247,5 @@ def streaming_parts(
             )
         return plan, None
     streaming = StreamingPlan.of(plan, source.shard_starts, source.shuffle_buffer)
-    folder = ObjectCache.open(cache_dir).folder if cache_dir is not None else None
-    return streaming, ShardSpool(source, folder, remote)
+    cache = ObjectCache.open(cache_dir, remote.cache_limit) if cache_dir is not None else None
+    return streaming, ShardSpool(source, cache, remote)

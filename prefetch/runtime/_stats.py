@@ -64,6 +64,13 @@ class LoaderStats:
     - `cache_hits`: with `cache_dir`, samples read from a kept local copy.
     - `cache_misses`: with `cache_dir`, samples whose object was read from storage (and
       copied) first.
+    - `cache_fetched_bytes`: with `cache_dir`, the bytes read from storage into it (objects,
+      or streamed shards).
+    - `cache_evictions`: with a `cache_limit`, the copies this loader evicted from
+      `cache_dir` to make room (the least recently read).
+    - `cache_evicted_bytes`: the bytes of those copies.
+    - `cache_bytes`: the bytes `cache_dir` holds now, copies being written included, for
+      every process that shares it (its ledger's count); 0 without a cache.
     """
 
     backend: str
@@ -90,6 +97,10 @@ class LoaderStats:
     in_flight: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    cache_fetched_bytes: int = 0
+    cache_evictions: int = 0
+    cache_evicted_bytes: int = 0
+    cache_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as a plain dict (JSON-ready)."""
@@ -137,9 +148,15 @@ class LoaderStats:
         return f"{workers} with {busy:.1f} samples being read at once on average"
 
     def _cache_words(self) -> str:
-        """The cache's hits, as in "; cache: 5 of 12 read from local copies"; "" without one."""
+        """The cache's hits, evictions and size, as in "; cache: 5 of 12 read from local
+        copies, 3 evicted, 1.2 MB held"; "" without one."""
         cache = self.cache_hits + self.cache_misses
-        return f"; cache: {self.cache_hits} of {cache} read from local copies" if cache else ""
+        words = [f"{self.cache_hits} of {cache} read from local copies"] if cache else []
+        if self.cache_evictions:
+            words.append(f"{self.cache_evictions} evicted")
+        if self.cache_bytes:
+            words.append(f"{self.cache_bytes / 1e6:.1f} MB held")
+        return f"; cache: {', '.join(words)}" if words else ""
 
 
 class StatsRecorder:
@@ -162,6 +179,9 @@ class StatsRecorder:
         self.read_s: deque[float] = deque(maxlen=READ_TIMES_KEPT)
         self.cache_hits = 0
         self.cache_misses = 0
+        self.cache_fetched_bytes = 0
+        self.cache_evictions = 0
+        self.cache_evicted_bytes = 0
 
     def snapshot(
         self,
@@ -173,6 +193,7 @@ class StatsRecorder:
         decoder: str = "",
         reads_in_flight: int = 0,
         in_flight: int = 0,
+        cache_bytes: int = 0,
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         p50, p90, p99 = (
@@ -205,4 +226,8 @@ class StatsRecorder:
             in_flight=in_flight or depth,
             cache_hits=self.cache_hits,
             cache_misses=self.cache_misses,
+            cache_fetched_bytes=self.cache_fetched_bytes,
+            cache_evictions=self.cache_evictions,
+            cache_evicted_bytes=self.cache_evicted_bytes,
+            cache_bytes=cache_bytes,
         )
