@@ -247,15 +247,20 @@ class Ledger:
         return header[_USED] + size + ledger > self.limit
 
     def _make_room(self, header: list[int], size: int) -> bool:
-        """Evict queued copies, oldest first (refilling the queue from the folder when it
-        runs out), until `size` more bytes fit; False when they cannot."""
-        evicted_since_refill = True
+        """Evict queued copies, oldest first, until `size` more bytes fit; False when they
+        cannot. A queue that runs out is refilled from the folder; one that ran out without
+        an eviction (its copies in use, or read since) is refilled four times as long, until
+        it held every copy."""
+        assert self.limit is not None
+        goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
         while self._over(header, size):
             if header[_HEAD] >= header[_COUNT]:
-                if not evicted_since_refill:
-                    return False  # every copy left is in use or being replaced
-                self._refill(header)
-                evicted_since_refill = False
+                if not evicted:
+                    if everything:
+                        return False  # every copy left is in use or being replaced
+                    goal *= 4
+                everything = self._refill(header, goal)
+                evicted = False
                 continue
             count = min(QUEUE_BATCH, header[_COUNT] - header[_HEAD])
             offset = _HEADER.size + header[_HEAD] * _RECORD.size
@@ -268,25 +273,27 @@ class Ledger:
                     header[_USED] = max(0, header[_USED] - freed)
                     self.evictions += 1
                     self.evicted_bytes += freed
-                    evicted_since_refill = True
+                    evicted = True
                     if not self._over(header, size):
                         return True
-            if len(raw) < count * _RECORD.size:  # a ledger shorter than it says: refill
+            if whole < count * _RECORD.size:  # a ledger shorter than it says: refill
                 header[_HEAD] = header[_COUNT]
         return True
 
-    def _refill(self, header: list[int]) -> None:
-        """Queue the oldest copies of the folder, covering limit / QUEUE_SHARE bytes."""
-        assert self.limit is not None
-        goal, covered, queue = self.limit // QUEUE_SHARE, 0, []
-        for mtime_ns, size, name in sorted(self._copies(partials=False)):
-            queue.append(_RECORD.pack(mtime_ns, size, name.encode("ascii")))
-            covered += size
+    def _refill(self, header: list[int], goal: int) -> bool:
+        """Queue the oldest copies of the folder, covering `goal` bytes (at most QUEUE_MAX
+        copies); whether that is every copy."""
+        copies = sorted(self._copies(partials=False))
+        covered, queue = 0, []
+        for mtime_ns, size, name in copies:
             if covered >= goal or len(queue) >= QUEUE_MAX:
                 break
+            queue.append(_RECORD.pack(mtime_ns, size, name.encode("ascii")))
+            covered += size
         os.pwrite(self._fd, b"".join(queue), _HEADER.size)
         os.ftruncate(self._fd, _HEADER.size + len(queue) * _RECORD.size)
         header[_HEAD], header[_COUNT] = 0, len(queue)
+        return len(queue) == len(copies)
 
     def _copies(self, partials: bool) -> Iterator[tuple[int, int, str]]:
         """(mtime in ns, size, name) of each copy in the folder (and partial copy)."""

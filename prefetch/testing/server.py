@@ -30,8 +30,10 @@ class _Faults:
         fail_first: int,
         drop_paths: Collection[str],
         slow_paths: Mapping[str, float],
+        requests: list[str] | None = None,
     ) -> None:
         self.latency_s = latency_s
+        self.requests = requests
         self.slow = {"/" + path.lstrip("/"): seconds for path, seconds in slow_paths.items()}
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self.fail_first = fail_first
@@ -132,6 +134,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         return verdict != "serve"
 
     def do_GET(self) -> None:
+        log = self.server.faults.requests
+        if log is not None:
+            log.append(urllib.parse.unquote(urllib.parse.urlsplit(self.path).path))
         if not self._answered():
             super().do_GET()
 
@@ -158,6 +163,7 @@ def serve_folder(
     drop_paths: Collection[str] = (),
     slow_paths: Mapping[str, float] | None = None,
     request_timeout_s: float = 10.0,
+    requests: list[str] | None = None,
 ) -> Iterator[str]:
     """Serve the files under `root` over HTTP on 127.0.0.1 and yield the base URL.
 
@@ -178,12 +184,16 @@ def serve_folder(
     - `slow_paths`: paths relative to `root` and the seconds each waits on top of `latency_s`
       (one stuck object among fast ones).
     - `request_timeout_s`: a connection that sends nothing for this long is closed.
+    - `requests`: a list the server appends the path of every GET request to, as it arrives
+      (``"/cat/a.jpg"``): how often each object was fetched.
 
     Connections are HTTP/1.1 and kept alive between requests (as object stores keep them), one
     thread each. On exit the server stops, latency sleeps are cut short, every connection is
     closed, and every thread it started is joined.
     """
-    faults = _Faults(latency_s, bandwidth_bytes_per_s, fail_first, drop_paths, slow_paths or {})
+    faults = _Faults(
+        latency_s, bandwidth_bytes_per_s, fail_first, drop_paths, slow_paths or {}, requests
+    )
     server = _LoopbackServer(os.fspath(root), faults, request_timeout_s)
     thread = threading.Thread(
         target=server.serve_forever,

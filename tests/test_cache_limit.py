@@ -1,0 +1,363 @@
+"""RemoteOptions(cache_dir=..., cache_limit=...): a cache folder of bounded size, shared by the
+processes of a host, that evicts the least recently read copies and fetches each object once.
+
+Real JPEG and PNG objects behind the loopback server (`prefetch.testing.serve_folder`, which
+logs every GET: how often each object was fetched), real spawned processes sharing the folder
+(in lockstep by a barrier: the same objects wanted at once), real SIGKILLs. The folder's size
+is sampled every few milliseconds while they run, bookkeeping files included.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import multiprocessing.resource_tracker
+import os
+import pickle
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import prefetch.io._cache
+from prefetch import Loader, RemoteOptions
+from prefetch.decode._decoders import DecodeOptions, decode_image
+from prefetch.io._cache import ObjectCache
+from prefetch.io._cache_ledger import lock_object, pin, unlock_object
+from prefetch.testing import serve_folder, write_image_folder
+
+pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "resource_tracker_running")
+
+fsspec = pytest.importorskip("fsspec", reason="the remote extra is not installed")
+
+SIZE = (8, 8)
+EPOCHS = 3
+WAIT_S = 60.0  # the longest a child waits for the other at a barrier (a busy machine)
+
+
+@pytest.fixture(scope="module")
+def resource_tracker_running() -> Iterator[None]:
+    """The spawn context's helper process, started before the leak checks look (it lives as
+    long as the interpreter: not a leak)."""
+    multiprocessing.resource_tracker.ensure_running()
+    yield
+
+
+def write_set(root: Path) -> Path:
+    """`root/train`: 30 small images, JPEG and PNG, in 3 classes."""
+    train = root / "train"
+    write_image_folder(train, class_names=("a", "b", "c"), per_class=9, size=(20, 16))
+    write_image_folder(train, class_names=("c",), per_class=3, image_format="PNG", seed=1)
+    return train
+
+
+def objects(train: Path) -> dict[str, int]:
+    """Each image's request path on the server and its size in bytes."""
+    return {
+        f"/train/{path.relative_to(train).as_posix()}": path.stat().st_size
+        for path in sorted(train.rglob("*.*"))
+    }
+
+
+def folder_bytes(folder: str | os.PathLike[str]) -> int:
+    """Every byte of every file in the folder: copies, partial copies, the ledger."""
+    total = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:  # renamed or evicted while listed
+                pass
+    return total
+
+
+class Sampler:
+    """The largest size of `folder`, sampled every 2 ms in a thread while the block runs."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.largest, self.samples = folder, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="folder-sampler")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            if self.folder.is_dir():
+                self.largest = max(self.largest, folder_bytes(self.folder))
+                self.samples += 1
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def loader_for(source: object, cache_dir: Path | None = None, limit: int | None = None) -> Loader:
+    remote = RemoteOptions(cache_dir=cache_dir, cache_limit=limit) if cache_dir else None
+    return Loader(
+        source,  # type: ignore[arg-type]
+        batch_size=4,
+        image_size=SIZE,
+        seed=5,
+        workers=2,
+        backend="thread",
+        depth=1,
+        remote=remote,
+    )
+
+
+def read_in_lockstep(url: str, cache_dir: Path, limit: int, barrier: Any, out: Path) -> None:
+    """A spawned rank: EPOCHS epochs of `url` (the whole set, the same order as the other
+    rank), waiting for the other rank after each batch; their images and statistics are
+    pickled to `out`."""
+    try:
+        loader = loader_for(url, cache_dir, limit)
+        results = []
+        for _ in range(EPOCHS):
+            images = []
+            for batch in loader:
+                images.append(batch.images.copy())
+                barrier.wait(WAIT_S)
+            barrier.wait(WAIT_S)
+            results.append((np.concatenate(images), loader.stats().as_dict()))
+            loader.reset_stats()
+        out.write_bytes(pickle.dumps(results))
+    except BaseException:
+        barrier.abort()
+        raise
+
+
+def spawned(target: Callable[..., None], *runs: tuple[Any, ...]) -> list[int]:
+    """Run `target(*args)` in a spawned process for each `args` at once; their exit codes."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=target, args=args, daemon=True) for args in runs]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(150)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return [process.exitcode or 0 for process in processes]
+
+
+@pytest.mark.timeout(240)  # two spawned processes that import prefetch, three epochs each
+def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
+    tmp_path: Path,
+) -> None:
+    train = write_set(tmp_path)
+    sizes = objects(train)
+    limit = sum(sizes.values()) // 2
+    cache_dir = tmp_path / "cache"
+    requests: list[str] = []
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    outs = [tmp_path / "rank0.pickle", tmp_path / "rank1.pickle"]
+    with serve_folder(tmp_path, requests=requests) as base, Sampler(cache_dir) as sampler:
+        runs = [(base + "train/", cache_dir, limit, barrier, out) for out in outs]
+        assert spawned(read_in_lockstep, *runs) == [0, 0]
+
+    # the folder never held more than the limit and one object (the ledger counts it all)
+    assert sampler.samples > 10
+    assert sampler.largest <= limit + max(sizes.values())
+    assert folder_bytes(cache_dir) <= limit
+    # every object was fetched at most once an epoch, for both ranks together
+    fetched = collections.Counter(path for path in requests if path in sizes)
+    assert set(fetched) == set(sizes)
+    assert max(fetched.values()) <= EPOCHS
+    # every sample exact, every epoch, on both ranks
+    reference = loader_for(train)
+    expected = [np.concatenate([b.images.copy() for b in reference]) for _ in range(EPOCHS)]
+    ranks = [pickle.loads(out.read_bytes()) for out in outs]
+    for rank in ranks:
+        for (images, _), want in zip(rank, expected, strict=True):
+            np.testing.assert_array_equal(images, want)
+    # the statistics agree with the server: a miss is a fetch; the rest were hits
+    stats = [[epoch_stats for _, epoch_stats in rank] for rank in ranks]
+    misses = [sum(rank[epoch]["cache_misses"] for rank in stats) for epoch in range(EPOCHS)]
+    hits = [sum(rank[epoch]["cache_hits"] for rank in stats) for epoch in range(EPOCHS)]
+    assert sum(misses) == sum(fetched.values())
+    assert [h + m for h, m in zip(hits, misses, strict=True)] == [2 * len(sizes)] * EPOCHS
+    assert misses[0] == len(sizes) and all(count <= len(sizes) for count in misses)
+    assert sum(hits) > 0  # the other rank's copies, and the kept half of the last epoch
+    assert sum(rank[epoch]["cache_evictions"] for rank in stats for epoch in range(EPOCHS)) > 0
+    fetched_bytes = sum(rank[epoch]["cache_fetched_bytes"] for rank in stats for epoch in range(3))
+    assert fetched_bytes == sum(sizes[path] * count for path, count in fetched.items())
+    assert all(0 < rank[-1]["cache_bytes"] <= limit for rank in stats)
+
+
+def fetch_once(url: str, cache_dir: Path, barrier: Any, out: Path) -> None:
+    """A spawned process: wait for the other, then decode `url` through the shared cache."""
+    cache = ObjectCache.open(cache_dir, 10**6)
+    barrier.wait(WAIT_S)
+    image, kept = cache.decoded(url, decode)
+    out.write_bytes(pickle.dumps((image, kept)))
+
+
+def decode(path: str) -> np.ndarray:
+    return decode_image(path, DecodeOptions(image_size=SIZE))
+
+
+@pytest.mark.timeout(120)
+def test_two_processes_asking_for_the_same_missing_object_fetch_it_once(tmp_path: Path) -> None:
+    train = write_set(tmp_path)
+    cache_dir = tmp_path / "cache"
+    requests: list[str] = []
+    barrier = multiprocessing.get_context("spawn").Barrier(2)
+    outs = [tmp_path / "first.pickle", tmp_path / "second.pickle"]
+    slow = {"train/a/a_0000.jpg": 1.0}  # both ask before the first answer comes
+    with serve_folder(tmp_path, requests=requests, slow_paths=slow) as base:
+        url = base + "train/a/a_0000.jpg"
+        assert spawned(fetch_once, *[(url, cache_dir, barrier, out) for out in outs]) == [0, 0]
+    assert requests == ["/train/a/a_0000.jpg"]
+    results = [pickle.loads(out.read_bytes()) for out in outs]
+    assert sorted(kept for _, kept in results) == [False, True]  # one fetched, one waited
+    for image, _ in results:
+        np.testing.assert_array_equal(image, decode(str(train / "a" / "a_0000.jpg")))
+
+
+def fetch_and_hang(url: str, cache_dir: Path, marker: Path) -> None:
+    """A spawned process killed while it fetches `url` (a slow server) or, once fetched,
+    while it decodes the partial copy (its decoder hangs): it never returns."""
+
+    def hang(path: str) -> None:
+        marker.write_text(path)
+        time.sleep(600)
+
+    ObjectCache.open(cache_dir).decoded(url, hang)
+
+
+def start_and_kill(url: str, cache_dir: Path, marker: Path, ready: Callable[[], bool]) -> None:
+    process = multiprocessing.get_context("spawn").Process(
+        target=fetch_and_hang, args=(url, cache_dir, marker), daemon=True
+    )
+    process.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert process.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+    assert process.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(120)
+def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Path) -> None:
+    train = write_set(tmp_path)
+    cache_dir = tmp_path / "cache"
+    path, requests = "/train/b/b_0001.jpg", []
+    marker = tmp_path / "decoding"
+    with serve_folder(tmp_path, requests=requests, slow_paths={path: 30.0}) as base:
+        url = base + path[1:]
+        start_and_kill(url, cache_dir, marker, lambda: path in requests)  # while fetching
+    cache = ObjectCache.open(cache_dir)
+    name = cache.name_for(url)
+    assert [item for item in os.listdir(cache_dir) if not item.startswith(".")] == []
+    with serve_folder(tmp_path, requests=requests) as base:
+        url = base + path[1:]
+        name = cache.name_for(url)
+        start_and_kill(url, cache_dir, marker, marker.exists)  # while decoding its partial copy
+        left = sorted(os.listdir(cache_dir))
+        assert name not in left  # no copy under its name: never half of one
+        assert f".partial-{name}" in left
+        handle = os.open(cache_dir, os.O_RDONLY)
+        try:
+            lock = lock_object(handle, name.split(".")[0], 0)  # the kernel released it
+            assert lock is not None
+            unlock_object(handle, name.split(".")[0], lock)
+        finally:
+            os.close(handle)
+        ObjectCache.open(cache_dir)  # removes what a killed process left
+        assert sorted(os.listdir(cache_dir)) == [".ledger"]
+        image, kept = cache.decoded(url, decode)
+    assert not kept and requests.count(path) == 3
+    np.testing.assert_array_equal(image, decode(str(train / "b" / "b_0001.jpg")))
+    assert cache.used_bytes() == os.path.getsize(cache_dir / name)  # nothing counted twice
+
+
+@pytest.fixture
+def memory_objects() -> Iterator[Callable[[str, int], str]]:
+    """Put objects of given sizes in fsspec's memory filesystem: `put(name, size) -> url`."""
+    fs = fsspec.filesystem("memory")
+    root = f"memory://limit-{uuid.uuid4().hex[:8]}"
+
+    def put(name: str, size: int) -> str:
+        fs.pipe_file(f"{root}/{name}", bytes([len(name)]) * size)
+        return f"{root}/{name}"
+
+    yield put
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    # room for three 1000-byte copies and the ledger (a header and one queued copy)
+    cache = ObjectCache.open(tmp_path / "cache", limit=3 * 1000 + 200)
+    urls = {name: memory_objects(f"{name}.bin", 1000) for name in "abcde"}
+
+    def read(name: str) -> bool:
+        time.sleep(0.02)  # mtimes a clock tick apart: the order of the reads
+        data, kept = cache.decoded(urls[name], read_bytes)
+        assert data == bytes([5]) * 1000
+        return kept
+
+    def held() -> str:
+        copies = {cache.name_for(url): name for name, url in urls.items()}
+        return "".join(sorted(copies[item] for item in os.listdir(cache.folder) if item in copies))
+
+    assert [read(name) for name in "abca"] == [False, False, False, True]
+    assert read("d") is False and held() == "acd"  # b was read least recently
+    pinned = pin(cache._dir(), cache.name_for(urls["c"]))  # c is being read: it stays
+    assert pinned is not None
+    try:
+        assert read("e") is False and held() == "cde"  # a went instead
+    finally:
+        os.close(pinned)
+    counts = cache.take_counts()
+    assert (counts.evictions, counts.evicted_bytes, counts.fetched_bytes) == (2, 2000, 5000)
+    assert folder_bytes(cache.folder) <= cache.limit  # type: ignore[operator]
+
+
+def test_an_object_larger_than_the_limit_is_read_but_not_kept(
+    tmp_path: Path,
+    memory_objects: Callable[[str, int], str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetch.io._cache, "_warned", set())  # each warning is once per process
+    cache = ObjectCache.open(tmp_path / "cache", limit=500)
+    url = memory_objects("big.bin", 1000)
+    with caplog.at_level(logging.WARNING, "prefetch.cache"):
+        for _ in range(2):
+            data, kept = cache.decoded(url, read_bytes)
+            assert data == bytes([7]) * 1000 and not kept
+    assert "does not fit cache_limit=500" in caplog.text
+    assert caplog.text.count("does not fit") == 1
+    assert os.listdir(cache.folder) == [".ledger"] and cache.used_bytes() == 0
+
+
+def test_cache_limit_is_a_number_of_bytes_for_a_cache_dir(tmp_path: Path) -> None:
+    for bad in (0, -1, 1.5, "10GB", True):
+        with pytest.raises(ValueError, match=r"cache_limit must be a number of bytes >= 1"):
+            RemoteOptions(cache_dir=tmp_path, cache_limit=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"cache_dir, which is not given"):
+        RemoteOptions(cache_limit=10**9)
+    assert RemoteOptions(cache_dir=tmp_path, cache_limit=10**9).cache_limit == 10**9
