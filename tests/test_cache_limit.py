@@ -27,11 +27,12 @@ import numpy as np
 import pytest
 
 import prefetch.io._cache
-from prefetch import Loader, RemoteOptions
+from prefetch import Loader, RemoteOptions, TarSource
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io._cache import ObjectCache
 from prefetch.io._cache_ledger import lock_object, pin, unlock_object
 from prefetch.testing import serve_folder, write_image_folder
+from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "resource_tracker_running")
 
@@ -361,3 +362,30 @@ def test_cache_limit_is_a_number_of_bytes_for_a_cache_dir(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"cache_dir, which is not given"):
         RemoteOptions(cache_limit=10**9)
     assert RemoteOptions(cache_dir=tmp_path, cache_limit=10**9).cache_limit == 10**9
+
+
+@pytest.mark.timeout(120)
+def test_streamed_shards_stay_within_the_limit_and_read_exactly(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    train = write_set(tmp_path)
+    out = tmp_path / "shards"
+    write_shards(train, out, format="tar", shard_size=1, shuffle=False)  # 30 shards
+    shard_sizes = [path.stat().st_size for path in sorted(out.glob("*.tar"))]
+    # room for the shards in use and being fetched (about ten of them), not for all
+    limit = sum(shard_sizes) * 6 // 10
+    cache_dir = tmp_path / "cache"
+    with serve_folder(tmp_path) as base:
+        source = TarSource(base + "shards/shard-*.tar", shuffle_buffer=6)
+        with Sampler(cache_dir) as sampler:
+            cached = loader_for(source, cache_dir, limit)
+            with cached:
+                got = [[b.images.copy() for b in cached] for _ in range(EPOCHS)]
+                stats = cached.stats()
+        with loader_for(source) as plain:
+            want = [[b.images.copy() for b in plain] for _ in range(EPOCHS)]
+    for epoch, expected in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.concatenate(epoch), np.concatenate(expected))
+    assert sampler.largest <= limit + max(shard_sizes)
+    assert stats.cache_evictions > 0 and 0 < stats.cache_bytes <= limit
+    assert stats.cache_fetched_bytes >= sum(shard_sizes)

@@ -252,9 +252,10 @@ class CacheFolder:
                 self._remove(handle, partial, ledger)
             if not ledger.reserve(size):
                 raise OSError(
-                    f"a shard of {size} bytes does not fit cache_limit={self.limit} of "
-                    f"cache_dir {self.folder!r} beside the shards in use: raise cache_limit "
-                    "to hold the shards read at once (several per epoch's reader)"
+                    f"{name!r} ({size} bytes) does not fit cache_limit={self.limit} of "
+                    f"cache_dir {self.folder!r} beside the copies in use and being fetched: "
+                    "raise cache_limit to hold the shards a loader reads at once (those of "
+                    "the batches in flight and the next few fetched ahead: about ten)"
                 )
             kept = False
             try:
