@@ -10,6 +10,7 @@ is sampled every few milliseconds while they run, bookkeeping files included.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.resource_tracker
@@ -72,10 +73,8 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
     total = 0
     with os.scandir(folder) as entries:
         for entry in entries:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # renamed or evicted while listed
                 total += entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:  # renamed or evicted while listed
-                pass
     return total
 
 

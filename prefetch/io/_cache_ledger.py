@@ -284,7 +284,7 @@ class Ledger:
         """Queue the oldest copies of the folder, covering `goal` bytes (at most QUEUE_MAX
         copies); whether that is every copy."""
         copies = sorted(self._copies(partials=False))
-        covered, queue = 0, []
+        covered, queue = 0, list[bytes]()
         for mtime_ns, size, name in copies:
             if covered >= goal or len(queue) >= QUEUE_MAX:
                 break
