@@ -9,23 +9,42 @@ workers and backend, run `--epochs` whole epochs each: one without a cache, one 
 `cache_dir` in a new temporary folder. Printed: images/s of each epoch (the first includes
 starting the workers), and the folder's size after the cached run.
 
+With `--ranks N`, instead: N spawned processes (the ranks of one host) each read the whole
+folder for `--epochs` epochs (the same order: the same seed; with `--split`, each its own
+shard, `loader.shard(N, rank)`, as data-parallel ranks do), starting each epoch together (and
+its workers: an epoch's rate includes their start) and taking each batch together (the step
+of synchronous training),
+through one shared `cache_dir`: without a cache, with one of no bound, and with `cache_limit`
+= `--limit-fraction` of the folder's bytes. The server logs each GET with its time; the
+folder's size is sampled every 5 ms. Printed for each epoch: images/s of all ranks together,
+the ranks' cache hits, misses and evictions, the GETs of images the server answered in that
+epoch and the most of one image, and the largest size the folder reached.
+
     .venv/bin/python benchmarks/remote_cache.py --folder /tmp/photos [--size 224]
         [--latency-ms 80] [--bandwidth-mbps 20] [--epochs 3]
+        [--ranks 2 [--limit-fraction 0.5] [--split]]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import multiprocessing
 import os
 import platform
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from remote_latency import served_in_child
 
 import prefetch
+from prefetch.testing import serve_folder
 
 
 def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list[float]:
@@ -51,6 +70,143 @@ def folder_bytes(folder: str) -> int:
     return sum(entry.stat().st_size for entry in os.scandir(folder))
 
 
+class _TimedLog(list):  # type: ignore[type-arg]
+    """The server's `requests` log, each path with the time it arrived."""
+
+    def append(self, path: Any) -> None:
+        super().append((time.time(), path))
+
+
+def _serve_logged(
+    root: str, latency_s: float, bandwidth: float | None, urls: Any, stop: Any, log: Any
+) -> None:
+    requests = _TimedLog()
+    with serve_folder(
+        root, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth, requests=requests
+    ) as url:
+        urls.put(url)
+        stop.wait()
+    log.put(list(requests))
+
+
+@contextlib.contextmanager
+def served_and_logged(
+    root: Path, latency_s: float, bandwidth: float | None, requests: list[tuple[float, str]]
+) -> Iterator[str]:
+    """`serve_folder(root)` in a spawned child; yields its URL; on exit `requests` holds
+    (time, path) of every GET it answered."""
+    context = multiprocessing.get_context("spawn")
+    urls, stop, log = context.Queue(), context.Event(), context.Queue()
+    args = (str(root), latency_s, bandwidth, urls, stop, log)
+    server = context.Process(target=_serve_logged, args=args, daemon=True)
+    server.start()
+    try:
+        yield urls.get(timeout=60)
+    finally:
+        stop.set()
+        requests.extend(log.get(timeout=60))
+        server.join(10)
+
+
+def rank(
+    url: str, size: int, epochs: int, remote: Any, barrier: Any, results: Any, split: int | None
+) -> None:
+    """One rank: `epochs` epochs of `url` (of its shard `split` of the ranks, if given), each
+    begun with the other ranks (and starting its workers), each batch taken when every rank
+    has one (a synchronous training step); per epoch its start and end times, images and
+    cache statistics, put on `results`."""
+    loader = prefetch.Loader(url, batch_size=32, image_size=(size, size), seed=0, remote=remote)
+    if split is not None:
+        loader.shard(barrier.parties, split)
+    rows = []
+    for _ in range(epochs):  # each on its own (no `with loader:`, which reads the next ahead)
+        barrier.wait(600)
+        start, images = time.time(), 0
+        for batch in loader:
+            images += len(batch.images)
+            barrier.wait(600)
+        stats = loader.stats()
+        loader.reset_stats()
+        rows.append({"start": start, "end": time.time(), "images": images, **stats.as_dict()})
+    results.put(rows)
+
+
+@contextlib.contextmanager
+def largest_size(folder: str) -> Iterator[list[int]]:
+    """The largest total size of `folder`'s files, sampled every 5 ms while the block runs."""
+    largest, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.005):
+            with contextlib.suppress(FileNotFoundError):
+                largest[0] = max(largest[0], folder_bytes(folder))
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        yield largest
+    finally:
+        stop.set()
+        thread.join()
+
+
+def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
+    """The `--ranks` table: each configuration's epochs, all ranks together."""
+    total = sum(path.stat().st_size for path in args.folder.rglob("*") if path.is_file())
+    limit = int(total * args.limit_fraction)
+    print(
+        f"# {args.ranks} ranks share cache_dir; the folder holds {total / 1e6:.1f} MB; "
+        f"cache_limit = {args.limit_fraction:g} of it = {limit / 1e6:.1f} MB\n"
+    )
+    print(
+        "| cache | epoch | images/s | hits | misses | evictions | image GETs "
+        "| most GETs of one image | largest folder |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    context = multiprocessing.get_context("spawn")
+    for name, bound in (("none", None), ("no limit", 0), ("cache_limit", limit)):
+        requests: list[tuple[float, str]] = []
+        with tempfile.TemporaryDirectory(prefix="prefetch-cache-bench-") as scratch:
+            cache_dir = os.path.join(scratch, "cache")
+            remote = prefetch.RemoteOptions(
+                cache_dir=cache_dir if bound is not None else None, cache_limit=bound or None
+            )
+            with (
+                served_and_logged(
+                    args.folder.parent, args.latency_ms / 1000, bandwidth, requests
+                ) as base,
+                largest_size(cache_dir) as largest,
+            ):
+                url = f"{base}{args.folder.name}/"
+                barrier, results = context.Barrier(args.ranks), context.Queue()
+                ranks = [
+                    context.Process(
+                        target=rank,
+                        args=(url, args.size, args.epochs, remote, barrier, results, split),
+                    )
+                    for split in (range(args.ranks) if args.split else [None] * args.ranks)
+                ]
+                for process in ranks:
+                    process.start()
+                rows = [results.get(timeout=3600) for _ in ranks]
+                for process in ranks:
+                    process.join()
+        for epoch in range(args.epochs):
+            each = [rows[r][epoch] for r in range(args.ranks)]
+            start, end = min(e["start"] for e in each), max(e["end"] for e in each)
+            gets = collections.Counter(
+                path for when, path in requests if start <= when <= end and not path.endswith("/")
+            )
+            rate = sum(e["images"] for e in each) / (end - start)
+            hits, misses = sum(e["cache_hits"] for e in each), sum(e["cache_misses"] for e in each)
+            evictions = sum(e["cache_evictions"] for e in each)
+            folder = f"{largest[0] / 1e6:.1f} MB" if bound is not None else "-"
+            print(
+                f"| {name} | {epoch + 1} | {rate:.0f} | {hits} | {misses} | {evictions} "
+                f"| {sum(gets.values())} | {max(gets.values(), default=0)} | {folder} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, required=True, help="root/<class>/<image>")
@@ -58,8 +214,17 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=80.0)
     parser.add_argument("--bandwidth-mbps", type=float, default=20.0, help="MB/s; 0: no cap")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=0, help="processes sharing cache_dir")
+    parser.add_argument("--limit-fraction", type=float, default=0.5, help="of the folder")
+    parser.add_argument("--split", action="store_true", help="each rank reads its own shard")
     args = parser.parse_args()
     bandwidth = args.bandwidth_mbps * 1e6 if args.bandwidth_mbps > 0 else None
+    if args.ranks:
+        print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
+        link = f"a {args.bandwidth_mbps:g} MB/s link" if bandwidth else "no bandwidth cap"
+        print(f"# {args.latency_ms:g} ms per request, {link}")
+        shared_rows(args, bandwidth)
+        return
     with served_in_child(args.folder, args.latency_ms / 1000, bandwidth) as url:
         print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
         link = f"a {args.bandwidth_mbps:g} MB/s link" if bandwidth else "no bandwidth cap"
