@@ -154,9 +154,11 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
     """The `--ranks` table: each configuration's epochs, all ranks together."""
     total = sum(path.stat().st_size for path in args.folder.rglob("*") if path.is_file())
     limit = int(total * args.limit_fraction)
+    reads = "its own shard" if args.split else "every image, in the same order"
     print(
-        f"# {args.ranks} ranks share cache_dir; the folder holds {total / 1e6:.1f} MB; "
-        f"cache_limit = {args.limit_fraction:g} of it = {limit / 1e6:.1f} MB\n"
+        f"# {args.ranks} ranks share cache_dir, each reads {reads}; the folder holds "
+        f"{total / 1e6:.1f} MB; cache_limit = {args.limit_fraction:g} of it = "
+        f"{limit / 1e6:.1f} MB\n"
     )
     print(
         "| cache | epoch | images/s | hits | misses | evictions | image GETs "

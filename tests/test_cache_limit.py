@@ -312,6 +312,7 @@ def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
     # room for three 1000-byte copies and the ledger (a header and one queued copy)
     cache = ObjectCache.open(tmp_path / "cache", limit=3 * 1000 + 200)
     urls = {name: memory_objects(f"{name}.bin", 1000) for name in "abcde"}
+    (tmp_path / "cache" / "notes.txt").write_text("mine")  # not a copy: never evicted
 
     def read(name: str) -> bool:
         time.sleep(0.02)  # mtimes a clock tick apart: the order of the reads
@@ -334,6 +335,7 @@ def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
     counts = cache.take_counts()
     assert (counts.evictions, counts.evicted_bytes, counts.fetched_bytes) == (2, 2000, 5000)
     assert folder_bytes(cache.folder) <= cache.limit  # type: ignore[operator]
+    assert (tmp_path / "cache" / "notes.txt").read_text() == "mine"
 
 
 def test_an_object_larger_than_the_limit_is_read_but_not_kept(

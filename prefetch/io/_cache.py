@@ -111,7 +111,10 @@ class ObjectCache(CacheFolder):
             finally:
                 os.close(pinned)
         key = key_of(name)
-        lock = lock_object(handle, key, wait_s())
+        try:
+            lock = lock_object(handle, key, wait_s())
+        except OSError as error:  # no lock file can be made (a quota of files)
+            return self._cannot_write(error, url, decode), False
         if lock is None:
             _warn_once(
                 "wait",

@@ -37,6 +37,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import struct
 import threading
@@ -50,6 +51,9 @@ PARTIAL_PREFIX = ".partial-"
 # (its mtime when queued, its size, its name: at most 48 bytes, a key and an extension).
 _HEADER = struct.Struct("<8sqqq")
 _RECORD = struct.Struct("<qq48s")
+_NAME_MAX = 48
+# A copy's name: a key (32 or 40 hex digits: a shard, an object) and its URL's extension.
+_COPY = re.compile(r"[0-9a-f]{32}(?:[0-9a-f]{8})?(?:\.[\x21-\x7e]*)?")
 _MAGIC = b"pfcache1"
 _USED, _HEAD, _COUNT = 0, 1, 2
 # The eviction queue covers the oldest copies of limit / QUEUE_SHARE bytes, at most QUEUE_MAX
@@ -301,11 +305,10 @@ class Ledger:
         with os.scandir(self._dir) as entries:
             for entry in entries:
                 name = entry.name
-                partial = name.startswith(PARTIAL_PREFIX)
-                if (name.startswith(".") and not (partials and partial)) or len(name) > 48:
-                    continue
-                if not name.isascii():
-                    continue
+                partial = partials and name.startswith(PARTIAL_PREFIX)
+                copy = name[len(PARTIAL_PREFIX) :] if partial else name
+                if len(copy) > _NAME_MAX or not _COPY.fullmatch(copy):
+                    continue  # bookkeeping, or not a copy (a file of yours stays)
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)
                     if stat.S_ISREG(info.st_mode) and info.st_uid == me:
