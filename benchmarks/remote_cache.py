@@ -67,7 +67,14 @@ def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list
 
 
 def folder_bytes(folder: str) -> int:
-    return sum(entry.stat().st_size for entry in os.scandir(folder))
+    """The bytes of the files in `folder`, each file once (a file renamed while the folder is
+    listed can be listed under both names: counted by its inode)."""
+    sizes = {}
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):  # evicted while listed
+                sizes[entry.inode()] = entry.stat(follow_symlinks=False).st_size
+    return sum(sizes.values())
 
 
 class _TimedLog(list):  # type: ignore[type-arg]
@@ -152,13 +159,14 @@ def largest_size(folder: str) -> Iterator[list[int]]:
 
 def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
     """The `--ranks` table: each configuration's epochs, all ranks together."""
-    total = sum(path.stat().st_size for path in args.folder.rglob("*") if path.is_file())
+    sizes = [path.stat().st_size for path in args.folder.rglob("*") if path.is_file()]
+    total, largest_file = sum(sizes), max(sizes)
     limit = int(total * args.limit_fraction)
     reads = "its own shard" if args.split else "every image, in the same order"
     print(
         f"# {args.ranks} ranks share cache_dir, each reads {reads}; the folder holds "
-        f"{total / 1e6:.1f} MB; cache_limit = {args.limit_fraction:g} of it = "
-        f"{limit / 1e6:.1f} MB\n"
+        f"{total / 1e6:.2f} MB; cache_limit = {args.limit_fraction:g} of it = "
+        f"{limit / 1e6:.2f} MB; its largest image {largest_file / 1e6:.2f} MB\n"
     )
     print(
         "| cache | epoch | images/s | hits | misses | evictions | image GETs "
@@ -202,7 +210,7 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
             rate = sum(e["images"] for e in each) / (end - start)
             hits, misses = sum(e["cache_hits"] for e in each), sum(e["cache_misses"] for e in each)
             evictions = sum(e["cache_evictions"] for e in each)
-            folder = f"{largest[0] / 1e6:.1f} MB" if bound is not None else "-"
+            folder = f"{largest[0] / 1e6:.2f} MB" if bound is not None else "-"
             print(
                 f"| {name} | {epoch + 1} | {rate:.0f} | {hits} | {misses} | {evictions} "
                 f"| {sum(gets.values())} | {max(gets.values(), default=0)} | {folder} |"

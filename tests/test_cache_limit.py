@@ -69,13 +69,15 @@ def objects(train: Path) -> dict[str, int]:
 
 
 def folder_bytes(folder: str | os.PathLike[str]) -> int:
-    """Every byte of every file in the folder: copies, partial copies, the ledger."""
-    total = 0
+    """Every byte of every file in the folder: copies, partial copies, the ledger. A listing
+    is not a snapshot: a file renamed while it is listed is counted once (by its inode), but a
+    copy evicted and another written meanwhile can both be counted."""
+    sizes = {}
     with os.scandir(folder) as entries:
         for entry in entries:
-            with contextlib.suppress(FileNotFoundError):  # renamed or evicted while listed
-                total += entry.stat(follow_symlinks=False).st_size
-    return total
+            with contextlib.suppress(FileNotFoundError):  # evicted while listed
+                sizes[entry.inode()] = entry.stat(follow_symlinks=False).st_size
+    return sum(sizes.values())
 
 
 class Sampler:

@@ -12,7 +12,7 @@ The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors
   redirects), set per thread with `using` and read back with `active_options`;
 - retries of transient failures and errors that name the path or URL;
 - listing a remote folder once (`RemoteTree`), and the local copies of remote objects
-  (`ObjectCache`).
+  (`ObjectCache`, bounded by `cache_limit` and shared by the processes of a host).
 
 Contract: a `str` location is always a path or URL (`is_url` tells them apart; `file://` is a
 path), never parsed for more; nothing here blocks past a `RemoteOptions` deadline or reads
@@ -25,7 +25,9 @@ Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded l
 `_links` (URL resolution), `_retries` (retries, request errors), `_http` (one http(s)
 request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
 `_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
-`_images` (checked image bytes), `_paths` (`PathArray`), `_cache` (`ObjectCache`).
+`_images` (checked image bytes), `_paths` (`PathArray`), `_cache_checks` (a cache folder is
+yours), `_cache_ledger` (its bytes, locks and eviction, shared by processes), `_cache_folder`
+(the folder held in each process), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
 
