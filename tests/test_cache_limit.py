@@ -17,6 +17,7 @@ import multiprocessing.resource_tracker
 import os
 import pickle
 import signal
+import struct
 import threading
 import time
 import uuid
@@ -78,6 +79,13 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
             with contextlib.suppress(FileNotFoundError):  # evicted while listed
                 sizes[entry.inode()] = entry.stat(follow_symlinks=False).st_size
     return sum(sizes.values())
+
+
+def ledger_count(folder: Path) -> int:
+    """The bytes the folder's ledger counts (its header: magic, bytes, queue head, length)."""
+    magic, used, _, _ = struct.unpack("<8sqqq", (folder / ".ledger").read_bytes()[:32])
+    assert magic == b"pfcache1"
+    return int(used)
 
 
 class Sampler:
@@ -172,6 +180,9 @@ def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
     assert sampler.samples > 10
     assert sampler.largest <= limit + max(sizes.values())
     assert folder_bytes(cache_dir) <= limit
+    # the ledger counted exactly the copies left (never fewer: it is what holds the limit)
+    copies = [item for item in cache_dir.iterdir() if not item.name.startswith(".")]
+    assert ledger_count(cache_dir) == sum(copy.stat().st_size for copy in copies)
     # every object was fetched at most once an epoch, for both ranks together
     fetched = collections.Counter(path for path in requests if path in sizes)
     assert set(fetched) == set(sizes)
