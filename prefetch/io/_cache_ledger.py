@@ -195,12 +195,36 @@ class Ledger:
     def reserve(self, size: int) -> bool:
         """Count `size` more bytes (a copy about to be written), after evicting the least
         recently used copies when the folder would pass the limit; False (nothing counted)
-        when even that leaves no room."""
-        with self._held() as header:
-            if self.limit is not None and not self._make_room(header, size):
-                return False
-            header[_USED] += size
+        when even that leaves no room. Copies are taken from the eviction queue under the
+        ledger's locks and removed after they are released (still counted until then, so
+        nobody counts their room twice): the serial step is the queue's, not the unlinks'."""
+        if self.limit is None:
+            with self._held() as header:
+                header[_USED] += size
             return True
+        goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
+        while True:
+            with self._held() as header:
+                if not self._over(header, size):
+                    header[_USED] += size
+                    return True
+                if header[_HEAD] >= header[_COUNT]:
+                    if not evicted:
+                        if everything:
+                            return False  # every copy left is in use or being replaced
+                        goal *= 4  # queued copies were in use, or read since: look further
+                    everything = self._refill(header, goal)
+                    evicted = False
+                    continue
+                taken = self._take(header, size)
+            freed = [self._evict(name, mtime_ns) for mtime_ns, name in taken]
+            sizes = [value for value in freed if value is not None]
+            if sizes:
+                evicted = True
+                with self._held() as header:
+                    header[_USED] = max(0, header[_USED] - sum(sizes))
+                    self.evictions += len(sizes)
+                    self.evicted_bytes += sum(sizes)
 
     def release(self, size: int) -> None:
         """Count `size` bytes fewer (a copy, or a reservation, removed)."""
@@ -250,39 +274,25 @@ class Ledger:
         ledger = _HEADER.size + header[_COUNT] * _RECORD.size
         return header[_USED] + size + ledger > self.limit
 
-    def _make_room(self, header: list[int], size: int) -> bool:
-        """Evict queued copies, oldest first, until `size` more bytes fit; False when they
-        cannot. A queue that runs out is refilled from the folder; one that ran out without
-        an eviction (its copies in use, or read since) is refilled four times as long, until
-        it held every copy."""
+    def _take(self, header: list[int], size: int) -> list[tuple[int, str]]:
+        """Take from the eviction queue the (queued mtime, name) of the oldest copies whose
+        sizes cover what `size` more bytes pass the limit by (at most QUEUE_BATCH)."""
         assert self.limit is not None
-        goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
-        while self._over(header, size):
-            if header[_HEAD] >= header[_COUNT]:
-                if not evicted:
-                    if everything:
-                        return False  # every copy left is in use or being replaced
-                    goal *= 4
-                everything = self._refill(header, goal)
-                evicted = False
-                continue
-            count = min(QUEUE_BATCH, header[_COUNT] - header[_HEAD])
-            offset = _HEADER.size + header[_HEAD] * _RECORD.size
-            raw = os.pread(self._fd, count * _RECORD.size, offset)
-            whole = len(raw) // _RECORD.size * _RECORD.size
-            for mtime_ns, _, name in _RECORD.iter_unpack(raw[:whole]):
-                header[_HEAD] += 1
-                freed = self._evict(name.rstrip(b"\0").decode("ascii", "replace"), mtime_ns)
-                if freed is not None:
-                    header[_USED] = max(0, header[_USED] - freed)
-                    self.evictions += 1
-                    self.evicted_bytes += freed
-                    evicted = True
-                    if not self._over(header, size):
-                        return True
-            if whole < count * _RECORD.size:  # a ledger shorter than it says: refill
-                header[_HEAD] = header[_COUNT]
-        return True
+        ledger = _HEADER.size + header[_COUNT] * _RECORD.size
+        short = header[_USED] + size + ledger - self.limit
+        count = min(QUEUE_BATCH, header[_COUNT] - header[_HEAD])
+        raw = os.pread(self._fd, count * _RECORD.size, _HEADER.size + header[_HEAD] * _RECORD.size)
+        taken, covered = [], 0
+        for mtime_ns, queued, name in _RECORD.iter_unpack(
+            raw[: len(raw) // _RECORD.size * _RECORD.size]
+        ):
+            taken.append((mtime_ns, name.rstrip(b"\0").decode("ascii", "replace")))
+            covered += queued
+            if covered >= short:
+                break
+        # a ledger shorter than it says is used up (refilled next)
+        header[_HEAD] = header[_HEAD] + len(taken) if taken else header[_COUNT]
+        return taken
 
     def _refill(self, header: list[int], goal: int) -> bool:
         """Queue the oldest copies of the folder, covering `goal` bytes (at most QUEUE_MAX
