@@ -20,9 +20,14 @@ folder's size is sampled every 5 ms. Printed for each epoch: images/s of all ran
 the ranks' cache hits, misses and evictions, the GETs of images the server answered in that
 epoch and the most of one image, and the largest size the folder reached.
 
+With `--steps DIR`, instead: the cost of each step a cache folder in DIR (its filesystem) takes,
+20,000 times each: a read's pin (open, shared flock, fstat, touch, close) beside a bare open
+and close, counting bytes in or out of the ledger, and taking and releasing an object's lock.
+
     .venv/bin/python benchmarks/remote_cache.py --folder /tmp/photos [--size 224]
         [--latency-ms 80] [--bandwidth-mbps 20] [--epochs 3]
         [--ranks 2 [--limit-fraction 0.5] [--split]]
+    .venv/bin/python benchmarks/remote_cache.py --steps /tmp
 """
 
 from __future__ import annotations
@@ -37,13 +42,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from remote_latency import served_in_child
 
 import prefetch
+from prefetch.io._cache import ObjectCache
+from prefetch.io._cache_ledger import lock_object, pin, unlock_object
 from prefetch.testing import serve_folder
 
 
@@ -217,9 +224,45 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
             )
 
 
+def step_costs(where: str, count: int = 20_000) -> None:
+    """Microseconds per step of a cache folder made in `where` (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="prefetch-cache-steps-", dir=where) as scratch:
+        cache = ObjectCache.open(os.path.join(scratch, "cache"), limit=10**9)
+        handle, ledger, name = cache._dir(), cache._books(), "a" * 40 + ".jpg"
+        with open(os.path.join(cache.folder, name), "wb") as file:
+            file.write(bytes(100_000))
+
+        def timed(step: Callable[[], None]) -> float:
+            start = time.perf_counter()
+            for _ in range(count):
+                step()
+            return (time.perf_counter() - start) / count * 1e6
+
+        def read() -> None:
+            os.close(pin(handle, name))  # type: ignore[arg-type]
+
+        def bare() -> None:
+            os.close(os.open(name, os.O_RDONLY, dir_fd=handle))
+
+        def count_in_and_out() -> None:
+            ledger.reserve(100)
+            ledger.release(100)
+
+        def lock() -> None:
+            unlock_object(handle, "b" * 40, lock_object(handle, "b" * 40, 0))  # type: ignore[arg-type]
+
+        print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
+        print("| step | us |\n|---|---:|")
+        print(f"| a read's pin and close | {timed(read):.1f} |")
+        print(f"| a bare open and close | {timed(bare):.1f} |")
+        print(f"| bytes counted into the ledger, or out | {timed(count_in_and_out) / 2:.1f} |")
+        print(f"| an object's lock taken and released | {timed(lock):.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--folder", type=Path, required=True, help="root/<class>/<image>")
+    parser.add_argument("--folder", type=Path, help="root/<class>/<image>")
+    parser.add_argument("--steps", metavar="DIR", help="time a cache folder's steps in DIR")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--latency-ms", type=float, default=80.0)
     parser.add_argument("--bandwidth-mbps", type=float, default=20.0, help="MB/s; 0: no cap")
@@ -228,6 +271,11 @@ def main() -> None:
     parser.add_argument("--limit-fraction", type=float, default=0.5, help="of the folder")
     parser.add_argument("--split", action="store_true", help="each rank reads its own shard")
     args = parser.parse_args()
+    if args.steps:
+        step_costs(args.steps)
+        return
+    if args.folder is None:
+        parser.error("--folder is required (or --steps DIR)")
     bandwidth = args.bandwidth_mbps * 1e6 if args.bandwidth_mbps > 0 else None
     if args.ranks:
         print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
