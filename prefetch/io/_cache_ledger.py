@@ -11,12 +11,12 @@ made on the host. In the folder, all 0600 and reached through its descriptor:
   is fetched, written and renamed into place, replaced or evicted. Its holder unlinks it when
   done; a waiter that then holds an unlinked file opens the new one. The kernel releases the
   lock of a killed process; its file and partial copy are removed by the next holder, or by
-  `sweep`.
+  the sweep of the next `CacheFolder.open`.
 - `.ledger`: a header (the bytes of copies and of copies being written, the eviction queue's
   head and length) and the eviction queue (the oldest copies when it was filled, covering
   `limit / QUEUE_SHARE` bytes). Read and changed under its flock and, within a process, a
-  thread lock: one short serial step per copy kept, evicted or removed on the host. A hit
-  never takes it.
+  thread lock: one short serial step per copy counted in or out, or batch of copies taken
+  from the queue (they are unlinked after it is released), on the host. A hit never takes it.
 
 A copy's bytes are reserved in the ledger (`Ledger.reserve`) before it is written, after
 evicting the least recently used copies when the folder would pass its limit: so the copies
