@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import threading
 import time
 import weakref
@@ -31,6 +30,7 @@ from prefetch.io._cache_ledger import (
     PARTIAL_PREFIX,
     Ledger,
     flock_within,
+    is_key,
     key_of,
     lock_object,
     pin,
@@ -49,7 +49,6 @@ PROC_FD = "/proc/self/fd"
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 C = TypeVar("C", bound="CacheFolder")
-_KEY = re.compile(r"[0-9a-f]{32}|[0-9a-f]{40}")
 
 
 @dataclass
@@ -167,7 +166,7 @@ class CacheFolder:
             partial = name.startswith(PARTIAL_PREFIX)
             key = key_of(name) if partial else name[len(LOCK_PREFIX) :]
             with contextlib.suppress(OSError):  # another process's sweep got there first
-                if not _KEY.fullmatch(key):  # an older prefetch's partial copy: by its age
+                if not is_key(key):  # an older prefetch's partial copy: by its age
                     info = os.stat(name, dir_fd=handle, follow_symlinks=False)
                     if partial and now - info.st_mtime > PARTIAL_MAX_AGE_S:
                         os.unlink(name, dir_fd=handle)

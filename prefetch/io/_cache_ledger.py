@@ -52,8 +52,10 @@ PARTIAL_PREFIX = ".partial-"
 _HEADER = struct.Struct("<8sqqq")
 _RECORD = struct.Struct("<qq48s")
 _NAME_MAX = 48
-# A copy's name: a key (32 or 40 hex digits: a shard, an object) and its URL's extension.
-_COPY = re.compile(r"[0-9a-f]{32}(?:[0-9a-f]{8})?(?:\.[\x21-\x7e]*)?")
+# An object's key (32 or 40 hex digits of its URL's SHA-256: a shard, an object), and a copy's
+# name: its key and its URL's extension.
+_KEY = re.compile(r"[0-9a-f]{32}(?:[0-9a-f]{8})?")
+_COPY = re.compile(_KEY.pattern + r"(?:\.[\x21-\x7e]*)?")
 _MAGIC = b"pfcache1"
 _USED, _HEAD, _COUNT = 0, 1, 2
 # The eviction queue covers the oldest copies of limit / QUEUE_SHARE bytes, at most QUEUE_MAX
@@ -100,6 +102,11 @@ def key_of(name: str) -> str:
     if name.startswith(PARTIAL_PREFIX):
         name = name[len(PARTIAL_PREFIX) :]
     return name.split(".", 1)[0]
+
+
+def is_key(text: str) -> bool:
+    """Whether `text` is an object's key (the name of its lock and copies, less extensions)."""
+    return _KEY.fullmatch(text) is not None
 
 
 def lock_object(handle: int, key: str, timeout_s: float) -> int | None:
