@@ -265,6 +265,18 @@ def start_and_kill(url: str, cache_dir: Path, marker: Path, ready: Callable[[], 
     assert process.exitcode == -signal.SIGKILL
 
 
+def assert_lock_free(cache_dir: Path, name: str) -> None:
+    """The lock of the object copied as `name` can be taken at once: a killed holder's flock
+    was released by the kernel."""
+    handle = os.open(cache_dir, os.O_RDONLY)
+    try:
+        lock = lock_object(handle, name.split(".")[0], 0)
+        assert lock is not None
+        unlock_object(handle, name.split(".")[0], lock)
+    finally:
+        os.close(handle)
+
+
 @pytest.mark.timeout(120)
 def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Path) -> None:
     train = write_set(tmp_path)
@@ -274,9 +286,10 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
     with serve_folder(tmp_path, requests=requests, slow_paths={path: 30.0}) as base:
         url = base + path[1:]
         start_and_kill(url, cache_dir, marker, lambda: path in requests)  # while fetching
+    name = ObjectCache(str(cache_dir), 0, 0).name_for(url)
+    assert sorted(os.listdir(cache_dir)) == [".ledger", f".lock-{name.split('.')[0]}"]
+    assert_lock_free(cache_dir, name)  # the lock file it held is left, but not held
     cache = ObjectCache.open(cache_dir)
-    name = cache.name_for(url)
-    assert [item for item in os.listdir(cache_dir) if not item.startswith(".")] == []
     with serve_folder(tmp_path, requests=requests) as base:
         url = base + path[1:]
         name = cache.name_for(url)
@@ -284,13 +297,7 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
         left = sorted(os.listdir(cache_dir))
         assert name not in left  # no copy under its name: never half of one
         assert f".partial-{name}" in left
-        handle = os.open(cache_dir, os.O_RDONLY)
-        try:
-            lock = lock_object(handle, name.split(".")[0], 0)  # the kernel released it
-            assert lock is not None
-            unlock_object(handle, name.split(".")[0], lock)
-        finally:
-            os.close(handle)
+        assert_lock_free(cache_dir, name)
         ObjectCache.open(cache_dir)  # removes what a killed process left
         assert sorted(os.listdir(cache_dir)) == [".ledger"]
         image, kept = cache.decoded(url, decode)
