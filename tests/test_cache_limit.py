@@ -410,3 +410,31 @@ def test_streamed_shards_stay_within_the_limit_and_read_exactly(
     assert sampler.largest <= limit + max(shard_sizes)
     assert stats.cache_evictions > 0 and 0 < stats.cache_bytes <= limit
     assert stats.cache_fetched_bytes >= sum(shard_sizes)
+
+
+def test_shuffled_epochs_read_one_at_a_time_hit_as_least_recently_used_does(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    rng = np.random.default_rng(4)
+    sizes = [int(size) for size in rng.integers(200, 1200, 40)]
+    urls = [memory_objects(f"{number}.bin", size) for number, size in enumerate(sizes)]
+    limit = sum(sizes) // 2
+    cache = ObjectCache.open(tmp_path / "cache", limit)
+    held: collections.OrderedDict[int, int] = collections.OrderedDict()  # the simulation
+    got, want = [], []
+    for _ in range(4):
+        hits = expected = 0
+        for number in map(int, rng.permutation(len(urls))):
+            time.sleep(0.002)  # each read at a time of its own (a copy's mtime)
+            hits += cache.decoded(urls[number], read_bytes)[1]
+            if number in held:
+                expected += 1
+                held.move_to_end(number)
+                continue
+            held[number] = sizes[number]
+            ledger = 32 + 64 * 4  # its header and queue, about
+            while sum(held.values()) + ledger > limit:
+                held.popitem(last=False)
+        got.append(hits)
+        want.append(expected)
+    assert got == want and sum(got) > 0
