@@ -17,7 +17,10 @@ ARGS ?=
 # for the flat layout pyproject.toml declares (`package-dir = {"" = "."}`), so no editable_mode
 # is set here: `editable_mode=compat`, which did it before, "is transitional and will be
 # removed" (issue 35.6). The flat layout stays (no src/ folder: decided in issue 26).
-$(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
+# The compiled window decoder's sources (their list is setup.py's JPEGWINDOW_SOURCES and _HEADERS).
+JPEGWINDOW_FILES := $(wildcard prefetch/decode/_c/*.c prefetch/decode/_c/*.h)
+
+$(VENV)/.installed: pyproject.toml setup.py $(JPEGWINDOW_FILES)
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
 	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
 	@echo "matplotlib."

@@ -4,10 +4,10 @@
 from its header, asks `crop` for the window (prefetch.plan._crops), and decodes as little as gives
 that window at no less than the target size:
 
-- JPEG, engine "turbo" with the compiled `prefetch.decode._jpegwindow` (libjpeg-turbo, built by the
-  install where a C compiler and libjpeg's headers exist): the largest DCT scale 1/N
-  (N = 1, 2, 4, 8) that keeps the window at least the target on both axes, and only the
-  window's rows and columns (`jpeg_crop_scanline` / `jpeg_skip_scanlines`).
+- JPEG, engine "turbo" with the compiled `prefetch.decode._jpegwindow` (libjpeg-turbo, built
+  by the install from prefetch/decode/_c/ where a C compiler and libjpeg's headers exist): the
+  largest DCT scale 1/N (N = 1, 2, 4, 8) that keeps the window at least the target on both
+  axes, and only the window's rows and columns (`jpeg_crop_scanline` / `jpeg_skip_scanlines`).
 - JPEG, engine "turbo" without it, but with the `fast` extra (simplejpeg): the same DCT scale,
   the whole image decoded, the window cut (a view).
 - Everything else, and engine "pillow": Pillow decodes (JPEGs at the same DCT scale, by
@@ -26,7 +26,9 @@ thread-safe; the compiled decode and OpenCV release the GIL.
 GIL for almost nothing): one call of the compiled decoder reads the local files, draws each
 sample's box and flip (numpy's generator, transcribed in C) and decodes every window without
 the GIL, then each window is resized and flipped into its slot row; what it cannot take is
-left to the caller's per-sample path.
+left to the caller's per-sample path. The C code is a second implementation of this module's
+`dct_scale` and `scaled_box`, of prefetch.plan's crop boxes and generator, and of the local
+read: each C function names its Python twin and each twin names it (prefetch/decode/_c/).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def chunk_available(crop: Crop | None, options: DecodeOptions, engine: str) -> b
     )
 
 
-# What `decode_chunk` gives each sample (its table's columns; see _jpegwindow.c).
+# What `decode_chunk` gives each sample (its table's columns: T_STATUS... in _c/chunk.h).
 _STATUS, _OFFSET, _HEIGHT, _WIDTH, _FLIPPED, _NANOS = range(6)
 _DONE = 0
 
@@ -138,7 +140,8 @@ def decode_chunk(
     `Augment.rng(seed, epoch, indices[i])`, to the same pixels.
 
     One call of the compiled decoder reads every file, draws every box and flip and decodes
-    every window without the GIL; then each window is resized (and flipped) into its row.
+    every window without the GIL (`decode_chunk` in prefetch/decode/_c/binding.c, the loop in
+    _c/chunk.c); then each window is resized (and flipped) into its row.
     Returns (done, seconds): a bool per sample, False for a sample left to the caller (not a
     readable regular file, not a baseline JPEG, over a limit, damaged: the caller reads it the
     usual way, which names what is wrong), and the seconds spent on each. `started` (the
@@ -247,7 +250,9 @@ def crop_image(
 
 
 def dct_scale(box: Box, target: tuple[int, int]) -> int:
-    """The largest N in (1, 2, 4, 8) that keeps the window at least `target` at 1/N."""
+    """The largest N in (1, 2, 4, 8) that keeps the window at least `target` at 1/N.
+
+    C twin: `dct_scale` in prefetch/decode/_c/boxes.c (the chunk path); change both."""
     return next(
         n
         for n in DCT_SCALES
@@ -257,7 +262,9 @@ def dct_scale(box: Box, target: tuple[int, int]) -> int:
 
 def scaled_box(box: Box, full: tuple[int, int], scale: int) -> Box:
     """`box` on the grid of the image decoded at 1/scale (whose size is ceil(full / scale)),
-    rounded to whole pixels and never empty."""
+    rounded to whole pixels and never empty.
+
+    C twin: `scaled_box` in prefetch/decode/_c/boxes.c (the chunk path); change both."""
     rows, columns = -(-full[0] // scale), -(-full[1] // scale)
     top = min(round(box.top / scale), rows - 1)
     left = min(round(box.left / scale), columns - 1)

@@ -1,0 +1,158 @@
+/* A chunk of samples read, planned and decoded without the GIL: the compiled twin of the
+ * per-sample path (SampleReader._read -> prefetch.decode._window.decode_window
+ * for a local file, a crop and no transform), for every sample of a worker's chunk at once.
+ *
+ * Each sample: the file read as prefetch.io.read_local reads it (read_file below), its header
+ * read, its box and flip drawn from its own generator (generator.c, boxes.c), its DCT scale
+ * and window picked, then its window decoded (libjpeg_window.c). Anything the per-sample path
+ * would do differently (not a regular file, not a baseline JPEG, a limit, a libjpeg error) is
+ * FALLBACK: the caller reads that sample the per-sample way, which says what is wrong. */
+#include "chunk.h"
+
+#ifdef HAVE_CHUNKS
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libjpeg_window.h"
+
+static double monotonic_s(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static int64_t nanos_since(double began) { return (int64_t)((monotonic_s() - began) * 1e9); }
+
+static void set_started(const chunk_options *options, int64_t position, double value) {
+    if (options->started != NULL) {
+        options->started[position] = value;
+    }
+}
+
+/* Reads the file (a regular file of at most max_bytes, read as prefetch.io.read_local reads
+ * it), reads its header (a sequential Huffman JPEG of at most max_pixels and Pillow's limit,
+ * in a colour space libjpeg-turbo decodes as Pillow does), draws its box and flip, and picks
+ * the DCT scale and the window. Returns DONE, or FALLBACK for anything else: the caller then
+ * reads that sample itself, and says what is wrong with it. */
+static int plan_sample(sample_t *sample, const chunk_options *options) {
+    int handle = open(sample->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (handle < 0) {
+        return FALLBACK;
+    }
+    struct stat info;
+    if (fstat(handle, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size < 3 ||
+        (long long)info.st_size > options->max_bytes) {
+        close(handle);
+        return FALLBACK;
+    }
+    size_t size = (size_t)info.st_size;
+    unsigned char *data = malloc(size + 1);
+    if (data == NULL) {
+        close(handle);
+        return FALLBACK;
+    }
+    size_t got = 0;
+    while (got < size + 1) { /* a byte more than its size: a file that grew is the caller's */
+        ssize_t count = pread(handle, data + got, size + 1 - got, (off_t)got);
+        if (count <= 0) {
+            break;
+        }
+        got += (size_t)count;
+    }
+    close(handle);
+    sample->data = data;
+    sample->size = size;
+    if (got != size || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
+        return FALLBACK;
+    }
+    jpeg_info jpeg;
+    strict_errors errors;
+    if (read_header(data, size, &jpeg, &errors) != 0) {
+        return FALLBACK;
+    }
+    long height = (long)jpeg.height, width = (long)jpeg.width;
+    long long pixels = (long long)height * width;
+    J_COLOR_SPACE space = jpeg.space;
+    if (!jpeg.sequential || (space != JCS_YCbCr && space != JCS_GRAYSCALE && space != JCS_RGB) ||
+        height <= 0 || width <= 0 || (options->max_pixels >= 0 && pixels > options->max_pixels) ||
+        (options->pil_limit >= 0 && pixels > options->pil_limit)) {
+        return FALLBACK;
+    }
+    pcg64 rng;
+    sample_rng(&rng, options->seed, options->epoch, sample->index, options->stream);
+    box_t box;
+    if (options->crop == CROP_RANDOM) {
+        box = random_box(height, width, options->params, &rng);
+    } else {
+        box = center_box(height, width, options->params, options->target_h, options->target_w);
+    }
+    sample->row[T_FLIPPED] = options->flip && pcg64_double(&rng) < 0.5; /* Augment.flipped */
+    sample->scale = dct_scale(box, options->target_h, options->target_w);
+    sample->window = scaled_box(box, height, width, sample->scale);
+    sample->row[T_HEIGHT] = sample->window.height;
+    sample->row[T_WIDTH] = sample->window.width;
+    return DONE;
+}
+
+size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        double began = monotonic_s();
+        set_started(options, samples[i].position, began);
+        int status = plan_sample(&samples[i], options);
+        set_started(options, samples[i].position, 0.0);
+        samples[i].row[T_STATUS] = status;
+        samples[i].row[T_NANOS] = nanos_since(began);
+        if (status == DONE) {
+            samples[i].row[T_OFFSET] = (int64_t)total;
+            total += (size_t)samples[i].window.height * (size_t)samples[i].window.width *
+                     (size_t)options->channels;
+        } else {
+            free(samples[i].data);
+            samples[i].data = NULL;
+        }
+    }
+    return total;
+}
+
+void decode_samples(sample_t *samples, size_t n, const chunk_options *options,
+                    unsigned char *windows) {
+    struct jpeg_decompress_struct cinfo;
+    strict_errors errors;
+    use_strict_errors(&cinfo, &errors);
+    jpeg_create_decompress(&cinfo);
+    for (size_t i = 0; i < n; i++) {
+        sample_t *sample = &samples[i];
+        if (sample->row[T_STATUS] != DONE) {
+            continue;
+        }
+        double began = monotonic_s();
+        set_started(options, sample->position, began);
+        box_t window = sample->window;
+        int status = decode_window(&cinfo, &errors, sample->data, sample->size,
+                                   (JDIMENSION)window.top, (JDIMENSION)window.left,
+                                   (JDIMENSION)window.height, (JDIMENSION)window.width,
+                                   sample->scale, options->channels, 1,
+                                   windows + sample->row[T_OFFSET]);
+        set_started(options, sample->position, 0.0);
+        free(sample->data);
+        sample->data = NULL;
+        sample->row[T_STATUS] = status == 0 ? DONE : FALLBACK;
+        sample->row[T_NANOS] += nanos_since(began);
+    }
+    jpeg_destroy_decompress(&cinfo);
+}
+
+void free_samples(sample_t *samples, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(samples[i].data);
+        samples[i].data = NULL;
+    }
+}
+
+#endif /* HAVE_CHUNKS */
