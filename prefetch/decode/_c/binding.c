@@ -77,16 +77,12 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(result);
-    struct jpeg_decompress_struct cinfo;
     strict_errors errors;
-    use_strict_errors(&cinfo, &errors);
-    jpeg_create_decompress(&cinfo);
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = decode_window(&cinfo, &errors, (const unsigned char *)data.buf, (size_t)data.len,
-                           top, left, height, width, scale_denom, channels, fast_dct, out);
+    status = decode_window(&errors, (const unsigned char *)data.buf, (size_t)data.len, top, left,
+                           height, width, scale_denom, channels, fast_dct, out);
     Py_END_ALLOW_THREADS
-    jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
     if (status != 0) {
         Py_DECREF(result);

@@ -120,12 +120,10 @@ size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options) {
     return total;
 }
 
+/* Each file is decoded with a decompress object of its own (decode_window makes it): nothing
+ * of one file's decode carries to the next. */
 void decode_samples(sample_t *samples, size_t n, const chunk_options *options,
                     unsigned char *windows) {
-    struct jpeg_decompress_struct cinfo;
-    strict_errors errors;
-    use_strict_errors(&cinfo, &errors);
-    jpeg_create_decompress(&cinfo);
     for (size_t i = 0; i < n; i++) {
         sample_t *sample = &samples[i];
         if (sample->row[T_STATUS] != DONE) {
@@ -134,10 +132,10 @@ void decode_samples(sample_t *samples, size_t n, const chunk_options *options,
         double began = monotonic_s();
         set_started(options, sample->position, began);
         box_t window = sample->window;
-        int status = decode_window(&cinfo, &errors, sample->data, sample->size,
-                                   (JDIMENSION)window.top, (JDIMENSION)window.left,
-                                   (JDIMENSION)window.height, (JDIMENSION)window.width,
-                                   sample->scale, options->channels, 1,
+        strict_errors errors;
+        int status = decode_window(&errors, sample->data, sample->size, (JDIMENSION)window.top,
+                                   (JDIMENSION)window.left, (JDIMENSION)window.height,
+                                   (JDIMENSION)window.width, sample->scale, options->channels, 1,
                                    windows + sample->row[T_OFFSET]);
         set_started(options, sample->position, 0.0);
         free(sample->data);
@@ -145,7 +143,6 @@ void decode_samples(sample_t *samples, size_t n, const chunk_options *options,
         sample->row[T_STATUS] = status == 0 ? DONE : FALLBACK;
         sample->row[T_NANOS] += nanos_since(began);
     }
-    jpeg_destroy_decompress(&cinfo);
 }
 
 void free_samples(sample_t *samples, size_t n) {

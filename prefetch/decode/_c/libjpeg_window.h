@@ -1,8 +1,7 @@
 /* libjpeg's errors made strict, a JPEG's header, and one window decoded at a DCT scale.
  *
- * Everything here runs without the GIL and keeps no state between calls: each function is given
- * the decompress object to use, and the callers give every file a fresh one (decode_window's
- * comment says why). See libjpeg_window.c. */
+ * Everything here runs without the GIL and keeps no state between calls: read_header and
+ * decode_window make a decompress object for each file (libjpeg_window.c says why). */
 #ifndef PREFETCH_LIBJPEG_WINDOW_H
 #define PREFETCH_LIBJPEG_WINDOW_H
 
@@ -40,11 +39,10 @@ typedef struct {
 int read_header(const unsigned char *data, size_t size, jpeg_info *info, strict_errors *errors);
 
 /* Decodes rows [top, top + height) and columns [left, left + width) of the image scaled by
- * 1/scale_denom into `out` (height * width * channels bytes). Returns 0, or -1 with a message
- * in errors->message. */
-int decode_window(struct jpeg_decompress_struct *cinfo, strict_errors *errors,
-                  const unsigned char *data, size_t size, JDIMENSION top, JDIMENSION left,
-                  JDIMENSION height, JDIMENSION width, unsigned int scale_denom, int channels,
-                  int fast_dct, unsigned char *out);
+ * 1/scale_denom into `out` (height * width * channels bytes), with a decompress object of its
+ * own. Returns 0, or -1 with a message in errors->message. */
+int decode_window(strict_errors *errors, const unsigned char *data, size_t size, JDIMENSION top,
+                  JDIMENSION left, JDIMENSION height, JDIMENSION width, unsigned int scale_denom,
+                  int channels, int fast_dct, unsigned char *out);
 
 #endif
