@@ -20,6 +20,7 @@ _C = "prefetch/decode/_c/"
 JPEGWINDOW_SOURCES = [
     _C + "binding.c",
     _C + "libjpeg_window.c",
+    _C + "header_walk.c",
     _C + "entropy_floor.c",
     _C + "generator.c",
     _C + "boxes.c",
@@ -27,6 +28,7 @@ JPEGWINDOW_SOURCES = [
 ]
 JPEGWINDOW_HEADERS = [
     _C + "libjpeg_window.h",
+    _C + "header_walk.h",
     _C + "entropy_floor.h",
     _C + "generator.h",
     _C + "boxes.h",

@@ -46,7 +46,7 @@ from PIL import Image
 from prefetch.decode._cv_resize import resize_antialiased, resize_no_antialias, write_into
 from prefetch.decode._decoders import DecodeOptions, convert_mode, to_target_size
 from prefetch.decode._turbo import turbo_modules
-from prefetch.io import Location, active_options, open_bytes, read_image
+from prefetch.io import MAX_HEADER_SEGMENTS, Location, active_options, open_bytes, read_image
 from prefetch.plan import AUGMENT_STREAM, Box, CenterCrop, Crop, RandomResizedCrop
 
 
@@ -170,6 +170,7 @@ def decode_chunk(
         -1 if options.max_pixels is None else options.max_pixels,
         -1 if limit is None else int(limit),
         active_options().max_object_bytes,
+        MAX_HEADER_SEGMENTS,
         started,
     )
     table = np.frombuffer(raw, np.int64).reshape(count, 6)

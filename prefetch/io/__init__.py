@@ -25,13 +25,15 @@ Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded l
 `_links` (URL resolution), `_retries` (retries, request errors), `_http` (one http(s)
 request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
 `_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
-`_images` (checked image bytes), `_paths` (`PathArray`), `_cache` (`ObjectCache`).
+`_headers` (the header walk: the size decoders allocate), `_images` (checked image bytes),
+`_paths` (`PathArray`), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
 
 from __future__ import annotations
 
 from prefetch.io._cache import ObjectCache
+from prefetch.io._headers import MAX_HEADER_SEGMENTS, JpegHeader, PngHeader, walk_jpeg, walk_png
 from prefetch.io._images import (
     DEFAULT_MAX_PIXELS,
     MAX_JPEG_SCAN_PIXELS,
@@ -77,14 +79,17 @@ from prefetch.io._tree import RemoteTree
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "MAX_HEADER_SEGMENTS",
     "MAX_JPEG_SCANS",
     "MAX_JPEG_SCAN_PIXELS",
     "RECORD_OVERHEAD",
+    "JpegHeader",
     "Location",
     "Member",
     "MemberTable",
     "ObjectCache",
     "PathArray",
+    "PngHeader",
     "RemoteOptions",
     "RemoteTree",
     "active_options",
@@ -116,4 +121,6 @@ __all__ = [
     "spooled_name",
     "url_scheme",
     "using",
+    "walk_jpeg",
+    "walk_png",
 ]

@@ -1,6 +1,8 @@
 /* prefetch.decode._jpegwindow: the Python binding of the compiled window decoder.
  *
  *   header(data) -> (width, height, components, colorspace)
+ *   walk_header(data, max_segments) -> (frame, width, height, frames, segments): the header
+ *       walk (header_walk.c), equal to prefetch.io.walk_jpeg(data, max_segments)
  *   decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray
  *   entropy_decode_rows(data, last_row) -> rows entropy-decoded (the floor; entropy_floor.c)
  *   draws(seed, epoch, index, stream, count) -> bytes: `count` float64 draws of a sample's
@@ -10,9 +12,9 @@
  *
  * This file only parses arguments, makes Python objects and releases the GIL; the work is done
  * by the files named for their jobs: libjpeg_window.c (libjpeg's errors, the header, a window),
- * entropy_floor.c, generator.c (numpy's SeedSequence and PCG64), boxes.c (the crops and the
- * DCT scale) and chunk.c (files read and the chunk loop). Its Python callers are in
- * prefetch/decode/_window.py.
+ * header_walk.c (the bound every decoder shares), entropy_floor.c, generator.c (numpy's
+ * SeedSequence and PCG64), boxes.c (the crops and the DCT scale) and chunk.c (files read and
+ * the chunk loop). Its Python callers are in prefetch/decode/_window.py.
  *
  * `decode` returns height * width * channels bytes, rows of RGB (channels=3) or gray
  * (channels=1) pixels; the window is in the coordinates of the scaled image, whose size is
@@ -30,6 +32,7 @@
 #include "chunk.h"
 #include "entropy_floor.h"
 #include "generator.h"
+#include "header_walk.h"
 #include "libjpeg_window.h"
 
 static PyObject *header(PyObject *self, PyObject *args) {
@@ -46,6 +49,21 @@ static PyObject *header(PyObject *self, PyObject *args) {
     }
     return Py_BuildValue("(IIis)", info.width, info.height, info.components,
                          colorspace_name(info.space));
+}
+
+static PyObject *walk_header(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned long max_segments;
+    if (!PyArg_ParseTuple(args, "y*k:walk_header", &data, &max_segments)) {
+        return NULL;
+    }
+    jpeg_walk walk;
+    Py_BEGIN_ALLOW_THREADS
+    walk_jpeg_header((const unsigned char *)data.buf, (size_t)data.len, max_segments, &walk);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(ikkkk)", walk.frame, walk.width, walk.height, walk.frames,
+                         walk.segments);
 }
 
 static PyObject *decode(PyObject *self, PyObject *args) {
@@ -140,7 +158,7 @@ static PyObject *draws(PyObject *self, PyObject *args) {
 }
 
 /* decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, target_h,
- *              target_w, channels, max_pixels, pil_limit, max_bytes, started)
+ *              target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, started)
  *   -> (windows: bytearray, table: bytes)
  *
  * For each sample i (its local path as bytes, its index in the source, its row positions[i] of
@@ -156,13 +174,13 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     PyObject *paths, *indices, *positions, *started_object;
     chunk_options options;
     int target_h, target_w;
-    if (!PyArg_ParseTuple(args, "O!O!O!KKKi(dddd)iiiiLLLO:decode_chunk", &PyList_Type, &paths,
+    if (!PyArg_ParseTuple(args, "O!O!O!KKKi(dddd)iiiiLLLkO:decode_chunk", &PyList_Type, &paths,
                           &PyList_Type, &indices, &PyList_Type, &positions, &options.seed,
                           &options.epoch, &options.stream, &options.crop, &options.params[0],
                           &options.params[1], &options.params[2], &options.params[3],
                           &options.flip, &target_h, &target_w, &options.channels,
                           &options.max_pixels, &options.pil_limit, &options.max_bytes,
-                          &started_object)) {
+                          &options.max_segments, &started_object)) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(paths);
@@ -253,6 +271,9 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace) of a JPEG's header."},
+    {"walk_header", walk_header, METH_VARARGS,
+     "walk_header(data, max_segments) -> (frame, width, height, frames, segments): the JPEG "
+     "header walk, equal to prefetch.io.walk_jpeg(data, max_segments)."},
     {"decode", decode, METH_VARARGS,
      "decode(data, top, left, height, width, scale_denom, channels, fast_dct) -> bytearray: "
      "the window's rows of pixels in the image scaled by 1/scale_denom."},
@@ -265,7 +286,8 @@ static PyMethodDef methods[] = {
      "np.random.default_rng([seed, epoch, index, stream]).random(count)."},
     {"decode_chunk", decode_chunk, METH_VARARGS,
      "decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, "
-     "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, started) -> (windows, "
+     "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, started) "
+     "-> (windows, "
      "table): a chunk of samples read, their boxes drawn and windows decoded without the GIL."},
 #endif
     {NULL, NULL, 0, NULL},

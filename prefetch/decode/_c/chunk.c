@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "header_walk.h"
 #include "libjpeg_window.h"
 
 static double monotonic_s(void) {
@@ -35,10 +36,11 @@ static void set_started(const chunk_options *options, int64_t position, double v
 }
 
 /* Reads the file (a regular file of at most max_bytes, read as prefetch.io.read_local reads
- * it), reads its header (a sequential Huffman JPEG of at most max_pixels and Pillow's limit,
- * in a colour space libjpeg-turbo decodes as Pillow does), draws its box and flip, and picks
- * the DCT scale and the window. Returns DONE, or FALLBACK for anything else: the caller then
- * reads that sample itself, and says what is wrong with it. */
+ * it), walks its header as prefetch.io.check_image_bytes does (header_walk.c: one frame, at most
+ * max_segments segments, a sequential Huffman frame of at most max_pixels and Pillow's limit),
+ * reads it with libjpeg (the same size, a colour space libjpeg-turbo decodes as Pillow does),
+ * draws its box and flip, and picks the DCT scale and the window. Returns DONE, or FALLBACK for
+ * anything else: the caller then reads that sample itself, and says what is wrong with it. */
 static int plan_sample(sample_t *sample, const chunk_options *options) {
     int handle = open(sample->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (handle < 0) {
@@ -70,17 +72,26 @@ static int plan_sample(sample_t *sample, const chunk_options *options) {
     if (got != size || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
         return FALLBACK;
     }
+    /* The bound every decoder shares, before libjpeg reads anything: check_image_bytes's rules
+     * for a Huffman-coded sequential frame (whose scans it does not count). */
+    jpeg_walk walk;
+    walk_jpeg_header(data, size, options->max_segments, &walk);
+    long height = (long)walk.height, width = (long)walk.width;
+    long long pixels = (long long)height * width;
+    if (walk.segments > options->max_segments || walk.frames != 1 ||
+        (walk.frame != 0xC0 && walk.frame != 0xC1) || height <= 0 || width <= 0 ||
+        (options->max_pixels >= 0 && pixels > options->max_pixels) ||
+        (options->pil_limit >= 0 && pixels > options->pil_limit)) {
+        return FALLBACK;
+    }
     jpeg_info jpeg;
     strict_errors errors;
     if (read_header(data, size, &jpeg, &errors) != 0) {
         return FALLBACK;
     }
-    long height = (long)jpeg.height, width = (long)jpeg.width;
-    long long pixels = (long long)height * width;
     J_COLOR_SPACE space = jpeg.space;
     if (!jpeg.sequential || (space != JCS_YCbCr && space != JCS_GRAYSCALE && space != JCS_RGB) ||
-        height <= 0 || width <= 0 || (options->max_pixels >= 0 && pixels > options->max_pixels) ||
-        (options->pil_limit >= 0 && pixels > options->pil_limit)) {
+        (long)jpeg.height != height || (long)jpeg.width != width) {
         return FALLBACK;
     }
     pcg64 rng;

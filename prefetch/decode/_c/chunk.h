@@ -40,6 +40,7 @@ typedef struct {
     double params[4];
     long target_h, target_w;
     long long max_pixels, pil_limit, max_bytes;
+    unsigned long max_segments; /* prefetch.io.MAX_HEADER_SEGMENTS */
     double *started; /* the slot's `started` column (time.monotonic() per row), or NULL */
 } chunk_options;
 
