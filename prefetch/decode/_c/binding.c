@@ -158,31 +158,41 @@ static PyObject *draws(PyObject *self, PyObject *args) {
 }
 
 /* decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, target_h,
- *              target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, started)
- *   -> (windows: bytearray, table: bytes)
+ *              target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, max_held,
+ *              started)
+ *   -> (windows: bytearray, table: bytes, handled: int)
  *
  * For each sample i (its local path as bytes, its index in the source, its row positions[i] of
  * the slot): read the file, draw its box and flip from the sample's generator (seed, epoch,
  * index, stream) and decode its window at the DCT scale, as prefetch.decode._window does for
- * one sample. `table` is int64 (len(paths), 6): status (DONE, or FALLBACK: the caller reads
- * that sample itself), the offset of the window's pixels in `windows`, its height and width,
- * flipped, and the nanoseconds spent on it. `started` (a float64 array with a row per slot row,
- * or None) holds each sample's time.monotonic() while its file is read or its window decoded
- * (0 after), for the loader's sample_timeout_s. Two stretches without the GIL: read and plan
- * every sample (plan_samples), then decode every window into one buffer (decode_samples). */
+ * one sample. `table` is int64 (len(paths), 6): status (DONE; FALLBACK: the caller reads that
+ * sample itself; LATER: not reached), the offset of the window's pixels in `windows`, its
+ * height and width, flipped, and the nanoseconds spent on it. `handled` samples, the first, are
+ * DONE or FALLBACK: the call holds at most `max_held` bytes of files and windows at once (one
+ * file alone where it is larger), and leaves the rest to the caller's next call. `started` (a
+ * float64 array with a row per slot row, or None) holds each sample's time.monotonic() while
+ * its file is read or its window decoded (0 after), for the loader's sample_timeout_s. Two
+ * stretches without the GIL: read and plan the samples (plan_samples), then decode their
+ * windows into one buffer (decode_samples). */
 static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     PyObject *paths, *indices, *positions, *started_object;
     chunk_options options;
     int target_h, target_w;
-    if (!PyArg_ParseTuple(args, "O!O!O!KKKi(dddd)iiiiLLLkO:decode_chunk", &PyList_Type, &paths,
-                          &PyList_Type, &indices, &PyList_Type, &positions, &options.seed,
-                          &options.epoch, &options.stream, &options.crop, &options.params[0],
-                          &options.params[1], &options.params[2], &options.params[3],
-                          &options.flip, &target_h, &target_w, &options.channels,
-                          &options.max_pixels, &options.pil_limit, &options.max_bytes,
-                          &options.max_segments, &started_object)) {
+    Py_ssize_t max_held;
+    if (!PyArg_ParseTuple(args, "O!O!O!KKKi(dddd)iiiiLLLknO:decode_chunk", &PyList_Type,
+                          &paths, &PyList_Type, &indices, &PyList_Type, &positions,
+                          &options.seed, &options.epoch, &options.stream, &options.crop,
+                          &options.params[0], &options.params[1], &options.params[2],
+                          &options.params[3], &options.flip, &target_h, &target_w,
+                          &options.channels, &options.max_pixels, &options.pil_limit,
+                          &options.max_bytes, &options.max_segments, &max_held,
+                          &started_object)) {
         return NULL;
     }
+    if (max_held < 0) {
+        return PyErr_Format(PyExc_ValueError, "max_held must be >= 0, got %zd", max_held);
+    }
+    options.max_held = (size_t)max_held;
     Py_ssize_t n = PyList_GET_SIZE(paths);
     if (PyList_GET_SIZE(indices) != n || PyList_GET_SIZE(positions) != n) {
         return PyErr_Format(PyExc_ValueError, "paths, indices and positions differ in length");
@@ -241,13 +251,13 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
         }
         samples[i].path = PyBytes_AS_STRING(path); /* `paths` keeps it alive */
     }
-    size_t total;
+    size_t total, planned;
     Py_BEGIN_ALLOW_THREADS
-    total = plan_samples(samples, (size_t)n, &options);
+    total = plan_samples(samples, (size_t)n, &options, &planned);
     Py_END_ALLOW_THREADS
     PyObject *windows = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (windows == NULL) {
-        free_samples(samples, (size_t)n);
+        free_samples(samples, planned);
         free(samples);
         Py_DECREF(table);
         if (options.started != NULL) {
@@ -257,13 +267,13 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     }
     unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(windows);
     Py_BEGIN_ALLOW_THREADS
-    decode_samples(samples, (size_t)n, &options, out);
+    decode_samples(samples, planned, &options, out);
     Py_END_ALLOW_THREADS
     free(samples);
     if (options.started != NULL) {
         PyBuffer_Release(&started);
     }
-    return Py_BuildValue("(NN)", windows, table);
+    return Py_BuildValue("(NNn)", windows, table, (Py_ssize_t)planned);
 }
 
 #endif /* HAVE_CHUNKS */
@@ -286,9 +296,9 @@ static PyMethodDef methods[] = {
      "np.random.default_rng([seed, epoch, index, stream]).random(count)."},
     {"decode_chunk", decode_chunk, METH_VARARGS,
      "decode_chunk(paths, indices, positions, seed, epoch, stream, crop, params, flip, "
-     "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, started) "
-     "-> (windows, "
-     "table): a chunk of samples read, their boxes drawn and windows decoded without the GIL."},
+     "target_h, target_w, channels, max_pixels, pil_limit, max_bytes, max_segments, max_held, "
+     "started) -> (windows, table, handled): a chunk of samples read, their boxes drawn and "
+     "windows decoded without the GIL, holding at most max_held bytes."},
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -35,41 +35,55 @@ static void set_started(const chunk_options *options, int64_t position, double v
     }
 }
 
-/* Reads the file (a regular file of at most max_bytes, read as prefetch.io.read_local reads
- * it), walks its header as prefetch.io.check_image_bytes does (header_walk.c: one frame, at most
- * max_segments segments, a sequential Huffman frame of at most max_pixels and Pillow's limit),
- * reads it with libjpeg (the same size, a colour space libjpeg-turbo decodes as Pillow does),
- * draws its box and flip, and picks the DCT scale and the window. Returns DONE, or FALLBACK for
- * anything else: the caller then reads that sample itself, and says what is wrong with it. */
-static int plan_sample(sample_t *sample, const chunk_options *options) {
-    int handle = open(sample->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+/* Opens the local file at `path` as prefetch.io.read_local does (read_capped in
+ * prefetch/io/_local_files.py is the twin): a regular file of at least 3 and at most max_bytes
+ * bytes, opened without blocking on a FIFO. Returns its descriptor with its fstat in `info`, or
+ * -1 (the caller reads it the per-sample way, which says what is wrong). */
+static int open_file(const char *path, long long max_bytes, struct stat *info) {
+    int handle = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (handle < 0) {
-        return FALLBACK;
+        return -1;
     }
-    struct stat info;
-    if (fstat(handle, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size < 3 ||
-        (long long)info.st_size > options->max_bytes) {
+    if (fstat(handle, info) != 0 || !S_ISREG(info->st_mode) || info->st_size < 3 ||
+        (long long)info->st_size > max_bytes) {
         close(handle);
-        return FALLBACK;
+        return -1;
     }
-    size_t size = (size_t)info.st_size;
-    unsigned char *data = malloc(size + 1);
-    if (data == NULL) {
+    return handle;
+}
+
+/* Reads the open file (`info`: its fstat when opened) whole into a new buffer in *data, and
+ * closes it: 0, or -1 when it is not the file `info` describes any more (it grew or shrank
+ * while read), with *data still to be freed. */
+static int read_file(int handle, const struct stat *info, unsigned char **data) {
+    size_t size = (size_t)info->st_size;
+    *data = malloc(size + 1);
+    if (*data == NULL) {
         close(handle);
-        return FALLBACK;
+        return -1;
     }
     size_t got = 0;
     while (got < size + 1) { /* a byte more than its size: a file that grew is the caller's */
-        ssize_t count = pread(handle, data + got, size + 1 - got, (off_t)got);
+        ssize_t count = pread(handle, *data + got, size + 1 - got, (off_t)got);
         if (count <= 0) {
             break;
         }
         got += (size_t)count;
     }
     close(handle);
-    sample->data = data;
-    sample->size = size;
-    if (got != size || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
+    return got == size ? 0 : -1;
+}
+
+/* Plans the window of a sample whose file is read: walks its header as
+ * prefetch.io.check_image_bytes does (header_walk.c: one frame, at most max_segments segments, a
+ * sequential Huffman frame of at most max_pixels and Pillow's limit), reads it with libjpeg (the
+ * same size, a colour space libjpeg-turbo decodes as Pillow does), draws its box and flip, and
+ * picks the DCT scale and the window. Returns DONE, or FALLBACK for anything else: the caller
+ * then reads that sample itself, and says what is wrong with it. */
+static int plan_window(sample_t *sample, const chunk_options *options) {
+    const unsigned char *data = sample->data;
+    size_t size = sample->size;
+    if (data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF) {
         return FALLBACK;
     }
     /* The bound every decoder shares, before libjpeg reads anything: check_image_bytes's rules
@@ -110,23 +124,46 @@ static int plan_sample(sample_t *sample, const chunk_options *options) {
     return DONE;
 }
 
-size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options) {
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
+size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options,
+                    size_t *planned) {
+    size_t total = 0, held = 0;
+    size_t i = 0;
+    for (; i < n; i++) {
+        sample_t *sample = &samples[i];
         double began = monotonic_s();
-        set_started(options, samples[i].position, began);
-        int status = plan_sample(&samples[i], options);
-        set_started(options, samples[i].position, 0.0);
-        samples[i].row[T_STATUS] = status;
-        samples[i].row[T_NANOS] = nanos_since(began);
-        if (status == DONE) {
-            samples[i].row[T_OFFSET] = (int64_t)total;
-            total += (size_t)samples[i].window.height * (size_t)samples[i].window.width *
-                     (size_t)options->channels;
-        } else {
-            free(samples[i].data);
-            samples[i].data = NULL;
+        set_started(options, sample->position, began);
+        struct stat info;
+        int handle = open_file(sample->path, options->max_bytes, &info);
+        int status = FALLBACK;
+        if (handle >= 0) {
+            size_t size = (size_t)info.st_size;
+            if (held > 0 && held + size > options->max_held) { /* for the next call */
+                close(handle);
+                set_started(options, sample->position, 0.0);
+                break;
+            }
+            sample->size = size;
+            if (read_file(handle, &info, &sample->data) == 0) {
+                status = plan_window(sample, options);
+            }
         }
+        set_started(options, sample->position, 0.0);
+        sample->row[T_STATUS] = status;
+        sample->row[T_NANOS] = nanos_since(began);
+        if (status == DONE) {
+            size_t window = (size_t)sample->window.height * (size_t)sample->window.width *
+                            (size_t)options->channels;
+            sample->row[T_OFFSET] = (int64_t)total;
+            total += window;
+            held += sample->size + window;
+        } else {
+            free(sample->data);
+            sample->data = NULL;
+        }
+    }
+    *planned = i;
+    for (; i < n; i++) {
+        samples[i].row[T_STATUS] = LATER;
     }
     return total;
 }

@@ -18,8 +18,9 @@
 /* The columns of decode_chunk's table (int64, one row per sample); _window.py's _STATUS,
  * _OFFSET, ... name the same columns. */
 enum { T_STATUS, T_OFFSET, T_HEIGHT, T_WIDTH, T_FLIPPED, T_NANOS, T_COLUMNS };
-/* T_STATUS: the window is decoded, or the caller reads the sample itself. */
-enum { DONE = 0, FALLBACK = 1 };
+/* T_STATUS: the window is decoded, the caller reads the sample itself, or the call stopped
+ * before it (the bytes it may hold were reached: the caller passes it to the next call). */
+enum { DONE = 0, FALLBACK = 1, LATER = 2 };
 
 /* One sample of a chunk, and its row of the table. */
 typedef struct {
@@ -41,15 +42,18 @@ typedef struct {
     long target_h, target_w;
     long long max_pixels, pil_limit, max_bytes;
     unsigned long max_segments; /* prefetch.io.MAX_HEADER_SEGMENTS */
+    size_t max_held;            /* prefetch.decode._window.CHUNK_BYTES: files and windows held */
     double *started; /* the slot's `started` column (time.monotonic() per row), or NULL */
 } chunk_options;
 
-/* The first of decode_chunk's two stretches: reads every sample's file and plans its window
- * (or marks it FALLBACK). Returns the bytes of all the planned windows. */
-size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options);
+/* The first of decode_chunk's two stretches: reads the samples' files in order and plans
+ * their windows (or marks them FALLBACK), holding at most options->max_held bytes of files and
+ * windows, or one file and its window where that alone is more: the samples past that are left
+ * (LATER). Sets *planned to the samples handled; returns the bytes of their planned windows. */
+size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options, size_t *planned);
 
-/* The second: decodes every planned window into `windows` at its row's T_OFFSET, and frees
- * every sample's file. */
+/* The second: decodes every planned window of samples[0, n) into `windows` at its row's
+ * T_OFFSET, and frees every sample's file. */
 void decode_samples(sample_t *samples, size_t n, const chunk_options *options,
                     unsigned char *windows);
 
