@@ -7,7 +7,9 @@ picklable classes, so they work in thread and process workers alike. `serve_fold
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
-live in _fakes.py, the model and checks in _helpers.py.
+live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
+and scan bombs, and the tricks that hide a size from a header walk), `segments` (a JPEG's
+header segments removed or added), `rewrites` (files rewritten in place while read), `shards`.
 """
 
 from __future__ import annotations

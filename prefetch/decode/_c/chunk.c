@@ -52,9 +52,18 @@ static int open_file(const char *path, long long max_bytes, struct stat *info) {
     return handle;
 }
 
+/* What tells a file's versions apart (_local_files._identity): size, modification and change
+ * times, inode. */
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+           a->st_ctim.tv_nsec == b->st_ctim.tv_nsec && a->st_ino == b->st_ino;
+}
+
 /* Reads the open file (`info`: its fstat when opened) whole into a new buffer in *data, and
- * closes it: 0, or -1 when it is not the file `info` describes any more (it grew or shrank
- * while read), with *data still to be freed. */
+ * closes it: 0, or -1 when it is not the file `info` describes any more (it grew, shrank or
+ * was rewritten while read: its bytes may be half old and half new), with *data still to be
+ * freed. */
 static int read_file(int handle, const struct stat *info, unsigned char **data) {
     size_t size = (size_t)info->st_size;
     *data = malloc(size + 1);
@@ -70,8 +79,10 @@ static int read_file(int handle, const struct stat *info, unsigned char **data) 
         }
         got += (size_t)count;
     }
+    struct stat after;
+    int unchanged = fstat(handle, &after) == 0 && same_file(info, &after);
     close(handle);
-    return got == size ? 0 : -1;
+    return got == size && unchanged ? 0 : -1;
 }
 
 /* Plans the window of a sample whose file is read: walks its header as
