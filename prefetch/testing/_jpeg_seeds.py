@@ -1,0 +1,187 @@
+"""The real encodes the JPEG corpus (`prefetch.testing.corpus`) mutates: `encode_seeds(rng)`.
+
+Pillow (libjpeg-turbo) makes 4:4:4, 4:2:2 and 4:2:0, optimized Huffman tables, progressive,
+restart intervals (in blocks and in rows), gray, CMYK and RGB (no colour transform) files, and
+images at and just over the corpus's pixel bound. Where installed, OpenCV adds 4:1:1 and 4:4:0
+and libjpeg-turbo's `cjpeg` (Debian: libjpeg-turbo-progs) adds any sampling factors from 1x1 to
+4x4 per component and arithmetic coding (sequential and progressive). Two files are crafted
+from a Pillow encode: a 12-bit frame header (SOF1, precision 12: libjpeg-turbo's 8-bit build and
+Pillow refuse it) and an arithmetic-coded frame (SOF9) over Huffman-coded data (any decoder
+decodes it to some image, or refuses it). The pixels are a seeded picture (gradients, shapes,
+noise), so every seed is deterministic for a given `rng` and the same encoders.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from prefetch.testing._jpeg_segments import SOF_MARKERS, segments
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One real encode: its `name` (encoder and settings), its bytes, and what a decoder owes
+    it. `standard_tables`: its Huffman tables are libjpeg's standard ones (Annex K), so the same
+    file without its DHT segments is legal and decodes to the same pixels. `expect`: "decoded"
+    (every decoder must decode it), "refused" or "too large" (every decoder must refuse it; the
+    latter by its pixel count), or "any" (crafted: only the paths' agreement is asked)."""
+
+    name: str
+    data: bytes
+    standard_tables: bool
+    expect: str = "decoded"
+
+
+def picture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A seeded HxWx3 uint8 picture with smooth gradients, edges in every colour and noise:
+    enough detail for every coefficient and table to be used."""
+    rows = np.linspace(0.0, 1.0, height)[:, None, None]
+    columns = np.linspace(0.0, 1.0, width)[None, :, None]
+    low, high = rng.uniform(0, 255, (2, 1, 1, 3))
+    pixels = low + (high - low) * (0.6 * rows + 0.4 * columns)
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(4):
+        x0, x1 = sorted(rng.integers(0, max(width, 2), 2).tolist())
+        y0, y1 = sorted(rng.integers(0, max(height, 2), 2).tolist())
+        colour = tuple(rng.integers(0, 256, 3).tolist())
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape((x0, y0, x1, y1), fill=colour)
+    noisy = np.asarray(image, np.int16) + rng.integers(-12, 13, (height, width, 3))
+    return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def _pillow(pixels: np.ndarray, mode: str = "RGB", **options: object) -> bytes:
+    image = Image.fromarray(pixels).convert(mode)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=int(options.pop("quality", 90)), **options)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def _opencv(pixels: np.ndarray, factor_name: str) -> bytes | None:
+    """An OpenCV encode with sampling factor `factor_name` ("411", "440"), or None without
+    OpenCV (the `fast` extra)."""
+    try:
+        import cv2
+    except ImportError:
+        return None
+    factor = getattr(cv2, f"IMWRITE_JPEG_SAMPLING_FACTOR_{factor_name}")
+    settings = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, factor]
+    ok, encoded = cv2.imencode(".jpg", np.ascontiguousarray(pixels[:, :, ::-1]), settings)
+    return bytes(encoded) if ok else None
+
+
+def _cjpeg(pixels: np.ndarray, *arguments: str) -> bytes | None:
+    """libjpeg-turbo's `cjpeg` of `pixels` (a PPM on its stdin) with `arguments`, or None where
+    `cjpeg` is not on PATH."""
+    program = shutil.which("cjpeg")
+    if program is None:
+        return None
+    height, width = pixels.shape[:2]
+    ppm = f"P6 {width} {height} 255\n".encode() + pixels.tobytes()
+    done = subprocess.run(
+        [program, "-quality", "90", *arguments], input=ppm, capture_output=True, check=True
+    )
+    return done.stdout
+
+
+def _patched_frame(data: bytes, marker: int, precision: int | None = None) -> bytes:
+    """`data` with its frame marker set to `marker` (and its sample precision to `precision`);
+    for an arithmetic-coded frame (SOF9) its DHT segments are dropped."""
+    parts = segments(data)
+    frame = next(part for part in parts if part.marker in SOF_MARKERS)
+    out = bytearray(data)
+    out[frame.start + 1] = marker
+    if precision is not None:
+        out[frame.start + 4] = precision
+    if marker == 0xC9:
+        for part in reversed([p for p in parts if p.marker == 0xC4]):
+            del out[part.start : part.end]
+    return bytes(out)
+
+
+# cjpeg's -sample settings beyond Pillow's (luma first; a component's factors are HxV, 1-4 each;
+# libjpeg decodes at most 10 blocks an MCU, so the sums stay within that).
+_CJPEG_SAMPLINGS = (
+    "1x1",
+    "2x1,1x1,1x1",
+    "1x2,1x1,1x1",
+    "4x1,1x1,1x1",
+    "1x4,1x1,1x1",
+    "4x2,1x1,1x1",
+    "3x2,1x1,1x1",
+    "3x1,1x1,1x1",
+    "2x2,2x1,1x2",
+    "1x1,2x2,1x1",
+)
+
+
+def encode_seeds(rng: np.random.Generator, bound: int) -> list[Seed]:
+    """The corpus's seeds, drawn from `rng`: every encode this machine can make (OpenCV's and
+    cjpeg's only where installed), at sizes under `bound` pixels, and one of exactly `bound`
+    pixels and one just over it ("too large" for a loader with `max_pixels=bound`)."""
+    side = int(bound**0.5)
+    bound_width = next(w for w in range(side, 0, -1) if bound % w == 0)
+    at_bound = (bound // bound_width, bound_width)  # exactly `bound` pixels
+
+    def size() -> tuple[int, int]:  # (height, width), from 17 pixels up to about bound / 2
+        height = int(rng.integers(17, side))
+        return height, int(rng.integers(17, max(18, bound // 2 // height)))
+
+    seeds: list[Seed] = []
+
+    def add(name: str, make: Callable[[np.ndarray], bytes | None], **seed: object) -> None:
+        data = make(picture(rng, *size()))
+        if data is not None:
+            seeds.append(Seed(name, data, **seed))  # type: ignore[arg-type]
+
+    for sampling in ("4:4:4", "4:2:2", "4:2:0"):
+        add(f"pillow-{sampling}", lambda p, s=sampling: _pillow(p, subsampling=s), standard_tables=True)
+        add(
+            f"pillow-{sampling}-optimized",
+            lambda p, s=sampling: _pillow(p, subsampling=s, optimize=True, quality=60),
+            standard_tables=False,
+        )
+    add("pillow-progressive", lambda p: _pillow(p, progressive=True), standard_tables=False)
+    add("pillow-restart-blocks", lambda p: _pillow(p, restart_marker_blocks=3), standard_tables=True)
+    add("pillow-restart-rows", lambda p: _pillow(p, restart_marker_rows=1), standard_tables=True)
+    add("pillow-gray", lambda p: _pillow(p, "L"), standard_tables=True)
+    add("pillow-gray-optimized", lambda p: _pillow(p, "L", optimize=True), standard_tables=False)
+    add("pillow-cmyk", lambda p: _pillow(p, "CMYK"), standard_tables=True)
+    add("pillow-rgb", lambda p: _pillow(p, keep_rgb=True, subsampling="4:4:4"), standard_tables=True)
+    add("pillow-q100", lambda p: _pillow(p, quality=100), standard_tables=True)
+    tiny = Image.fromarray(picture(rng, 3, 5))
+    seeds.append(Seed("pillow-5x3", _jpeg(tiny), standard_tables=True))
+    seeds.append(Seed("pillow-1x1", _jpeg(tiny.resize((1, 1))), standard_tables=True))
+    seeds.append(Seed("pillow-at-bound", _pillow(picture(rng, *at_bound)), standard_tables=True))
+    over = _pillow(picture(rng, at_bound[0], at_bound[1] + 1))
+    seeds.append(Seed("pillow-over-bound", over, standard_tables=True, expect="too large"))
+    for factor in ("411", "440"):
+        add(f"opencv-{factor}", lambda p, f=factor: _opencv(p, f), standard_tables=True)
+    for sampling in _CJPEG_SAMPLINGS:
+        add(f"cjpeg-{sampling}", lambda p, s=sampling: _cjpeg(p, "-sample", s), standard_tables=True)
+    add("cjpeg-gray-4x4", lambda p: _cjpeg(p, "-grayscale", "-sample", "4x4"), standard_tables=True)
+    add("cjpeg-restart", lambda p: _cjpeg(p, "-restart", "2B", "-sample", "2x2,1x1,1x1"), standard_tables=True)
+    add("cjpeg-arithmetic", lambda p: _cjpeg(p, "-arithmetic"), standard_tables=False)
+    add(
+        "cjpeg-arithmetic-progressive",
+        lambda p: _cjpeg(p, "-arithmetic", "-progressive", "-sample", "2x1,1x1,1x1"),
+        standard_tables=False,
+    )
+    base = _pillow(picture(rng, *size()))
+    seeds.append(Seed("crafted-12-bit", _patched_frame(base, 0xC1, 12), False, expect="refused"))
+    seeds.append(Seed("crafted-arithmetic", _patched_frame(base, 0xC9), False, expect="any"))
+    return seeds
+
+
+def _jpeg(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
