@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -45,8 +46,8 @@ def picture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     rows = np.linspace(0.0, 1.0, height)[:, None, None]
     columns = np.linspace(0.0, 1.0, width)[None, :, None]
     low, high = rng.uniform(0, 255, (2, 1, 1, 3))
-    pixels = low + (high - low) * (0.6 * rows + 0.4 * columns)
-    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    gradient = low + (high - low) * (0.6 * rows + 0.4 * columns)
+    image = Image.fromarray(np.clip(gradient, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(image)
     for _ in range(4):
         x0, x1 = sorted(rng.integers(0, max(width, 2), 2).tolist())
@@ -55,13 +56,14 @@ def picture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
         shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
         shape((x0, y0, x1, y1), fill=colour)
     noisy = np.asarray(image, np.int16) + rng.integers(-12, 13, (height, width, 3))
-    return np.clip(noisy, 0, 255).astype(np.uint8)
+    pixels: np.ndarray = np.clip(noisy, 0, 255).astype(np.uint8)
+    return pixels
 
 
-def _pillow(pixels: np.ndarray, mode: str = "RGB", **options: object) -> bytes:
-    image = Image.fromarray(pixels).convert(mode)
+def _pillow(pixels: np.ndarray, mode: str = "RGB", quality: int = 90, **options: object) -> bytes:
+    """Pillow's encode of `pixels` converted to `mode`, with JPEG save `options`."""
     out = io.BytesIO()
-    image.save(out, "JPEG", quality=int(options.pop("quality", 90)), **options)  # type: ignore[arg-type]
+    Image.fromarray(pixels).convert(mode).save(out, "JPEG", quality=quality, **options)
     return out.getvalue()
 
 
@@ -78,7 +80,7 @@ def _opencv(pixels: np.ndarray, factor_name: str) -> bytes | None:
     return bytes(encoded) if ok else None
 
 
-def _cjpeg(pixels: np.ndarray, *arguments: str) -> bytes | None:
+def _cjpeg(arguments: tuple[str, ...], pixels: np.ndarray) -> bytes | None:
     """libjpeg-turbo's `cjpeg` of `pixels` (a PPM on its stdin) with `arguments`, or None where
     `cjpeg` is not on PATH."""
     program = shutil.which("cjpeg")
@@ -123,6 +125,42 @@ _CJPEG_SAMPLINGS = (
 )
 
 
+# What makes each seed from a picture: (name, encoder, whether its Huffman tables are the
+# standard ones). An encoder returns None where its program or package is not installed.
+Recipe = tuple[str, Callable[[np.ndarray], "bytes | None"], bool]
+
+
+def _recipes() -> list[Recipe]:
+    recipes: list[Recipe] = []
+    for sampling in ("4:4:4", "4:2:2", "4:2:0"):
+        recipes.append((f"pillow-{sampling}", partial(_pillow, subsampling=sampling), True))
+        optimized = partial(_pillow, subsampling=sampling, optimize=True, quality=60)
+        recipes.append((f"pillow-{sampling}-optimized", optimized, False))
+    recipes += [
+        ("pillow-progressive", partial(_pillow, progressive=True), False),
+        ("pillow-restart-blocks", partial(_pillow, restart_marker_blocks=3), True),
+        ("pillow-restart-rows", partial(_pillow, restart_marker_rows=1), True),
+        ("pillow-gray", partial(_pillow, mode="L"), True),
+        ("pillow-gray-optimized", partial(_pillow, mode="L", optimize=True), False),
+        ("pillow-cmyk", partial(_pillow, mode="CMYK"), True),
+        ("pillow-rgb", partial(_pillow, keep_rgb=True, subsampling="4:4:4"), True),
+        ("pillow-q100", partial(_pillow, quality=100), True),
+        ("opencv-411", partial(_opencv, factor_name="411"), True),
+        ("opencv-440", partial(_opencv, factor_name="440"), True),
+    ]
+    for sampling in _CJPEG_SAMPLINGS:
+        recipes.append((f"cjpeg-{sampling}", partial(_cjpeg, ("-sample", sampling)), True))
+    restart = partial(_cjpeg, ("-restart", "2B", "-sample", "2x2,1x1,1x1"))
+    progressive = partial(_cjpeg, ("-arithmetic", "-progressive", "-sample", "2x1,1x1,1x1"))
+    return [
+        *recipes,
+        ("cjpeg-gray-4x4", partial(_cjpeg, ("-grayscale", "-sample", "4x4")), True),
+        ("cjpeg-restart", restart, True),
+        ("cjpeg-arithmetic", partial(_cjpeg, ("-arithmetic",)), False),
+        ("cjpeg-arithmetic-progressive", progressive, False),
+    ]
+
+
 def encode_seeds(rng: np.random.Generator, bound: int) -> list[Seed]:
     """The corpus's seeds, drawn from `rng`: every encode this machine can make (OpenCV's and
     cjpeg's only where installed), at sizes under `bound` pixels, and one of exactly `bound`
@@ -135,46 +173,17 @@ def encode_seeds(rng: np.random.Generator, bound: int) -> list[Seed]:
         height = int(rng.integers(17, side))
         return height, int(rng.integers(17, max(18, bound // 2 // height)))
 
-    seeds: list[Seed] = []
-
-    def add(name: str, make: Callable[[np.ndarray], bytes | None], **seed: object) -> None:
-        data = make(picture(rng, *size()))
+    seeds = []
+    for name, encode, standard in _recipes():
+        data = encode(picture(rng, *size()))
         if data is not None:
-            seeds.append(Seed(name, data, **seed))  # type: ignore[arg-type]
-
-    for sampling in ("4:4:4", "4:2:2", "4:2:0"):
-        add(f"pillow-{sampling}", lambda p, s=sampling: _pillow(p, subsampling=s), standard_tables=True)
-        add(
-            f"pillow-{sampling}-optimized",
-            lambda p, s=sampling: _pillow(p, subsampling=s, optimize=True, quality=60),
-            standard_tables=False,
-        )
-    add("pillow-progressive", lambda p: _pillow(p, progressive=True), standard_tables=False)
-    add("pillow-restart-blocks", lambda p: _pillow(p, restart_marker_blocks=3), standard_tables=True)
-    add("pillow-restart-rows", lambda p: _pillow(p, restart_marker_rows=1), standard_tables=True)
-    add("pillow-gray", lambda p: _pillow(p, "L"), standard_tables=True)
-    add("pillow-gray-optimized", lambda p: _pillow(p, "L", optimize=True), standard_tables=False)
-    add("pillow-cmyk", lambda p: _pillow(p, "CMYK"), standard_tables=True)
-    add("pillow-rgb", lambda p: _pillow(p, keep_rgb=True, subsampling="4:4:4"), standard_tables=True)
-    add("pillow-q100", lambda p: _pillow(p, quality=100), standard_tables=True)
+            seeds.append(Seed(name, data, standard))
     tiny = Image.fromarray(picture(rng, 3, 5))
-    seeds.append(Seed("pillow-5x3", _jpeg(tiny), standard_tables=True))
-    seeds.append(Seed("pillow-1x1", _jpeg(tiny.resize((1, 1))), standard_tables=True))
-    seeds.append(Seed("pillow-at-bound", _pillow(picture(rng, *at_bound)), standard_tables=True))
+    seeds.append(Seed("pillow-5x3", _jpeg(tiny), True))
+    seeds.append(Seed("pillow-1x1", _jpeg(tiny.resize((1, 1))), True))
+    seeds.append(Seed("pillow-at-bound", _pillow(picture(rng, *at_bound)), True))
     over = _pillow(picture(rng, at_bound[0], at_bound[1] + 1))
-    seeds.append(Seed("pillow-over-bound", over, standard_tables=True, expect="too large"))
-    for factor in ("411", "440"):
-        add(f"opencv-{factor}", lambda p, f=factor: _opencv(p, f), standard_tables=True)
-    for sampling in _CJPEG_SAMPLINGS:
-        add(f"cjpeg-{sampling}", lambda p, s=sampling: _cjpeg(p, "-sample", s), standard_tables=True)
-    add("cjpeg-gray-4x4", lambda p: _cjpeg(p, "-grayscale", "-sample", "4x4"), standard_tables=True)
-    add("cjpeg-restart", lambda p: _cjpeg(p, "-restart", "2B", "-sample", "2x2,1x1,1x1"), standard_tables=True)
-    add("cjpeg-arithmetic", lambda p: _cjpeg(p, "-arithmetic"), standard_tables=False)
-    add(
-        "cjpeg-arithmetic-progressive",
-        lambda p: _cjpeg(p, "-arithmetic", "-progressive", "-sample", "2x1,1x1,1x1"),
-        standard_tables=False,
-    )
+    seeds.append(Seed("pillow-over-bound", over, True, expect="too large"))
     base = _pillow(picture(rng, *size()))
     seeds.append(Seed("crafted-12-bit", _patched_frame(base, 0xC1, 12), False, expect="refused"))
     seeds.append(Seed("crafted-arithmetic", _patched_frame(base, 0xC9), False, expect="any"))

@@ -136,16 +136,20 @@ def _duplicate_frame(seed: Seed, rng: np.random.Generator, bound: int) -> tuple[
 def _claim_size(seed: Seed, rng: np.random.Generator, bound: int) -> tuple[str, bytes, str]:
     width, height = jpeg.frame_size(seed.data)
     choices = {
-        "over-bound": (*_over(bound), TOO_LARGE),
-        "65535x65535": (0xFFFF, 0xFFFF, TOO_LARGE),
-        "smaller": (max(1, width // 2), max(1, height - 3), ANY),
-        "larger": (width + 8, height + 1, ANY),
-        "zero-height": (width, 0, ANY),
+        "over-bound": _over(bound),
+        "65535x65535": (0xFFFF, 0xFFFF),
+        "smaller": (max(1, width // 2), max(1, height - 3)),
+        "larger": (width + 8, height + 1),
+        "zero-height": (width, 0),
     }
     name = list(choices)[int(rng.integers(len(choices)))]
-    new_width, new_height, expect = choices[name]
-    if seed.expect in (REFUSED, TOO_LARGE):
-        expect = seed.expect if expect == ANY else expect
+    new_width, new_height = choices[name]
+    # The claimed size is checked before any decoder runs; below the bound, a refused seed
+    # (12-bit) stays refused, and any other may decode or not.
+    if new_width * new_height > bound:
+        expect = TOO_LARGE
+    else:
+        expect = REFUSED if seed.expect == REFUSED else ANY
     data = jpeg.claim_size(seed.data, new_width, new_height)
     return f"claim-{name}-{new_width}x{new_height}", data, expect
 
