@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 import prefetch
-import prefetch.backends._reader as reader_module
-from prefetch.backends import BatchTask, SampleReader, Slot
+import prefetch.sample._reader as reader_module
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.decode import _window as window_decode
 from prefetch.plan import Augment, CenterCrop, Crop, RandomResizedCrop
+from prefetch.sample import BatchTask, SampleReader, Slot
 from prefetch.testing.corpus import (
     CORPUS_MAX_PIXELS,
     DECODED,
