@@ -35,9 +35,9 @@ from prefetch.testing import _jpeg_segments as jpeg
 from prefetch.testing._jpeg_seeds import Seed, encode_seeds
 
 DEFAULT_CORPUS_COUNT = 300
-"""Files `write_jpeg_corpus` writes by default: enough for every structured case of every seed
-and about a hundred random mutations; the differential test reads `PREFETCH_CORPUS_COUNT` to
-run more (`make sanitize` runs 3000)."""
+"""Files `write_jpeg_corpus` writes by default: every seed and structured case (about 220 where
+cjpeg is installed, 130 without) and random mutations for the rest; the differential test reads
+`PREFETCH_CORPUS_COUNT` to run more (`make sanitize` runs 3000)."""
 
 CORPUS_MAX_PIXELS = 96 * 128
 """The pixel bound the corpus is made for (pass it as `max_pixels`): seeds are under it, one
@@ -221,8 +221,8 @@ def write_jpeg_corpus(
     module's docstring) into `folder` (created if missing; files are named
     `NNNNN-<seed>-<mutation>.jpg` and written exclusively), drawn from `seed`, for decoders
     bounded at `max_pixels`. Returns the files in the order written: an order that puts each
-    no-DHT file right after a file with optimized tables. Fewer than the seeds and structured
-    cases (about 150) keeps only the first `count`."""
+    no-DHT file right after a file with optimized tables. A `count` below the seeds and
+    structured cases keeps only the first `count` files."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     root = Path(folder)
