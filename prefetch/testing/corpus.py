@@ -39,7 +39,7 @@ DEFAULT_CORPUS_COUNT = 300
 cjpeg is installed, 130 without) and random mutations for the rest; the differential test reads
 `PREFETCH_CORPUS_COUNT` to run more (`make sanitize` runs 3000)."""
 
-CORPUS_MAX_PIXELS = 96 * 128
+CORPUS_MAX_PIXELS = 192 * 256
 """The pixel bound the corpus is made for (pass it as `max_pixels`): seeds are under it, one
 seed is exactly at it and one just over it, and some mutations claim sizes just over it."""
 
