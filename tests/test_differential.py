@@ -279,3 +279,17 @@ def test_the_compiled_entry_points_take_every_file_or_refuse_it(
         except ValueError:
             pass
     assert answered > len(corpus) // 3
+
+
+def test_the_corpus_is_the_same_for_the_same_seed(tmp_path: Path) -> None:
+    """Seeded and deterministic: the same files, bytes and expectations twice; every seed
+    and every structured case is there."""
+    first = write_jpeg_corpus(tmp_path / "a", 260)
+    second = write_jpeg_corpus(tmp_path / "b", 260)
+    assert [(f.path.name, f.expect) for f in first] == [(f.path.name, f.expect) for f in second]
+    pairs = zip(first, second, strict=True)
+    assert all(a.path.read_bytes() == b.path.read_bytes() for a, b in pairs)
+    mutations = Counter(each.mutation for each in first)
+    seeds = mutations["no-DQT"]
+    assert seeds >= 20 and mutations["no-DHT"] == mutations["com-run-300"] == seeds
+    assert sum(each.expect == SAME for each in first) >= seeds

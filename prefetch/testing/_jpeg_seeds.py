@@ -25,6 +25,9 @@ from PIL import Image, ImageDraw
 
 from prefetch.testing._jpeg_segments import SOF_MARKERS, segments
 
+# What a decoder owes a file (prefetch.testing.corpus.EXPECTATIONS says what each means).
+DECODED, SAME, REFUSED, TOO_LARGE, ANY = "decoded", "same", "refused", "too large", "any"
+
 
 @dataclass(frozen=True)
 class Seed:
@@ -37,7 +40,7 @@ class Seed:
     name: str
     data: bytes
     standard_tables: bool
-    expect: str = "decoded"
+    expect: str = DECODED
 
 
 def picture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -183,10 +186,10 @@ def encode_seeds(rng: np.random.Generator, bound: int) -> list[Seed]:
     seeds.append(Seed("pillow-1x1", _jpeg(tiny.resize((1, 1))), True))
     seeds.append(Seed("pillow-at-bound", _pillow(picture(rng, *at_bound)), True))
     over = _pillow(picture(rng, at_bound[0], at_bound[1] + 1))
-    seeds.append(Seed("pillow-over-bound", over, True, expect="too large"))
+    seeds.append(Seed("pillow-over-bound", over, True, expect=TOO_LARGE))
     base = _pillow(picture(rng, *size()))
-    seeds.append(Seed("crafted-12-bit", _patched_frame(base, 0xC1, 12), False, expect="refused"))
-    seeds.append(Seed("crafted-arithmetic", _patched_frame(base, 0xC9), False, expect="any"))
+    seeds.append(Seed("crafted-12-bit", _patched_frame(base, 0xC1, 12), False, expect=REFUSED))
+    seeds.append(Seed("crafted-arithmetic", _patched_frame(base, 0xC9), False, expect=ANY))
     return seeds
 
 
