@@ -21,12 +21,7 @@ from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
 from prefetch.sample import BatchTask, Slot
 from prefetch.testing import draw_shape, write_bad_files
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not window_decode.compiled_available(), reason="the window decoder is not built"
-    ),
-]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.compiled]
 
 # Sizes (width, height): landscape, portrait, square, wide, and one under the target.
 SIZES = ((160, 120), (120, 160), (128, 128), (200, 90), (40, 30))

@@ -69,10 +69,7 @@ def batches(root: Path, per_sample: bool, **options: Any) -> list[np.ndarray]:
         return [images.copy() for _ in range(2) for images, _ in loader]
 
 
-@pytest.mark.skipif(
-    not window_decode.chunk_available(RandomResizedCrop(), DecodeOptions(TARGET), "turbo"),
-    reason="no chunk path here",
-)
+@pytest.mark.compiled
 @pytest.mark.parametrize(("backend", "workers"), [("thread", 1), ("process", 1), ("process", 2)])
 def test_files_without_huffman_tables_after_optimized_ones_give_the_per_sample_rows(
     alternating: Path, backend: str, workers: int

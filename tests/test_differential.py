@@ -53,10 +53,7 @@ pytestmark = [
     # Scaled with the corpus: about 10 s for 300 files on 2 busy cores, several times that
     # under the sanitizers.
     pytest.mark.timeout(120 + COUNT // 5),
-    pytest.mark.skipif(
-        not window_decode.chunk_available(CROPS["random"], DecodeOptions(TARGET), "turbo"),
-        reason="the compiled chunk decoder is not built",
-    ),
+    pytest.mark.compiled,
 ]
 
 

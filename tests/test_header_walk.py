@@ -173,7 +173,7 @@ def _encoded(image: Image.Image, **options: object) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.skipif(not window_decode.compiled_available(), reason="no compiled decoder here")
+@pytest.mark.compiled
 def test_the_c_walk_reports_what_the_python_walk_reports(
     tricks: tuple[Path, dict[str, str]],
 ) -> None:
@@ -192,10 +192,7 @@ def test_the_c_walk_reports_what_the_python_walk_reports(
             assert got == want, (number, cap, data[:80])
 
 
-@pytest.mark.skipif(
-    not window_decode.chunk_available(RandomResizedCrop(), DecodeOptions(32), "turbo"),
-    reason="no chunk path here",
-)
+@pytest.mark.compiled
 def test_the_chunk_path_leaves_every_trick_to_the_per_sample_path(
     tricks: tuple[Path, dict[str, str]],
 ) -> None:

@@ -101,10 +101,7 @@ def test_a_file_rewritten_by_another_writer_is_refused_by_the_python_read(
     assert refused == 1
 
 
-@pytest.mark.skipif(
-    not window_decode.chunk_available(CenterCrop(), DecodeOptions(32), "turbo"),
-    reason="no chunk path here",
-)
+@pytest.mark.compiled
 def test_a_file_rewritten_by_another_writer_is_left_by_the_chunk_path(tmp_path: Path) -> None:
     """The compiled chunk path reads with the same check (its twin in C): a read that spanned
     a rewrite is not decoded there (the per-sample path then reads the file again, or names
