@@ -113,10 +113,10 @@ def test_the_walk_is_a_search_per_segment_never_a_step_per_byte(
     data = data[:2] + noise + data[2:]
     header = walk_jpeg(data)
     assert (header.width, header.height, header.frames) == (9000, 9000, 1)
-    assert searches == header.segments + 1  # the last one finds the scan
+    assert searches <= header.segments + 1  # a well-formed segment's next needs no search
     searches = 0
     header = walk_jpeg(hide_frame(jpeg(), 10 * MAX_HEADER_SEGMENTS))
-    assert header.segments == MAX_HEADER_SEGMENTS + 1 and searches == header.segments
+    assert header.segments == MAX_HEADER_SEGMENTS + 1 and searches <= header.segments
 
 
 # ---------------------------------------------------------------- the C twin

@@ -44,6 +44,7 @@ _SOS, _EOI = 0xDA, 0xD9
 # (RSTn, SOI), which have no length and are passed over. One byte of lookahead: no
 # backtracking, linear in the bytes searched.
 _NEXT_MARKER = re.compile(b"\xff[^\x00\x01\xd0-\xd8\xff]")
+_PASSED = frozenset({0x00, 0x01, 0xFF, *range(0xD0, 0xD9)})  # what _NEXT_MARKER passes over
 
 
 class JpegHeader(NamedTuple):
@@ -62,19 +63,21 @@ def walk_jpeg(data: bytes, max_segments: int | None = None) -> JpegHeader:
     `MAX_HEADER_SEGMENTS`), whichever comes first. A frame header too short to hold its size
     is counted and its size read as 0."""
     cap = MAX_HEADER_SEGMENTS if max_segments is None else max_segments
-    end = len(data)
+    end, search = len(data), _NEXT_MARKER.search
     frame = width = height = frames = segments = 0
     position = 2
     while segments <= cap:
-        found = _NEXT_MARKER.search(data, position)
-        if found is None:
-            break
-        start = found.start()
+        if position + 1 < end and data[position] == 0xFF and data[position + 1] not in _PASSED:
+            start = position  # where a well-formed file's next segment is: no search
+        else:
+            found = search(data, position)
+            if found is None:
+                break
+            start = found.start()
         marker = data[start + 1]
         if marker in (_SOS, _EOI):
             break
         segments += 1
-        length = int.from_bytes(data[start + 2 : start + 4], "big")
         if marker in JPEG_FRAMES:
             frames += 1
             frame = frame or marker
@@ -83,7 +86,10 @@ def walk_jpeg(data: bytes, max_segments: int | None = None) -> JpegHeader:
                 columns = data[start + 7] << 8 | data[start + 8]
                 if columns * rows > width * height:
                     width, height = columns, rows
-        position = start + 2 + max(length, 2)  # as libjpeg skips a segment (length < 2: none)
+        if start + 4 > end:  # its length is cut off: nothing follows
+            break
+        length = data[start + 2] << 8 | data[start + 3]
+        position = start + 2 + (length if length > 2 else 2)  # as libjpeg skips a segment
     return JpegHeader(frame, width, height, frames, segments)
 
 
