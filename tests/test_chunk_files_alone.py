@@ -21,7 +21,7 @@ from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.decode._turbo import decode_turbo, fast_available
 from prefetch.plan import Augment, CenterCrop, RandomResizedCrop
 from prefetch.testing import draw_shape
-from prefetch.testing.segments import DHT, DQT, strip_segments
+from prefetch.testing._jpeg_segments import DHT, DQT, strip
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,7 +51,7 @@ def alternating(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if number % 2 == 0:
             data = encoded(draw_shape("circle", size, rng), quality=90, optimize=True)
         else:
-            data = strip_segments(encoded(noise(size, rng), quality=85), DHT)
+            data = strip(encoded(noise(size, rng), quality=85), DHT)
         (root / "a" / f"{number}.jpg").write_bytes(data)
     return root
 
@@ -118,7 +118,7 @@ def test_every_decoder_decodes_a_jpeg_without_dht_with_the_standard_tables(tmp_p
     whole = tmp_path / "whole.jpg"
     whole.write_bytes(encoded(image, quality=85))
     bare = tmp_path / "bare.jpg"
-    bare.write_bytes(strip_segments(whole.read_bytes(), DHT))
+    bare.write_bytes(strip(whole.read_bytes(), DHT))
     assert b"\xff\xc4" not in bare.read_bytes()[:600]
     options = DecodeOptions((90, 120))
     decoders = [decode_image] + ([decode_turbo] if fast_available() else [])
@@ -144,7 +144,7 @@ def test_a_jpeg_without_dqt_is_refused_wherever_it_sits_naming_it(
     for path in sorted((alternating / "a").iterdir()):
         (root / "a" / path.name).write_bytes(path.read_bytes())
     good = encoded(draw_shape("square", (120, 100), np.random.default_rng(3)), quality=90)
-    (root / "a" / "3.jpg").write_bytes(strip_segments(good, DQT))  # after 0.jpg, 1.jpg, 2.jpg
+    (root / "a" / "3.jpg").write_bytes(strip(good, DQT))  # after 0.jpg, 1.jpg, 2.jpg
     with pytest.raises(Exception) as caught:
         batches(root, False, backend=backend, workers=workers, shuffle=False)
     notes = " ".join(getattr(caught.value, "__notes__", []))

@@ -10,8 +10,8 @@ picklable classes, so they work in thread and process workers alike. `serve_fold
 decoders.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
-and scan bombs, and the tricks that hide a size from a header walk), `segments` (a JPEG's
-header segments removed or added), `rewrites` (files rewritten in place while read), `shards`.
+and scan bombs, and the tricks that hide a size from a header walk), `corpus` (the mutated JPEG
+corpus), `rewrites` (files rewritten in place while read), `shards`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from prefetch.io import MAX_JPEG_SCANS
-from prefetch.testing.segments import com_segments, frame_segment, insert_before_frame
+from prefetch.testing import _jpeg_segments as jpeg
 
 # Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
 # twice this. Spawned worker processes start with the default whatever the parent set.
@@ -110,17 +110,7 @@ def write_flat_png(path: str | os.PathLike[str], size: tuple[int, int] = (13_000
 def claim_size(data: bytes, size: tuple[int, int]) -> bytes:
     """The JPEG `data` with its frame (SOF) header rewritten to claim `size` (width, height,
     each under 65,536): what libjpeg allocates for is the claim, not the data."""
-    position = 2
-    while True:
-        position = data.index(b"\xff", position)
-        marker = data[position + 1]
-        if marker in range(0xC0, 0xD0) and marker not in (0xC4, 0xC8, 0xCC):
-            width, height = size
-            return data[: position + 5] + struct.pack(">HH", height, width) + data[position + 9 :]
-        if marker == 0xD8 or marker == 0xFF:
-            position += 1 if marker == 0xFF else 2
-            continue
-        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return jpeg.claim_size(data, *size)
 
 
 def hide_frame(data: bytes, count: int = 300, padding: str = "comments") -> bytes:
@@ -128,27 +118,24 @@ def hide_frame(data: bytes, count: int = 300, padding: str = "comments") -> byte
     (`"fill"`) before its frame header: libjpeg and Pillow still find the frame, a walk that
     gives up after fewer markers does not (and so passes a file of any size)."""
     if padding == "comments":
-        return insert_before_frame(data, com_segments(count))
-    if padding == "fill":
-        return insert_before_frame(data, b"\xff" * count)
-    raise ValueError(f"padding must be 'comments' or 'fill', got {padding!r}")
+        blob = jpeg.comments(count, b"x")
+    elif padding == "fill":
+        blob = b"\xff" * count
+    else:
+        raise ValueError(f"padding must be 'comments' or 'fill', got {padding!r}")
+    return jpeg.insert_before(data, jpeg.frame(data), blob)
 
 
 def add_frame(data: bytes, size: tuple[int, int] = (13_000, 13_000), first: bool = False) -> bytes:
     """The JPEG `data` with a second frame header claiming `size` (width, height) after its
     own (`first=True`: before it), both before the first scan. libjpeg refuses a second frame;
     Pillow allocates for the last one."""
-    extra = frame_segment(data, size)
-    if first:
-        return insert_before_frame(data, extra)
-    own = frame_segment(data, _jpeg_size(data))
-    start = data.index(own)
-    return data[: start + len(own)] + extra + data[start + len(own) :]
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    with Image.open(io.BytesIO(data)) as image:
-        return image.size
+    own = jpeg.frame(data)
+    width, height = size
+    header = data[own.start : own.end]
+    extra = header[:5] + struct.pack(">HH", height, width) + header[9:]
+    at = own.start if first else own.end
+    return data[:at] + extra + data[at:]
 
 
 def write_two_header_png(
