@@ -196,6 +196,7 @@ def decode_chunk(
             *bounds,
             started,
         )
+        assert handled > 0, "decode_chunk handles at least one sample a call"
         table = np.frombuffer(raw, np.int64).reshape(-1, 6)[:handled]
         _write_windows(windows, table, positions[first : first + handled], options, images)
         tables.append(table)
