@@ -6,6 +6,8 @@ the path; for a shard's sample, in its `str`: shard, member key, offset); they a
 picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
+`fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process of its
+own).
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py.
 """
@@ -33,6 +35,7 @@ from prefetch.testing._images import (
     write_image_folder,
     write_odd_images,
 )
+from prefetch.testing._jax import BackendStarted, fake_jax
 from prefetch.testing.bombs import (
     PILLOW_DEFAULT_MAX_PIXELS,
     write_decompression_bomb,
@@ -45,6 +48,7 @@ __all__ = [
     "BAD_FILE_KINDS",
     "PILLOW_DEFAULT_MAX_PIXELS",
     "SHAPES",
+    "BackendStarted",
     "CrashingDecoder",
     "FailingDecoder",
     "GilHoldingTransform",
@@ -57,6 +61,7 @@ __all__ = [
     "SlowDecoder",
     "assert_same_batches",
     "draw_shape",
+    "fake_jax",
     "index_page",
     "random_flip_and_noise",
     "redirect",
