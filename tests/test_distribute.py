@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.testing import write_image_folder
+from prefetch.testing import free_ports, log_tails, run_together, write_image_folder
 
 tf = pytest.importorskip("tensorflow")
 
@@ -198,55 +195,6 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_together(
-    commands: list[list[str]], envs: list[dict[str, str]], logs: list[Path], timeout_s: float
-) -> list[int | None]:
-    """Run the commands at once; stop when all end, one fails, or `timeout_s` passes.
-
-    Returns their exit codes (None: still running at the deadline). Any process still running
-    then is killed and every one is waited for, so nothing outlives the call.
-    """
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for command, env, log in zip(commands, envs, logs, strict=True):
-            with open(log, "wb") as output:
-                processes.append(
-                    subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-                )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in processes]
-            if all(code is not None for code in codes) or any(codes):
-                break
-            time.sleep(0.2)
-        return [p.poll() for p in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        for process in processes:
-            process.wait()
-
-
-def tails(logs: list[Path], lines: int = 30) -> str:
-    return "\n".join(
-        f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-        for log in logs
-        if log.exists()
-    )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("localhost", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 # ---- input_context in this process -------------------------------------------------------
 
 
@@ -369,7 +317,7 @@ def test_mirrored_strategy_on_two_cpus_gives_every_sample_to_one_replica_once_pe
     codes = run_together(
         [[sys.executable, str(script), str(folder), str(out)]], [worker_env()], [log], 150
     )
-    assert codes == [0], f"exit codes {codes}\n{tails([log])}"
+    assert codes == [0], f"exit codes {codes}\n{log_tails([log])}"
     result = json.loads(out.read_text())
     assert result["replicas"] == 2
     assert result["contexts"] == [[1, 0, 2]]  # one input pipeline feeding both replicas
@@ -403,7 +351,7 @@ def test_multi_worker_mirrored_strategy_workers_read_equal_shards_and_train_in_s
     ]
     commands = [[sys.executable, str(script), str(folder), str(out)] for out in outs]
     codes = run_together(commands, envs, logs, timeout_s=200)
-    assert codes == [0, 0], f"exit codes {codes} (None: killed at the deadline)\n{tails(logs)}"
+    assert codes == [0, 0], f"exit codes {codes} (None: killed at the deadline)\n{log_tails(logs)}"
     results = [json.loads(out.read_text()) for out in outs]
     assert [r["shard"] for r in results] == [[2, 0], [2, 1]]
     whole = prefetch.Loader(sample_ids(folder), batch_size=5, image_size=(8, 8), seed=0)

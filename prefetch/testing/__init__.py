@@ -7,7 +7,7 @@ picklable classes, so they work in thread and process workers alike. `serve_fold
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
 `fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process of its
-own).
+own); `run_together` runs the ranks of a job as processes on loopback.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py.
 """
@@ -36,6 +36,7 @@ from prefetch.testing._images import (
     write_odd_images,
 )
 from prefetch.testing._jax import BackendStarted, fake_jax
+from prefetch.testing._processes import free_ports, log_tails, run_together
 from prefetch.testing.bombs import (
     PILLOW_DEFAULT_MAX_PIXELS,
     write_decompression_bomb,
@@ -62,9 +63,12 @@ __all__ = [
     "assert_same_batches",
     "draw_shape",
     "fake_jax",
+    "free_ports",
     "index_page",
+    "log_tails",
     "random_flip_and_noise",
     "redirect",
+    "run_together",
     "serve_folder",
     "serve_hostile",
     "small_cnn",
