@@ -50,7 +50,8 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
     `len()` and `num_batches` are the loader's batches per epoch. Batches are numpy
     `(images, labels)` as the loader gives them (uint8 NHWC images), or the images alone with
     `label_mode=None`. Like Keras's `image_dataset_from_directory` datasets it has
-    `class_names` and `file_paths` (see `prefetch.tf.dataset`).
+    `class_names` and `file_paths` (see `prefetch.tf.dataset`). `distributed`: as
+    `prefetch.keras.dataset` takes it (sharding by JAX process).
     """
 
     def __init__(self, loader: Loader, distributed: bool | None = None) -> None:
@@ -219,7 +220,8 @@ def dataset(loader: Loader, *, distributed: bool | None = None) -> LoaderPyDatas
       `batch_size` is the batch of one process; give every process the same `seed`.
 
     To resume mid-epoch, restore the loader (`loader.load_state_dict(state)`), finish its epoch
-    with `fit(ds, steps_per_epoch=len(loader) - state["position"], epochs=state["epoch"] + 1,
-    initial_epoch=state["epoch"])`, then go on with a plain `fit(ds, initial_epoch=...)`.
+    with `fit(ds, steps_per_epoch=len(loader) - loader.state_dict()["position"],
+    epochs=state["epoch"] + 1, initial_epoch=state["epoch"])`, then go on with a plain
+    `fit(ds, initial_epoch=...)`.
     """
     return LoaderPyDataset(loader, distributed)

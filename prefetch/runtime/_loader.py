@@ -344,14 +344,14 @@ class Loader:
     # ---- resume ------------------------------------------------------------------------
 
     def state_dict(self, *, held_back: int = 0) -> dict[str, int]:
-        """Where the loader is: a dict of ints (the format: `prefetch.plan._resume`).
+        """Where the loader is: a dict of ints (JSON-safe), the same on every rank.
 
         `"epoch"` and `"position"` (batches this shard delivered) name the next batch: taken
         mid-epoch, the epoch in progress; at an epoch's end, the next epoch at position 0.
         `"samples"` is the epoch's global position (samples all ranks together have read, in
         lockstep) with `"num_shards"`, `"batch_size"` and the dataset's `"size"`; then
-        `"version"`, `"seed"`. Every rank's state is the same: save one. `load_state_dict`
-        (any process, ranks or batch size) continues the epoch exactly.
+        `"version"`, `"seed"`. Save one rank's. `load_state_dict` (any process, number of
+        ranks or batch size) continues the epoch exactly.
 
         - `held_back`: batches delivered that the consumer has not taken yet (an adapter that
           reads ahead, as `prefetch.torch.DeviceLoader`); the state names the first of them.
