@@ -144,24 +144,32 @@ class EpochPlan:
             batches = [batches[i] for i in turn]
         return batches[max(0, start - self.run_offset(epoch)) :]
 
+    def _step_ends(self, epoch: int) -> np.ndarray:
+        """`shuffle="batches"`: the samples read after each step, from 0 (without drawing the
+        grouping: every batch is full but the last of the grouping, which the turn moves)."""
+        count = len(self)
+        sizes = np.full(count, self.batch_size * self.num_shards, np.int64)
+        turn = epoch_order(count, shuffle=True, seed=self.seed, epoch=epoch)
+        last = self.shard_size - (count - 1) * self.batch_size
+        sizes[turn == count - 1] = min(last, self.batch_size) * self.num_shards
+        return np.concatenate([[0], np.cumsum(sizes)])
+
     def consumed(self, epoch: int, position: int) -> int:
         """Samples of the epoch's order the shards together have read after `position` batches
         each (lockstep), for `position` before the epoch's end: the global position. For
         `shuffle="batches"` it counts the padding too, and names a place in this layout only."""
-        steps = position - self.run_offset(epoch)
         if self.shuffle == "batches":
-            return sum(len(batch) for batch in self.batches(epoch)[:steps]) * self.num_shards
+            return int(self._step_ends(epoch)[position])
+        steps = position - self.run_offset(epoch)
         return self.begins_at(epoch) + steps * self.batch_size * self.num_shards
 
     def position_of(self, epoch: int, samples: int) -> int | None:
         """The batch position before the epoch's end where `consumed(epoch, position)` is
         `samples`, or None when no batch boundary of this plan's run falls there."""
-        offset = self.run_offset(epoch)
         if self.shuffle == "batches":
-            sizes = [len(batch) * self.num_shards for batch in self.batches(epoch)]
-            ends = np.cumsum([0, *sizes])[: len(self) - offset]
-            found = np.flatnonzero(ends == samples)
-            return offset + int(found[0]) if len(found) else None
+            found = np.flatnonzero(self._step_ends(epoch)[: len(self)] == samples)
+            return int(found[0]) if len(found) else None
+        offset = self.run_offset(epoch)
         steps, rest = divmod(samples - self.begins_at(epoch), self.batch_size * self.num_shards)
         position = offset + steps
         return position if steps >= 0 and not rest and position < len(self) else None
