@@ -2,8 +2,9 @@
 
 The `Loader` makes one `Epochs` and hands it to every `Stream` it makes (`iter(loader)`); a
 stream works only through it. `Epochs` owns what outlives one epoch: the plan that draws each
-epoch's batches (`plan`, which `Loader.shard` and `load_state_dict` replace between epochs),
-the `cursor` of where iteration stands, the skip counter, the stats recorder, the worker set
+epoch's batches (`plan`, which `replan` and `load` replace between epochs for `Loader.shard`
+and `load_state_dict`, a loaded state carried over to new shards), the `cursor` of where
+iteration stands, the skip counter, the stats recorder, the worker set
 (`workers`) and, for a streamed shard source, the `spool` that fetches its shards ahead. It
 starts the workers when the first stream begins (or at `with loader:`, `enter`) and closes them
 when the last stream ends unless a `with` block owns them. While a `with` block owns them, an
@@ -28,7 +29,7 @@ from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
-from prefetch.plan import Cursor, EpochPlan
+from prefetch.plan import Cursor, EpochPlan, LoaderState, loader_state, resume
 from prefetch.runtime._lookahead import Lookahead, Submitted
 from prefetch.runtime._options import Autotune, LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
@@ -112,6 +113,7 @@ class Epochs:
         self.spool = spool
         self.num_classes = num_classes
         self.cursor = Cursor()
+        self.restored: LoaderState | None = None  # the state loaded, until the plan changes
         self.stats = StatsRecorder()
         self.skips = SkipCounter(options.on_error.max_skipped)
         self._entered = 0
@@ -127,6 +129,28 @@ class Epochs:
     def plan(self, plan: EpochPlan) -> None:
         self._plan = plan
         self.discard_lookahead()
+
+    def replan(self, plan: EpochPlan) -> None:
+        """Plan with `plan` (other shards) from the next iteration on; a loaded state
+        (`load`) continues on it."""
+        epoch, position = self.cursor.next_epoch, self.cursor.next_position
+        if self.restored is not None:
+            plan, position = resume(plan, self.restored)
+        self.plan = plan
+        self.cursor.restore(epoch, position)
+
+    def load(self, state: LoaderState) -> None:
+        """The next iteration continues `state` (`Loader.load_state_dict`), on this plan's
+        shards and batch size, whatever it was taken with (`prefetch.plan.resume`)."""
+        plan, position = resume(self.plan, state)
+        self.plan, self.restored = plan, state
+        self.cursor.restore(state.epoch, position)
+
+    def state(self, held_back: int = 0) -> dict[str, int]:
+        """The state to save (`Loader.state_dict`): the cursor's place and the epoch's global
+        position, less `held_back` batches delivered but not yet taken."""
+        epoch, position = self.cursor.state(len(self.plan), held_back)
+        return loader_state(self.plan, epoch, position)
 
     @property
     def coordinator(self) -> Coordinator:

@@ -35,7 +35,7 @@ from prefetch.backends import ProcessOptions
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder
 from prefetch.io import RemoteOptions
-from prefetch.plan import Augment, LoaderState, loader_state, resume
+from prefetch.plan import Augment, LoaderState
 from prefetch.runtime._epochs import make_epochs
 from prefetch.runtime._options import (
     MOVED,
@@ -214,7 +214,6 @@ class Loader:
         check_label_mode(self.source, label_mode, self.class_names)
         self._epochs = make_epochs(self, self.source, self.options, decode, self.class_names)
         self._lock = threading.Lock()
-        self._restored: LoaderState | None = None  # the state loaded, for a later `shard`
 
     # ---- the state of its workers ------------------------------------------------------
 
@@ -296,11 +295,7 @@ class Loader:
                     f"{options.batch_size}: too few for an epoch; lower batch_size or the "
                     "number of shards"
                 )
-            position = epochs.cursor.next_position
-            if self._restored is not None:  # the loaded state, continued on these shards
-                plan, position = resume(plan, self._restored)
-            epochs.plan = plan
-            epochs.cursor.restore(epochs.cursor.next_epoch, position)
+            epochs.replan(plan)
             self._reconfigure(num_shards=num_shards, shard_index=shard_index)
 
     def _reconfigure(self, **changes: Any) -> None:
@@ -356,8 +351,7 @@ class Loader:
         - `held_back`: batches delivered that the consumer has not taken yet (an adapter that
           reads ahead, as `prefetch.torch.DeviceLoader`); the state names the first of them.
         """
-        epoch, position = self._epochs.cursor.state(len(self), held_back)
-        return loader_state(self._epochs.plan, epoch, position)
+        return self._epochs.state(held_back)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from `state` (from `state_dict`): the next iteration resumes that epoch.
@@ -372,12 +366,9 @@ class Loader:
         """
         restored = LoaderState.of(state)
         with self._lock:
-            plan, position = resume(self._epochs.plan, restored)
-            self._epochs.plan = plan
+            self._epochs.load(restored)
             self._reconfigure(seed=restored.seed)
             self._seed_is_random = False
-            self._restored = restored
-            self._epochs.cursor.restore(restored.epoch, position)
 
     # ---- reporting ---------------------------------------------------------------------
 
