@@ -222,6 +222,7 @@ class ShmRoom:
     total: int
     free: int
     ranks: int = 1
+    folder: str = SHM_DIR
 
     @property
     def share(self) -> int:
@@ -229,9 +230,12 @@ class ShmRoom:
         return min(self.free, self.total // self.ranks)
 
     def describe(self) -> str:
-        """E.g. "3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"."""
+        """E.g. "this rank's share 3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"."""
         among = f" among {self.ranks} ranks" if self.ranks > 1 else ""
-        return f"{_gib(self.share)}: {SHM_DIR} {_gib(self.total)}{among}, {_gib(self.free)} free"
+        return (
+            f"this rank's share {_gib(self.share)}: {_gib(self.total)}{among}, "
+            f"{_gib(self.free)} free"
+        )
 
 
 def shm_room(ranks: int = 1) -> ShmRoom | None:
@@ -240,7 +244,7 @@ def shm_room(ranks: int = 1) -> ShmRoom | None:
     if not os.path.isdir(SHM_DIR):
         return None
     usage = shutil.disk_usage(SHM_DIR)
-    return ShmRoom(usage.total, usage.free, ranks)
+    return ShmRoom(usage.total, usage.free, ranks, SHM_DIR)
 
 
 def _gib(nbytes: int) -> str:

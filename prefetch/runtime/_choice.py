@@ -125,11 +125,13 @@ def decide(
             name = "thread"
             why += (
                 f"; but the process backend's batch slots take {_mib(needed)} of shared memory, "
-                f"more than this rank's share: {room.describe()} (docs/processes.md: /dev/shm)"
+                f"more than {room.folder} holds for it ({room.describe()}; docs/processes.md: "
+                "/dev/shm)"
             )
     count = start_count(name)
     ring = ring_bytes(options, reader, name, count)
-    where = f"of {room.describe()}" if name == "process" and room is not None else "in RAM"
+    on_shm = name == "process" and room is not None
+    where = f"of {room.folder} ({room.describe()})" if on_shm and room else "in RAM"
     backend = f"auto: {name} ({why})" if auto else why
     workers = _workers_text(options, share, count, tuned, remote)
     reason = f"{backend}; {workers}; batch slots {_mib(ring)} {where}"
