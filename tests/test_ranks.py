@@ -178,7 +178,8 @@ def test_eight_ranks_on_112_cores_start_13_processes_and_231_mb_of_slots_each(
     options = LoaderOptions(batch_size=256, image_size=(224, 224))
     reader = replace(small, options=options.decode)
     share = host_share(environ=TORCHRUN_8, affinity=112, pool=112)
-    monkeypatch.setattr(choice, "shm_room", lambda ranks: ShmRoom(504 * 2**30, 500 * 2**30, ranks))
+    room = ShmRoom(504 * 2**30, 500 * 2**30, 8, "/dev/shm")
+    monkeypatch.setattr(choice, "shm_room", lambda ranks: room if ranks == 8 else None)
 
     planned = choice.planned_workers(options, share, remote=False)
     decision = choice.decide(options, reader, NO_BATCH, share, planned, tuned=False, remote=False)
@@ -189,8 +190,18 @@ def test_eight_ranks_on_112_cores_start_13_processes_and_231_mb_of_slots_each(
     assert "(LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training thread" in decision.reason
     assert "batch slots 221 MiB of " in decision.reason
     assert "this rank's share 63.0 GiB: 504.0 GiB among 8 ranks" in decision.reason
+    assert decision.reason.endswith(
+        "(LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training thread; batch slots 221 MiB "
+        "of /dev/shm (this rank's share 63.0 GiB: 504.0 GiB among 8 ranks, 500.0 GiB free)"
+    )  # docs/tuning.md quotes this text
     # 8 x 13 = 104 worker processes and 8 training loops: the host's 112 cores, not 8 x 111.
     assert 8 * (decision.workers + 1) == 112
+    # At batch 32, the ring before (111 workers: 7 batches in flight) and now (13: 2 in flight).
+    options = LoaderOptions(batch_size=32, image_size=(224, 224))
+    reader = replace(small, options=options.decode)
+    slot = 32 * (224 * 224 * 3 + 4 + 8)
+    assert choice.ring_bytes(options, reader, "process", 111) == 11 * slot == 52_990_080
+    assert choice.ring_bytes(options, reader, "process", 13) == 6 * slot == 28_903_680
 
 
 def test_slots_that_fit_the_folder_but_not_this_ranks_share_of_it_go_to_threads(

@@ -103,7 +103,8 @@ class Autotune:
     `workers="auto"` is `Autotune()`.
 
     - `memory_budget`: the bytes the workers and batch buffers may use; None for a quarter of
-      the memory available at the start.
+      the memory available at the start, divided among the ranks on the host (the Loader's
+      `ranks_per_host`). The count grows to at most this rank's share of the cores.
     """
 
     memory_budget: int | None = None
