@@ -167,8 +167,9 @@ def host_share(
 
 def cgroup_cores(read: Callable[[str], str] | None = None) -> int | None:
     """The cores of this process's cpuset cgroup (a container's `--cpuset-cpus`, a SLURM job's
-    cores), from cgroup v2's `cpuset.cpus.effective` or v1's `cpuset.effective_cpus`; None when
-    neither can be read. `read(path) -> text` is for tests."""
+    cores), from cgroup v2's `cpuset.cpus.effective` or v1's `cpuset.effective_cpus`: in the
+    cgroup's folder under the mount, else at the mount's root (a container that sees its own
+    cgroup there); None when none can be read. `read(path) -> text` is for tests."""
     reader = read or _read_text
     try:
         lines = reader("/proc/self/cgroup").splitlines()
@@ -180,17 +181,18 @@ def cgroup_cores(read: Callable[[str], str] | None = None) -> int | None:
             continue
         _, controllers, path = parts
         if controllers == "":
-            where = f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective"
+            mount, name = "/sys/fs/cgroup", "cpuset.cpus.effective"
         elif "cpuset" in controllers.split(","):
-            where = f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus"
+            mount, name = "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus"
         else:
             continue
-        try:
-            count = cpu_list_size(reader(where))
-        except (OSError, ValueError):
-            continue
-        if count:
-            return count
+        for where in dict.fromkeys([f"{mount}{path.rstrip('/')}/{name}", f"{mount}/{name}"]):
+            try:
+                count = cpu_list_size(reader(where))
+            except (OSError, ValueError):
+                continue
+            if count:
+                return count
     return None
 
 

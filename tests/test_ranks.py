@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,22 +137,35 @@ def test_eight_ranks_on_a_16_core_host_take_at_most_two_cores_each() -> None:
     assert host_share(environ={"LOCAL_WORLD_SIZE": "32"}, affinity=16, pool=16).cores == 1
 
 
+def reading(files: dict[str, str]) -> Callable[[str], str]:
+    """A `read(path)` of these files only (others: FileNotFoundError, as on a host)."""
+
+    def read(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(path)
+        return files[path]
+
+    return read
+
+
 def test_the_cpuset_cgroup_is_the_hosts_pool_for_cgroup_v2_and_v1() -> None:
-    files = {
+    v2 = {
         "/proc/self/cgroup": "0::/job_7/step_0\n",
         "/sys/fs/cgroup/job_7/step_0/cpuset.cpus.effective": "0-13,56-69\n",
     }
-    assert cgroup_cores(lambda path: files[path]) == 28
+    assert cgroup_cores(reading(v2)) == 28
     v1 = {
         "/proc/self/cgroup": "4:memory:/x\n3:cpuset,cpu:/docker/abc\n0::/\n",
         "/sys/fs/cgroup/cpuset/docker/abc/cpuset.effective_cpus": "0-3",
     }
-    assert cgroup_cores(lambda path: v1[path]) == 4  # v2's file is missing: v1's is read
-
-    def unreadable(path: str) -> str:
-        raise OSError(path)
-
-    assert cgroup_cores(unreadable) is None
+    assert cgroup_cores(reading(v1)) == 4
+    own_root = {  # a container that sees the host's path but has its own cgroup mounted
+        "/proc/self/cgroup": "0::/docker/abc\n",
+        "/sys/fs/cgroup/cpuset.cpus.effective": "0-7",
+    }
+    assert cgroup_cores(reading(own_root)) == 8
+    assert cgroup_cores(reading({})) is None
+    assert cgroup_cores(reading({"/proc/self/cgroup": "0::/\n"})) is None
     assert cpu_list_size("0-3,8-11,16\n") == 9
 
 
