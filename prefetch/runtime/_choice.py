@@ -115,7 +115,7 @@ def decide(
         choice = choose_backend(reader, first_batch, tuned=tuned)
         name, why = choice.name, choice.reason
     else:
-        name, why = options.backend, f"backend={options.backend!r} was asked for"
+        name, why = options.backend, asked_for(options)
     room = shm_room(share.ranks.count)
 
     def start_count(backend: str) -> int:
@@ -140,6 +140,11 @@ def decide(
     workers = _workers_text(options, share, count, tuned, remote)
     reason = f"{backend}; {workers}; batch slots {_mib(ring)} {where}"
     return Decision(name, count, ring, reason)
+
+
+def asked_for(options: LoaderOptions) -> str:
+    """The reason of a backend the user named ("backend='thread' was asked for"), "" for auto."""
+    return "" if options.backend == "auto" else f"backend={options.backend!r} was asked for"
 
 
 def in_flight(options: LoaderOptions, reader: SampleReader, backend: str, workers: int) -> int:

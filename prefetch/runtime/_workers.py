@@ -19,7 +19,7 @@ from prefetch._host import HostShare, host_share
 from prefetch.backends import Backend, SlotRing, make_backend, sweep_stale
 from prefetch.coordinator import Coordinator
 from prefetch.runtime._autoscale import WorkerTuner, tuner_for
-from prefetch.runtime._choice import decide, in_flight, planned_workers, ring_bytes
+from prefetch.runtime._choice import asked_for, decide, in_flight, planned_workers, ring_bytes
 from prefetch.runtime._options import LoaderOptions
 from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
@@ -47,8 +47,7 @@ class Workers:
         self.count = planned_workers(options, self.share, self.remote)
         self.tuned = options.tuned or (options.workers is None and self.remote)
         self.backend_name = options.backend
-        asked = options.backend != "auto"
-        self.backend_reason = f"backend={options.backend!r} was asked for" if asked else ""
+        self.backend_reason = asked_for(options)  # until `decide` at the first start
         self.coordinator = Coordinator()
         self.backend: Backend | None = None
         self.ring: SlotRing | None = None
