@@ -135,7 +135,7 @@ def decide(
     count = start_count(name)
     ring = ring_bytes(options, reader, name, count)
     on_shm = name == "process" and room is not None
-    where = f"of {room.folder} ({room.describe()})" if on_shm and room else "in RAM"
+    where = f"of {room.folder} ({room.describe()})" if on_shm and room is not None else "in RAM"
     backend = f"auto: {name} ({why})" if auto else why
     workers = _workers_text(options, share, count, tuned, remote)
     reason = f"{backend}; {workers}; batch slots {_mib(ring)} {where}"
