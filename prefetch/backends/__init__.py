@@ -24,7 +24,7 @@ from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import SlotLayout, fits_free_space, sweep_stale
+from prefetch.backends._shm import ShmRoom, SlotLayout, shm_room, sweep_stale
 from prefetch.backends._spawning import main_script_hidden
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
@@ -79,17 +79,18 @@ __all__ = [
     "PendingBatch",
     "ProcessBackend",
     "ProcessOptions",
+    "ShmRoom",
     "SlotLayout",
     "SlotRing",
     "ThreadBackend",
     "choose_backend",
-    "fits_free_space",
     "main_script_hidden",
     "make_backend",
     "reader_threads",
     "reads_over_network",
     "rebuild_error",
     "ring_capacity",
+    "shm_room",
     "sweep_stale",
     "with_traceback_text",
 ]

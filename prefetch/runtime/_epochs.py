@@ -23,7 +23,6 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from prefetch._machine import default_workers
 from prefetch._messages import counted
 from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.coordinator import Coordinator
@@ -31,7 +30,7 @@ from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_eng
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan, LoaderState, loader_state, resume
 from prefetch.runtime._lookahead import Lookahead, Submitted
-from prefetch.runtime._options import Autotune, LoaderOptions
+from prefetch.runtime._options import LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
@@ -366,8 +365,6 @@ def make_epochs(
         remote=options.remote,
         spool_folder=spool.folder if spool else None,
     )
-    asked = options.workers
-    count = default_workers() if asked is None or isinstance(asked, Autotune) else int(asked)
-    workers = Workers(options, reader, count)
+    workers = Workers(options, reader)
     weakref.finalize(owner, close_quietly, workers)
     return Epochs(plan, options, workers, spool, len(class_names))

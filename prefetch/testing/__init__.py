@@ -5,9 +5,10 @@ Pillow. The fakes wrap the default decoder to sleep or raise at chosen files (a 
 the path; for a shard's sample, in its `str`: shard, member key, offset); they are plain
 picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
-`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
-`fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process of its
-own); `run_together` runs the ranks of a job as processes on loopback.
+`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would;
+`prefetch.testing.corpus` writes a seeded corpus of mutated JPEGs for differential tests of the
+decoders. `fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process
+of its own); `run_together` runs the ranks of a job as processes on loopback.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py.
 """
