@@ -5,14 +5,32 @@ for (after "auto" has been decided by `choose`, a short measurement); the `Backe
 (`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and the data crossing it
 (`BatchTask`, `Slot`, `BatchOutcome`); `SampleReader` (`_reader`), the per-sample work every
 backend runs, picklable; the slot ring (`_ring`) and the process backend's shared memory
-(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`). The layer
-imports decode, plan, sources and io below it, never the runtime.
+(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`); how worker
+processes start and stop, with the shutdown order and its deadlines (`_lifecycle`, used by the
+shard writer too) and the open files they need (`_file_limit`). The layer imports decode, plan,
+sources and io below it, never the runtime.
 """
 
 from __future__ import annotations
 
 from prefetch.backends._base import Backend, BatchOutcome, BatchTask, PendingBatch, Skipped, Slot
 from prefetch.backends._choose import choose_backend
+from prefetch.backends._file_limit import (
+    EXIT_OUT_OF_FILES,
+    FileNeeds,
+    OutOfFiles,
+    receive_descriptor,
+)
+from prefetch.backends._lifecycle import (
+    DRAIN_S,
+    Stop,
+    exit_code,
+    exit_reason,
+    parent_alive,
+    start_worker,
+    stop_processes,
+    worker_context,
+)
 from prefetch.backends._options import (
     BATCHES_AT_ONCE,
     MAX_REMOTE_READERS_PER_PROCESS,
@@ -70,12 +88,16 @@ def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: in
 
 __all__ = [
     "BATCHES_AT_ONCE",
+    "DRAIN_S",
+    "EXIT_OUT_OF_FILES",
     "MAX_REMOTE_READERS_PER_PROCESS",
     "ROWS_AHEAD_PER_READER",
     "Backend",
     "BatchOutcome",
     "BatchTask",
     "Coordinator",
+    "FileNeeds",
+    "OutOfFiles",
     "PendingBatch",
     "ProcessBackend",
     "ProcessOptions",
@@ -84,15 +106,23 @@ __all__ = [
     "Slot",
     "SlotLayout",
     "SlotRing",
+    "Stop",
     "ThreadBackend",
     "choose_backend",
+    "exit_code",
+    "exit_reason",
     "fits_free_space",
     "main_script_hidden",
     "make_backend",
+    "parent_alive",
     "reader_threads",
     "reads_over_network",
     "rebuild_error",
+    "receive_descriptor",
     "ring_capacity",
+    "start_worker",
+    "stop_processes",
     "sweep_stale",
     "with_traceback_text",
+    "worker_context",
 ]
