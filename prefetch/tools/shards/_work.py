@@ -252,7 +252,8 @@ class Preparer:
 
 def _files(workers: int) -> FileNeeds:
     """What the writer's worker processes take of this process's open files."""
-    return FileNeeds(workers, 0, f"prefetch shards write --workers {workers}", "write with fewer --workers")
+    what = f"prefetch shards write --workers {workers}"
+    return FileNeeds(workers, 0, what, "write with fewer --workers")
 
 
 class _Stopped(Exception):
