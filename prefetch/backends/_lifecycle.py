@@ -194,15 +194,14 @@ def _wait_exited(processes: list[BaseProcess], seconds: float) -> list[BaseProce
 
 
 def exit_reason(code: int | None) -> str:
-    """A worker's exit code in words: "exit code 13", "signal SIGSEGV (exit code -11)"."""
+    """A worker's exit code in words: "exit code 13", "exit code -11 (signal SIGSEGV)"."""
     if code is None:
         return "no exit code yet (it still runs)"
     if code < 0:
         try:
-            name = signal.Signals(-code).name
+            return f"exit code {code} (signal {signal.Signals(-code).name})"
         except ValueError:
-            name = f"signal {-code}"
-        return f"signal {name} (exit code {code})"
+            return f"exit code {code} (signal {-code})"
     return f"exit code {code}"
 
 

@@ -235,10 +235,11 @@ class Preparer:
         code = exit_code(process)
         if code == EXIT_OUT_OF_FILES:
             raise _files(self.workers).worker_ran_out(process.name, process.pid)
+        killer = ", often the kernel's out-of-memory killer" if code == -9 else ""
         raise ChildProcessError(
             f"shard writer worker process {index} (pid {process.pid}) died with "
-            f"{exit_reason(code)}{' (often the out-of-memory killer)' if code == -9 else ''}; "
-            "write again with fewer --workers, or --workers 1 to work in this process"
+            f"{exit_reason(code)}{killer}; write again with fewer --workers, or --workers 1 to "
+            "work in this process"
         )
 
     def close(self) -> None:
