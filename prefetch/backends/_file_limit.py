@@ -168,22 +168,30 @@ class FileNeeds:
 def receive_descriptor(conn: Connection) -> int:
     """A file descriptor sent over `conn` (`multiprocessing.reduction.send_handle`).
 
-    A process with no free descriptor cannot take it: the kernel drops it and multiprocessing
-    says "received 0 items of ancdata". That is raised as `OutOfFiles` (the worker entry then
-    exits with `EXIT_OUT_OF_FILES`, without a traceback)."""
+    Receiving one takes two free descriptors (multiprocessing's copy of the pipe's, and the one
+    received). A process without them gets EMFILE, or the kernel drops the descriptor and
+    multiprocessing says "received 0 items of ancdata": either is raised as `OutOfFiles`, which
+    the worker entry turns into an exit with `EXIT_OUT_OF_FILES`, without a traceback."""
     try:
         return recv_handle(conn)
-    except RuntimeError as error:  # no descriptor came with the message: is the table full?
-        try:
-            os.close(os.dup(0))
-        except OSError as probe:
-            if probe.errno == errno.EMFILE:
-                raise OutOfFiles("out of open files receiving a descriptor") from error
+    except RuntimeError as error:  # no descriptor came with the message: was there no room?
+        if _nearly_full():
+            raise OutOfFiles("out of open files receiving a descriptor") from error
         raise
     except OSError as error:
         if error.errno == errno.EMFILE:
             raise OutOfFiles("out of open files receiving a descriptor") from error
         raise
+
+
+def _nearly_full() -> bool:
+    """Whether this process has no room for two more descriptors."""
+    try:
+        now = len(os.listdir("/proc/self/fd")) - 1
+    except OSError as error:
+        return error.errno == errno.EMFILE
+    soft, _ = limits()
+    return soft != resource.RLIM_INFINITY and now + 2 > soft
 
 
 def use_hard_limit() -> None:
