@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prefetch._machine import usable_cores
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._spawning import main_part, unguarded_main_code, unpicklable_part
 from prefetch.decode import to_target_size
+from prefetch.sample import SampleReader
 from prefetch.sources import is_file_source, reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,

@@ -39,14 +39,13 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from prefetch.backends._answers import send_answer
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.backends._file_limit import receive_descriptor
 from prefetch.backends._lifecycle import Stop, parent_alive
 from prefetch.backends._options import BATCHES_AT_ONCE
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import portable, with_traceback_text
 from prefetch.backends._shm import FileId, SlotLayout, unlink_if_same
 from prefetch.coordinator import POLL_S
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Skipped, Slot
 
 
 class Cancelled:

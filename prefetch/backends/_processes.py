@@ -40,7 +40,6 @@ from multiprocessing.reduction import send_handle
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
 from prefetch.backends._answers import WorkerPoll
-from prefetch.backends._base import BatchTask, Skipped, Slot
 from prefetch.backends._file_limit import EXIT_OUT_OF_FILES, FileNeeds
 from prefetch.backends._lifecycle import (
     Stop,
@@ -58,7 +57,6 @@ from prefetch.backends._process_pending import (
 )
 from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, SentTask
 from prefetch.backends._process_worker import worker_main as _worker_main
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
 from prefetch.backends._shared_arrays import SharedArrays
@@ -66,6 +64,7 @@ from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends._spawning import check_picklable
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
+from prefetch.sample import BatchTask, SampleReader, Skipped, Slot
 
 log = logging.getLogger("prefetch.backends")
 

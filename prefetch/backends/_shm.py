@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch._messages import counted
-from prefetch.backends._base import Slot
+from prefetch.sample import Slot
 
 log = logging.getLogger("prefetch.backends")
 

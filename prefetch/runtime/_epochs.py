@@ -24,7 +24,7 @@ import numpy as np
 
 from prefetch._machine import default_workers
 from prefetch._messages import counted
-from prefetch.backends import Backend, BatchOutcome, SampleReader, Skipped, SlotRing
+from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
@@ -34,6 +34,7 @@ from prefetch.runtime._options import Autotune, LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
+from prefetch.sample import SampleReader, Skipped
 from prefetch.sources import cache_for, encode_labels
 
 # skipped files are reported on the logger users already filter on

@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends import DRAIN_S, Backend, BatchTask, PendingBatch, Slot, SlotRing
+from prefetch.backends import DRAIN_S, Backend, PendingBatch, SlotRing
 from prefetch.plan import EpochPlan
+from prefetch.sample import BatchTask, Slot
 
 
 class Submitted(NamedTuple):

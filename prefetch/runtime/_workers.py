@@ -19,7 +19,6 @@ from prefetch._machine import usable_cores
 from prefetch.backends import (
     ROWS_AHEAD_PER_READER,
     Backend,
-    SampleReader,
     SlotLayout,
     SlotRing,
     choose_backend,
@@ -36,6 +35,7 @@ from prefetch.runtime._options import (
     REMOTE_READER_THREADS,
     LoaderOptions,
 )
+from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
