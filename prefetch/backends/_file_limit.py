@@ -15,11 +15,11 @@ is short, the OS error says only `[Errno 24] Too many open files`, and a worker 
 receive a slot's descriptor fails in multiprocessing's `received 0 items of ancdata`.
 Instead: `FileNeeds.check` refuses at the start, before any worker runs, when the workers and
 the ring's slots cannot fit beside the files already open; `FileNeeds.said` turns an EMFILE
-raised later (a replacement worker, a new slot) into the same message; a worker that
-runs out (`receive_descriptor`) exits quietly with `EXIT_OUT_OF_FILES`, which the parent turns
-into `FileNeeds.worker_ran_out`. Each is an `OutOfFiles`: an `OSError` with errno EMFILE whose text
+raised later (a replacement worker, a new slot) into the same message; a worker that runs out
+(`receive_descriptor`) exits quietly with `EXIT_OUT_OF_FILES`, which the parent turns into
+`FileNeeds.worker_ran_out`. Each is an `OutOfFiles`: an `OSError` with errno EMFILE whose text
 says what is short (the limit, what is open, what the workers need) and the fix (`ulimit -n`,
-fewer workers, or threads).
+fewer workers).
 
 A worker process raises its own soft limit to its hard limit as it starts (`use_hard_limit`):
 it is ours, and a worker needs one file per slot whatever the shell's soft limit. The loader's
@@ -46,7 +46,7 @@ FILES_PER_SLOT = 2
 # ... for a moment while a worker starts: the new pipe and spawn's own pipes.
 FILES_TO_SPAWN = 6
 # The exit code of a worker process that ran out of open files (`receive_descriptor`): it
-# exits quietly with it, and the parent says what is short (`worker_out_of_files`).
+# exits quietly with it, and the parent says what is short (`FileNeeds.worker_ran_out`).
 EXIT_OUT_OF_FILES = 75
 
 
@@ -58,6 +58,9 @@ class OutOfFiles(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+    def __reduce__(self) -> tuple[type[OutOfFiles], tuple[str]]:
+        return OutOfFiles, (str(self.strerror),)
 
 
 def open_files() -> int:
@@ -118,10 +121,9 @@ class FileNeeds:
             f"too few open files for {self.what}: this process may have {soft} open at once "
             f"(its open-file limit, RLIMIT_NOFILE) and has {now} open, but its "
             f"{counted(self.workers, 'worker process', 'worker processes')} and "
-            f"{counted(self.slots, 'batch slot')} take about {needed} more ({FILES_PER_WORKER} "
-            f"per worker, "
-            f"{FILES_PER_SLOT} per slot, {FILES_TO_SPAWN} to start a worker). "
-            + _fix(soft, hard, self._or_fewer(fit))
+            f"{counted(self.slots, 'batch slot')} take about {needed} more "
+            f"({FILES_PER_WORKER} per worker, {FILES_PER_SLOT} per slot, {FILES_TO_SPAWN} to "
+            "start a worker). " + _fix(soft, hard, self._or_fewer(fit))
         )
 
     def check(self) -> None:
@@ -175,7 +177,7 @@ def receive_descriptor(conn: Connection) -> int:
     try:
         return recv_handle(conn)
     except RuntimeError as error:  # no descriptor came with the message: was there no room?
-        if _nearly_full():
+        if _no_room_for_two(conn.fileno()):
             raise OutOfFiles("out of open files receiving a descriptor") from error
         raise
     except OSError as error:
@@ -184,14 +186,19 @@ def receive_descriptor(conn: Connection) -> int:
         raise
 
 
-def _nearly_full() -> bool:
-    """Whether this process has no room for two more descriptors."""
+def _no_room_for_two(fd: int) -> bool:
+    """Whether this process cannot open two more descriptors (tried with copies of `fd`: a
+    new descriptor takes the lowest free number, which must be under the soft limit)."""
+    copies: list[int] = []
     try:
-        now = len(os.listdir("/proc/self/fd")) - 1
+        for _ in range(2):
+            copies.append(os.dup(fd))
     except OSError as error:
         return error.errno == errno.EMFILE
-    soft, _ = limits()
-    return soft != resource.RLIM_INFINITY and now + 2 > soft
+    finally:
+        for copy in copies:
+            os.close(copy)
+    return False
 
 
 def use_hard_limit() -> None:
