@@ -191,8 +191,11 @@ class Epochs:
         self.close()
 
     def close(self) -> None:
-        """Stop the fetching and the workers; raise a worker error nobody received. Idempotent."""
-        self.discard_lookahead()
+        """Stop the fetching and the workers; raise a worker error nobody received. Idempotent.
+
+        The batches submitted ahead are cancelled, not drained (shutdown step 3 of
+        `prefetch.backends._lifecycle`): the workers are stopped next."""
+        self.discard_lookahead(drain=False)
         if self.spool is not None:
             self.spool.end()  # its folder goes with the loader (the Loader's finalizer)
         try:
@@ -236,12 +239,13 @@ class Epochs:
                 self._ahead = Lookahead(self.plan, epoch, position, backend, ring)
             self._ahead.extend(room)
 
-    def discard_lookahead(self) -> None:
-        """Cancel the batches submitted ahead, if any, and return their slots."""
+    def discard_lookahead(self, drain: bool = True) -> None:
+        """Cancel the batches submitted ahead, if any, and return their slots (those being
+        decoded drained within `DRAIN_S` with `drain`, while the workers run)."""
         with self._lock:
             ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            ahead.discard(self.workers.owns(ahead.backend))
+            ahead.discard(drain and self.workers.owns(ahead.backend))
 
     def ready_ahead(self) -> int:
         """Batches submitted ahead for the next epoch that are already decoded."""
@@ -288,6 +292,12 @@ class Epochs:
     def describe(self, index: int) -> str:
         """The file (or sample) behind source index `index`, for messages."""
         return self.workers.reader.describe(index)
+
+    def workers_go_on(self) -> bool:
+        """Whether the workers keep running once the calling stream ends (a `with` block owns
+        them, or another stream runs): else its `end()` closes them."""
+        with self._lock:
+            return self._entered > 0 or self._streams > 1
 
     def end(self) -> None:
         """A stream that began has ended: stop fetching its shards; the last stream to end

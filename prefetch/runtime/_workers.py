@@ -142,9 +142,10 @@ class Workers:
             _OPEN.discard(self)
         if backend is None:
             return
-        self.coordinator.request_stop()
-        backend.close()
-        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
+        self.coordinator.request_stop()  # shutdown step 1 (prefetch.backends._lifecycle)
+        backend.close()  # steps 4 to 6: one deadline for all the workers
+        # Step 7: the first undelivered error; no more waiting (the backend's close did).
+        self.coordinator.join(stop_grace_period_secs=0.0, ignore_live_threads=True)
 
 
 def close_quietly(workers: Workers) -> None:
