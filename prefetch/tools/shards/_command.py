@@ -33,7 +33,7 @@ from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._progress import ProgressLine
 from prefetch.tools.shards._resume import progress_name
 from prefetch.tools.shards._set import CLASSES_FILE, classes_text
-from prefetch.tools.shards._writer import FORMATS, write_shards
+from prefetch.tools.shards._writer import ALREADY_COMPLETE, FORMATS, write_shards
 
 # `prefetch shards write` defaults.
 DEFAULT_FORMAT = "tar"
@@ -182,10 +182,13 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_shards_write(args: argparse.Namespace) -> int:
-    """`prefetch shards write`: write the shards with a progress line, then the summary."""
+    """`prefetch shards write`: say what it lists at once, write the shards with a progress
+    line, then the summary. A refusal at run time (OUT holds a set, another writer holds its
+    lock, every file skipped, `--strict` refusing a file) is one line on stderr, exit status 2."""
     parser: argparse.ArgumentParser = args.parser
     skipped: list[tuple[str, str]] = []
     line = None if args.quiet else ProgressLine(sys.stderr)
+    complete: list[str] = []
 
     def report(path: str, samples: int, size: int) -> None:
         if args.verbose:
@@ -194,6 +197,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
             print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
 
     def note(text: str) -> None:
+        if text.startswith(ALREADY_COMPLETE):
+            complete.append(text)
         if line is not None:
             line.interrupt()
         print(text, flush=True)
@@ -207,6 +212,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
     quality = DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
     workers = usable_cores() if args.workers is None else args.workers
     started = time.monotonic()
+    if line is not None:
+        line.say(f"listing {args.folder} (one subfolder per class) ...")
     try:
         paths = write_shards(
             args.folder,
@@ -225,11 +232,12 @@ def run_shards_write(args: argparse.Namespace) -> int:
             on_skip=lambda path, reason: skipped.append((path, reason)),
             on_progress=None if line is None else line.update,
             on_note=note,
+            on_status=None if line is None else line.say,
         )
     except (ValueError, OSError) as error:
         if line is not None:
             line.interrupt()
-        parser.error(str(error))
+        return refuse(args, said(error))
     except BaseException:
         if line is not None:
             line.interrupt()
@@ -248,17 +256,18 @@ def run_shards_write(args: argparse.Namespace) -> int:
     entries = written[0].shards if written is not None else ()
     samples = sum(entry.samples for entry in entries)
     size = sum(entry.size for entry in entries)
-    print(
-        f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
-        f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
-        f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
-    )
+    if not complete:
+        print(
+            f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
+            f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
+            f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
+        )
     if written is not None and classes_text(written[0].class_names) is None:
         print(
             f"  {CLASSES_FILE} not written: a class name holds a line break (the "
             "manifest names the classes; the sources read them from it)"
         )
-    if written is not None and args.fit_crop is not None:
+    if written is not None and args.fit_crop is not None and not complete:
         resized = written[0].options.get("fit_crop", {}).get("resized", 0)
         print(
             f"  --fit-crop {args.fit_crop}: {resized} images re-encoded smaller (lossy, JPEG "
@@ -268,37 +277,75 @@ def run_shards_write(args: argparse.Namespace) -> int:
         print(f"  skipped {path}: {reproducible(reason)}")
     if len(skipped) > _SKIPS_SHOWN:
         print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
-    pattern = os.path.join(args.out, shard_pattern(args.format, args.prefix))
-    source = "TarSource" if args.format == "tar" else "TFRecordSource"
-    print("read them back with:")
-    print("  import prefetch")
-    print(
-        f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
-        "image_size=(224, 224))"
-    )
+    for text in read_back(args.out, args.format, args.prefix, args.fit_crop):
+        print(text)
     return 0
 
 
+def read_back(out: str, format: str, prefix: str, fit_crop: int | None) -> list[str]:
+    """The summary's lines that show how to read the shards back: with `fit_crop`, at that
+    size with the RandomResizedCrop the shards were fitted to (the windows of a larger size
+    would be scaled up); otherwise at a size to choose (224 shown)."""
+    pattern = os.path.join(out, shard_pattern(format, prefix))
+    source = "TarSource" if format == "tar" else "TFRecordSource"
+    lines = ["read them back with:", "  import prefetch"]
+    if fit_crop is None:
+        lines.append(
+            f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
+            "image_size=(224, 224))  # the size your model takes"
+        )
+        return lines
+    lines += [
+        f"  # --fit-crop {fit_crop}: every RandomResizedCrop window (its default scale and ratio) "
+        f"holds at least {fit_crop}x{fit_crop} pixels: train at image_size {fit_crop} or less",
+        f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
+        f"image_size=({fit_crop}, {fit_crop}), "
+        "augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True))",
+    ]
+    return lines
+
+
 def run_shards_verify(args: argparse.Namespace) -> int:
-    """`prefetch shards verify`: each manifest's shards against their sizes and SHA-256."""
-    parser: argparse.ArgumentParser = args.parser
+    """`prefetch shards verify`: each manifest's shards against their sizes and SHA-256; what
+    to do after a difference."""
     if not os.path.isdir(args.out):
-        parser.error(f"{args.out!r} is not a folder")
+        return refuse(args, f"{args.out!r} is not a folder")
     try:
         failed, found = _verify_all(args.out)
     except OSError as error:
-        parser.error(str(error))
+        return refuse(args, said(error))
     if not found:
         alone = (
             f" ({CLASSES_FILE} alone is not one)"
             if os.path.exists(os.path.join(args.out, CLASSES_FILE))
             else ""
         )
-        parser.error(
+        return refuse(
+            args,
             f"no manifest in {args.out!r}{alone}: write the shards with `prefetch shards "
-            "write` to get one"
+            "write` to get one",
         )
     return 1 if failed else 0
+
+
+def refuse(args: argparse.Namespace, message: str) -> int:
+    """Print `prefetch shards <action>: error: <message>` on stderr (one line, no usage: the
+    command line was right, the folder or the files refused); return exit status 2."""
+    print(f"prefetch shards {args.action}: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def said(error: BaseException) -> str:
+    """An error as a person reads it: an OSError's own words without Python's `[Errno 11] `
+    prefix (with the file it names, as `str` gives it)."""
+    if isinstance(error, OSError) and error.strerror:
+        text = error.strerror
+        if error.filename is not None:
+            text += f": {error.filename!r}"
+        if error.filename2 is not None:
+            text += f" -> {error.filename2!r}"
+        return text
+    return str(error)
 
 
 def _verify_all(folder: str) -> tuple[bool, int]:
@@ -334,11 +381,44 @@ def _verify_all(folder: str) -> tuple[bool, int]:
             problems = verify_manifest(folder, manifest, names)
             for problem in problems:
                 print(f"{out.where(problem)}")  # "<shard>: what differs"
+            if problems:
+                print(_repair(folder, manifest, problems))
             failed = failed or bool(problems)
             if not problems:
                 samples = sum(entry.samples for entry in manifest.shards)
                 print(f"{out.where(name)}: {len(manifest.shards)} shards, {samples} samples: OK")
     return failed, found
+
+
+def _repair(folder: str, manifest: Manifest, problems: list[str]) -> str:
+    """What to do after `verify` found `problems` in the set of `manifest` in `folder`."""
+    stray = [p for p in problems if p.endswith(_STRAY)]
+    steps = []
+    if len(stray) < len(problems):
+        options = manifest.options
+        flags = [f"--format {manifest.format}", f"--prefix {manifest.prefix}"]
+        flags.append(f"--shard-size {options.get('shard_size', DEFAULT_SHARD_SIZE)}")
+        flags.append(f"--seed {options.get('seed', 0)}")
+        flags += ["--no-shuffle"] if options.get("shuffle") is False else []
+        flags += ["--strict"] if options.get("strict") else []
+        fit = options.get("fit_crop")
+        if isinstance(fit, dict) and "size" in fit:
+            flags.append(f"--fit-crop {fit['size']}")
+            flags += [f"--fit-crop-quality {fit['jpeg_quality']}"] if "jpeg_quality" in fit else []
+        steps.append(
+            "copy the files named above again from a good copy of the set, or write the set "
+            f"again from its image folder: prefetch shards write FOLDER {folder} --overwrite "
+            + " ".join(flags)
+        )
+    if stray:
+        steps.append(
+            "remove the shards not in the manifest (or move them to a folder of their own)"
+        )
+    return "  to repair it: " + "; ".join(steps)
+
+
+# How `verify` names a file of the set's names that its manifest does not list.
+_STRAY = ": not in the manifest (left from another write?)"
 
 
 def _jpeg_quality(text: str) -> int:

@@ -4,7 +4,8 @@
 patterns); `check_prefix` refuses a prefix that is not a file name's start. Before a write,
 `refuse_existing` refuses a folder that holds these names (without `overwrite`),
 `earlier_write` finishes an interrupted commit of this set, `already_written` tells that the
-set in place is the one an interrupted run of the same plan wrote, and `remove_strays` removes
+set in place is the one a run (finished, or interrupted after its shards) of the same plan
+wrote, and `remove_strays` removes
 the temporary files a killed run left of this set's names. Used by `_writer`,
 under the output folder's lock.
 """
@@ -110,28 +111,31 @@ def earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) -> 
     )
 
 
-def already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
-    """Whether the complete set in `out` is the one an interrupted run of `plan` wrote (it was
-    put in place, or finished by `_earlier_write`, before its progress journal was removed);
-    the journal is removed then."""
+def already_written(out: OutFolder, plan: Plan, journal: Journal) -> str | None:
+    """Whether the complete set in `out` is the one `plan` writes, by its journal (`_resume`):
+    "finished" when an interrupted run of it was put in place (or finished by
+    `earlier_write`) before its journal was marked complete (it is marked now), "complete"
+    when a run of it finished, None when the set in place (if any) is not known to be it."""
     try:
         manifest = shard_set.read_manifest(out, plan.options["format"], plan.options["prefix"])
     except (ValueError, OSError):
-        return False  # not a manifest we can read: `overwrite` replaces it
+        return None  # not a manifest we can read: `overwrite` replaces it
     if manifest is None or not manifest.complete:
-        return False
+        return None
     recorded = written_by(out, journal.name, plan)
     if recorded is None:
-        return False
-    shards = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
-    recorded = sorted(recorded, key=lambda shard: shard.index)  # workers finish in any order
-    if [(d.name, d.size, d.samples, d.sha256) for d in recorded] != shards:
-        return False
+        return None
+    shards, complete = recorded
+    entries = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
+    shards = sorted(shards, key=lambda shard: shard.index)  # workers finish in any order
+    if [(d.name, d.size, d.samples, d.sha256) for d in shards] != entries:
+        return None
     if list(plan.shards) != [entry.name for entry in manifest.shards]:
-        return False
-    journal.remove()
-    out.sync()
-    return True
+        return None
+    if complete:
+        return "complete"
+    journal.settle()
+    return "finished"
 
 
 def remove_strays(

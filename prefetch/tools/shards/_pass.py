@@ -36,7 +36,9 @@ def chunked(numbers: range) -> Iterator[range]:
 class Progress(NamedTuple):
     """How far a write is: `done` of `total` samples handled (written or skipped; `resumed`
     of them by the interrupted run this one continues), `skipped` of them skipped, `bytes` of
-    images written by this run, in `elapsed_s` seconds since it began writing."""
+    images written by this run, `elapsed_s` seconds since the write began (its listing and
+    planning included), `writing_s` of them since it began writing images (the rates are
+    per second of those; None: the same as `elapsed_s`)."""
 
     done: int
     total: int
@@ -44,6 +46,7 @@ class Progress(NamedTuple):
     skipped: int
     bytes: int
     elapsed_s: float
+    writing_s: float | None = None
 
 
 class Writing:
@@ -58,6 +61,7 @@ class Writing:
         sample: Callable[[int], Sample],
         strict: bool,
         done: list[Done],
+        began: float,
         on_skip: SkipCallback | None,
         on_progress: ProgressCallback | None,
     ) -> None:
@@ -69,8 +73,9 @@ class Writing:
         self.on_progress = on_progress
         resumed = sum(shard.samples + len(shard.skipped) for shard in done)
         skipped = sum(len(shard.skipped) for shard in done)
-        self.progress = Progress(resumed, total, resumed, skipped, 0, 0.0)
-        self.start = time.monotonic()
+        self.began = began  # the write's start (time.monotonic), its planning included
+        self.start = time.monotonic()  # the writing's start
+        self.progress = Progress(resumed, total, resumed, skipped, 0, self.start - began, 0.0)
 
     def shard(
         self, index: int, name: str, numbers: range, answers: Iterator[list[Answer]]
@@ -100,13 +105,15 @@ class Writing:
 
     def advance(self, samples: int, skipped: int, size: int) -> None:
         last = self.progress
+        now = time.monotonic()
         self.progress = Progress(
             last.done + samples,
             last.total,
             last.resumed,
             last.skipped + skipped,
             last.bytes + size,
-            time.monotonic() - self.start,
+            now - self.began,
+            now - self.start,
         )
         if self.on_progress is not None:
             self.on_progress(self.progress)

@@ -40,10 +40,14 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from prefetch._messages import counted
+from prefetch.io import is_url
 from prefetch.sources import ImageFolder
 from prefetch.sources.shards import (
     Manifest,
@@ -75,11 +79,11 @@ from prefetch.tools.shards._pass import (
     Writing,
     chunked,
 )
+from prefetch.tools.shards._listing import ListingDigest
 from prefetch.tools.shards._resume import (
     Done,
     Journal,
     Plan,
-    listing_digest,
     progress_name,
     resumable,
 )
@@ -108,6 +112,7 @@ def write_shards(
     on_skip: SkipCallback | None = None,
     on_progress: ProgressCallback | None = None,
     on_note: NoteCallback | None = None,
+    on_status: NoteCallback | None = None,
 ) -> list[str]:
     """Write the images of `folder` into shards in `out`; return the shard paths, in order.
 
@@ -152,19 +157,30 @@ def write_shards(
     - `on_skip`: called as `on_skip(path, reason)` for each file skipped.
     - `on_progress`: called with a `Progress` after each chunk of samples is written.
     - `on_note`: called with a line for a person: that the write resumes an interrupted one,
-      or why it starts over.
+      or why it starts over, or that the set in place is already the one asked for (the line
+      starts with `ALREADY_COMPLETE`).
+    - `on_status`: called with a line for a person about the planning, as soon as it is
+      known: how many files and shards, once the folder is listed; that the files are being
+      checked against an earlier run's journal (the command prints these on stderr).
 
-    An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
-    none; the shards it finished stay under hidden temporary names with a progress journal
-    (`_resume`), and the same call again continues from them, checked
+    The first images are written as soon as the folder is listed: the fingerprint of the
+    listing that a rerun compares (`_listing.ListingDigest`: a `stat` a file) is computed
+    beside the writing, and waited for before a rerun compares it, or when the first shard is
+    recorded. An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete
+    set, or none; the shards it finished stay under hidden temporary names with a progress
+    journal (`_resume`), and the same call again continues from them, checked
     against the plan (names, sample counts, SHA-256), giving the bytes an uninterrupted write
-    gives; another input or other options start over. A crash while the set is put in place
+    gives; another input or other options start over. The same call after a complete write of
+    the same files and options does nothing and says so (`on_note`; its journal stays, marked
+    complete), unless `overwrite`. A crash while the set is put in place
     is finished by the next write (the module docstring), which then does what it was asked.
     After the set is in place each shard's offset index is written beside it
     (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError` for a missing
-    `folder`, `ValueError` for a folder without images or a bad option, and `FileExistsError`
-    as said; a read error names the file, a write error the shard, the byte offset and the
-    temporary file.
+    `folder`, `ValueError` for a folder without images, one whose every file is skipped
+    (nothing is written: a reader refuses a set without samples) or a bad option, and
+    `FileExistsError` as said; a read error names the file, a write error the shard, the byte
+    offset and the temporary file. A write that fails or is interrupted before it finished a
+    shard leaves nothing: the folders it created for `out` are removed when empty.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -175,8 +191,12 @@ def write_shards(
     fitting.check_options(fit_crop, fit_crop_quality)
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     check_prefix(prefix)
+    began = time.monotonic()
+    note = on_note if on_note is not None else _silent
+    status = on_status if on_status is not None else _silent
     # Started first: the worker processes start up (import) while the folder is listed.
     preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
+    digest: ListingDigest | None = None
     try:
         source = ImageFolder(folder)
         top = os.fspath(folder)
@@ -185,140 +205,212 @@ def write_shards(
         count = math.ceil(len(order) / shard_size)
         names = [shard_name(format, prefix, index, count) for index in range(count)]
         class_names = tuple(source.class_names)
-        note = on_note if on_note is not None else (lambda line: None)
+        status(
+            f"{size:,} files in {counted(len(class_names), 'class')}: checking each one's "
+            f"header and writing them into {counted(count, format + ' shard')} of "
+            f"{shard_size:,} in {os.fspath(out)} ({counted(workers, 'worker')})"
+        )
+        # Its stat calls run beside the writing: waited for only when the plan is needed.
+        digest = ListingDigest(source.paths, source.labels, local=not is_url(top))
+        options: dict[str, Any] = {
+            "format": format,
+            "prefix": prefix,
+            "shard_size": shard_size,
+            "seed": seed,
+            "shuffle": shuffle,
+            "strict": strict,
+            "fit_crop": fit_crop,
+            "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
+        }
+        plan = _planner(options, len(order), digest, tuple(names))
 
         def sample(number: int) -> Sample:
             index = int(order[number])
             return Sample(number, str(source.paths[index]), int(source.labels[index]))
 
-        plan = Plan(
-            options={
-                "format": format,
-                "prefix": prefix,
-                "shard_size": shard_size,
-                "seed": seed,
-                "shuffle": shuffle,
-                "strict": strict,
-                "fit_crop": fit_crop,
-                "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
-            },
-            files=len(order),
-            listing=listing_digest((item.path, item.label) for item in map(sample, range(size))),
-            shards=tuple(names),
-        )
-        with OutFolder(os.fspath(out)) as place:
-            place.lock()
-            abandoned = earlier_write(place, format, prefix, overwrite)
-            journal = Journal(place, progress_name(format, prefix))
-            if already_written(place, plan, journal):
-                note("the interrupted run had written every shard: its set is now in place")
-                remove_strays(place, names, prefix, format, keep=set())
-                paths = [place.where(name) for name in names]
-            else:
-                existing = matching_shards(place.names(), format, prefix)
-                if not overwrite:
-                    refuse_existing(place, format, prefix, existing, class_names)
-                done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
-                if why is not None:
-                    note(f"starting over: {why} since the interrupted run")
-                elif done:
-                    kept = sum(shard.samples + len(shard.skipped) for shard in done)
+        place = OutFolder(os.fspath(out))
+        try:
+            with place:
+                place.lock()
+                abandoned = earlier_write(place, format, prefix, overwrite)
+                journal = Journal(place, progress_name(format, prefix))
+                known = None
+                if journal.exists():
+                    status(f"checking the {size:,} files against the journal of the earlier run")
+                    known = already_written(place, plan(), journal)
+                if known == "finished" or (known == "complete" and not overwrite):
                     note(
-                        f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
-                        f"{count:,} ({kept:,} of {len(order):,} images), checked against the plan"
+                        "the interrupted run had written every shard: its set is now in place"
+                        if known == "finished"
+                        else f"{ALREADY_COMPLETE}: {os.fspath(out)!r} holds the set of these "
+                        f"{size:,} files with these options (unchanged since it was written); "
+                        "nothing to do (pass --overwrite to write it again)"
                     )
-                keep = {shard.temporary for shard in done} | set(abandoned)
-                remove_strays(place, names, prefix, format, keep=keep)
-                journal.start(plan, done)
-                writing = Writing(
-                    format=format,
-                    top=top,
-                    total=len(order),
-                    sample=sample,
-                    strict=strict,
-                    done=done,
-                    on_skip=on_skip,
-                    on_progress=on_progress,
-                )
-                numbers = [
-                    range(index * shard_size, min((index + 1) * shard_size, len(order)))
-                    for index in range(count)
-                ]
-                finished_already = {shard.index for shard in done}
-                remaining = [index for index in range(count) if index not in finished_already]
-
-                def record(finished: Done) -> None:
-                    journal.append(finished)
-                    done.append(finished)
-                    if on_shard is not None:
-                        path = place.where(finished.name)
-                        on_shard(path, finished.samples, finished.size)
-
-                try:
-                    if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
-                        tasks = (
-                            ShardTask(
-                                index,
-                                names[index],
-                                [sample(number) for number in numbers[index]],
-                                format,
-                                top,
-                                strict,
+                    remove_strays(place, names, prefix, format, keep=set())
+                    paths = [place.where(name) for name in names]
+                else:
+                    existing = matching_shards(place.names(), format, prefix)
+                    if not overwrite:
+                        refuse_existing(place, format, prefix, existing, class_names)
+                    done: list[Done] = []
+                    if journal.exists():
+                        done, why = resumable(place, journal.name, plan(), shard_set.is_temporary)
+                        if why is not None:
+                            note(f"starting over: {why} since the interrupted run")
+                        elif done:
+                            kept = sum(shard.samples + len(shard.skipped) for shard in done)
+                            note(
+                                f"resuming: the interrupted run wrote "
+                                f"{counted(len(done), 'shard')} of {count:,} ({kept:,} of "
+                                f"{len(order):,} images), checked against the plan"
                             )
-                            for index in remaining
-                        )
-                        for by_worker in preparer.write(tasks, place, writing.advance):
-                            record(writing.finished(by_worker, names[by_worker.shard]))
-                    else:
-                        chunks = (
-                            [sample(number) for number in part]
-                            for index in remaining
-                            for part in chunked(numbers[index])
-                        )
-                        answers = preparer.map(chunks)
-                        for index in remaining:
-                            shard = writing.shard(index, names[index], numbers[index], answers)
-                            written = place.write_temporary(names[index], shard.chunks(), "shard")
-                            record(shard.done(written.temporary, written.size, written.sha256))
-                    preparer.close()  # the workers are done: they need not wait for the commit
-                except BaseException:
-                    if not done:
-                        journal.remove()
-                    raise
-                done.sort(key=lambda shard: shard.index)
-                manifest = Manifest(
-                    format=format,
-                    prefix=prefix,
-                    shards=tuple(
-                        ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
-                        for shard in done
-                    ),
-                    class_names=class_names,
-                    image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
-                    options={
-                        "shard_size": shard_size,
-                        "seed": seed,
-                        "shuffle": shuffle,
-                        "strict": strict,
-                        **fitting.recorded(
-                            fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
+                    keep = {shard.temporary for shard in done} | set(abandoned)
+                    remove_strays(place, names, prefix, format, keep=keep)
+                    if journal.exists():
+                        journal.start(plan(), done)  # else at the first shard recorded
+                    writing = Writing(
+                        format=format,
+                        top=top,
+                        total=len(order),
+                        sample=sample,
+                        strict=strict,
+                        done=done,
+                        began=began,
+                        on_skip=on_skip,
+                        on_progress=on_progress,
+                    )
+                    numbers = [
+                        range(index * shard_size, min((index + 1) * shard_size, len(order)))
+                        for index in range(count)
+                    ]
+                    finished_already = {shard.index for shard in done}
+                    remaining = [index for index in range(count) if index not in finished_already]
+                    started = [journal.exists()]
+
+                    def record(finished: Done) -> None:
+                        if not started[0]:
+                            journal.start(plan(), done)
+                            started[0] = True
+                        journal.append(finished)
+                        done.append(finished)
+                        if on_shard is not None:
+                            path = place.where(finished.name)
+                            on_shard(path, finished.samples, finished.size)
+
+                    try:
+                        if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
+                            tasks = (
+                                ShardTask(
+                                    index,
+                                    names[index],
+                                    [sample(number) for number in numbers[index]],
+                                    format,
+                                    top,
+                                    strict,
+                                )
+                                for index in remaining
+                            )
+                            for by_worker in preparer.write(tasks, place, writing.advance):
+                                record(writing.finished(by_worker, names[by_worker.shard]))
+                        else:
+                            chunks = (
+                                [sample(number) for number in part]
+                                for index in remaining
+                                for part in chunked(numbers[index])
+                            )
+                            answers = preparer.map(chunks)
+                            for index in remaining:
+                                shard = writing.shard(index, names[index], numbers[index], answers)
+                                written = place.write_temporary(
+                                    names[index], shard.chunks(), "shard"
+                                )
+                                record(shard.done(written.temporary, written.size, written.sha256))
+                        preparer.close()  # the workers are done: they need not wait for the commit
+                        if not any(shard.samples for shard in done):
+                            for shard in done:
+                                place.remove(shard.temporary)
+                            journal.remove()
+                            raise ValueError(_nothing_written(top, done))
+                    except BaseException:
+                        if not done:
+                            journal.remove()
+                        raise
+                    done.sort(key=lambda shard: shard.index)
+                    manifest = Manifest(
+                        format=format,
+                        prefix=prefix,
+                        shards=tuple(
+                            ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
+                            for shard in done
                         ),
-                    },
-                    skipped=tuple(pair for shard in done for pair in shard.skipped),
-                )
-                for temporary in abandoned:
-                    place.remove(temporary)
-                moves = [(shard.temporary, shard.name) for shard in done]
-                shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
-                journal.remove()
-                place.sync()
-                paths = [place.where(name) for name in names]
+                        class_names=class_names,
+                        image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
+                        options={
+                            "shard_size": shard_size,
+                            "seed": seed,
+                            "shuffle": shuffle,
+                            "strict": strict,
+                            **fitting.recorded(
+                                fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
+                            ),
+                        },
+                        skipped=tuple(pair for shard in done for pair in shard.skipped),
+                    )
+                    for temporary in abandoned:
+                        place.remove(temporary)
+                    moves = [(shard.temporary, shard.name) for shard in done]
+                    shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
+                    journal.settle()  # kept: the same write again knows the set is complete
+                    place.sync()
+                    paths = [place.where(name) for name in names]
+        except BaseException:
+            preparer.close()  # its workers remove the shards they were writing
+            place.remove_created()  # the folders it made for OUT, when they are still empty
+            raise
     finally:
+        if digest is not None:
+            digest.close()
         preparer.close()
     for path in paths:
         index_shard(path)
     return paths
 
+
+# How a note of `write_shards` that the set in place is already the one asked for begins.
+ALREADY_COMPLETE = "already complete"
+# Skipped files named in the error of a write whose every file was skipped.
+_SKIPS_NAMED = 3
+
+
+def _silent(line: str) -> None:
+    """A note nobody asked for."""
+
+
+def _planner(
+    options: dict[str, Any], files: int, digest: ListingDigest, shards: tuple[str, ...]
+) -> Callable[[], Plan]:
+    """The write's `Plan`, made when first asked for (it waits for the listing's digest)."""
+    made: list[Plan] = []
+
+    def plan() -> Plan:
+        if not made:
+            made.append(Plan(options, files, digest.result(), shards))
+        return made[0]
+
+    return plan
+
+
+def _nothing_written(top: str, done: list[Done]) -> str:
+    """The error of a write whose every file was skipped: no set is left behind."""
+    skipped = [pair for shard in sorted(done, key=lambda s: s.index) for pair in shard.skipped]
+    named = "; ".join(f"{path}: {reason}" for path, reason in skipped[:_SKIPS_NAMED])
+    more = f"; and {len(skipped) - _SKIPS_NAMED:,} more" if len(skipped) > _SKIPS_NAMED else ""
+    return (
+        f"every one of the {len(skipped):,} files of {top!r} was skipped ({named}{more}): no "
+        "shards written, nothing left in the output folder. A reader refuses a set of no "
+        "samples: put images the readers can read in the folder (the reasons say what each "
+        "file is), then write again"
+    )
 
 # Whole shards are given to the workers (each writes, and hashes, its own) when at least this
 # many per worker are left to write; fewer, and the samples of each shard are shared among the

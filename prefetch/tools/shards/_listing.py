@@ -1,0 +1,105 @@
+"""The fingerprint of a shard write's input listing, computed beside the write, not before it.
+
+`ListingDigest(paths, labels, local)` starts computing, in `STAT_THREADS` background threads,
+a SHA-256 of the listing in its own order (`ImageFolder`'s): the paths (one bulk update over the
+`PathArray`'s UTF-8 buffer), the labels (one update) and, for a local folder, each file's size
+and modification time in nanoseconds (one `os.stat` a file, chunk by chunk; the threads hold
+the GIL only between system calls, so on many cores, or on a network filesystem where a `stat`
+waits, they overlap). The order the samples are written in is not hashed: it follows from the
+listing and the plan's `seed` and `shuffle`, which the plan holds beside it (`_resume.Plan`).
+`result()` waits for the digest; `close()` (idempotent) stops the threads between two chunks
+and joins them. A file that cannot be stat'ed counts as size and time -1 (the write that reads
+it names it). The writer starts one as soon as the folder is listed and asks for its result
+only when it needs the plan: before a rerun compares it with a progress journal, or when the
+first shard of a fresh write is recorded. So a first write's images start at once, and a
+million-file listing's 2 us a file of `stat` calls (the planning's largest part, measured in
+docs/shards.md) overlap the writing. Used by one thread (the writer's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import numpy as np
+
+from prefetch.io import PathArray
+
+# Threads that stat the files (each holds the GIL only between its system calls).
+STAT_THREADS = 4
+# Files a thread stats per chunk (a stop is noticed between chunks).
+STAT_CHUNK = 4096
+
+
+class ListingDigest:
+    """The SHA-256 of a listing (module docstring), computed in the background from creation."""
+
+    def __init__(self, paths: PathArray, labels: np.ndarray, *, local: bool) -> None:
+        self.paths = paths
+        self.labels = labels
+        self.local = local
+        count = len(paths)
+        self._sizes = np.full(count, -1, dtype="<i8")
+        self._times = np.full(count, -1, dtype="<i8")
+        self._next = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._digest: str | None = None
+        threads = min(STAT_THREADS, -(-count // STAT_CHUNK)) if local else 0
+        self._threads = [
+            threading.Thread(target=self._stat_chunks, name="prefetch-listing-stat", daemon=True)
+            for _ in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _stat_chunks(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    start = self._next
+                    self._next += STAT_CHUNK
+                if start >= len(self.paths):
+                    return
+                stop = min(start + STAT_CHUNK, len(self.paths))
+                sizes, times = [], []
+                for path in self.paths[start:stop].tolist():
+                    try:
+                        info = os.stat(path)
+                    except OSError:
+                        sizes.append(-1)
+                        times.append(-1)
+                        continue
+                    sizes.append(info.st_size)
+                    times.append(info.st_mtime_ns)
+                self._sizes[start:stop] = sizes
+                self._times[start:stop] = times
+        except BaseException as error:  # MemoryError: given to result()'s caller
+            self._errors.append(error)
+
+    def result(self) -> str:
+        """The digest (hex), waiting for the threads to finish."""
+        if self._digest is None:
+            for thread in self._threads:
+                thread.join()
+            if self._errors:
+                raise self._errors[0]
+            if self._stop.is_set():
+                raise RuntimeError("the listing digest was closed before it was done")
+            data, _ = self.paths.parts()
+            digest = hashlib.sha256(f"listing {len(self.paths)} local={self.local}\n".encode())
+            digest.update(memoryview(np.ascontiguousarray(data)))
+            digest.update(np.ascontiguousarray(self.labels, dtype="<i8").tobytes())
+            if self.local:
+                digest.update(memoryview(self._sizes))
+                digest.update(memoryview(self._times))
+            self._digest = digest.hexdigest()
+        return self._digest
+
+    def close(self) -> None:
+        """Stop the threads (between chunks) and join them; idempotent."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
