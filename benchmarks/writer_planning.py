@@ -112,8 +112,10 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="where the temporary OUT goes (default /tmp)")
     args = parser.parse_args()
     listing_time(args.root)  # warm the page cache
-    print(f"{'files':>10} {'listing s':>10} {'1st line s':>10} {'images s':>9} "
-          f"{'/listing':>8} {'target s':>8} {'exit':>5}  OUT after Ctrl-C")
+    print(
+        f"{'files':>10} {'listing s':>10} {'1st line s':>10} {'images s':>9} "
+        f"{'/listing':>8} {'target s':>8} {'exit':>5}  OUT after Ctrl-C"
+    )
     for _ in range(args.runs):
         files, listed_s = listing_time(args.root)
         run = one_run(args.root, args.out or tempfile.gettempdir(), args.workers)

@@ -90,11 +90,11 @@ class ListingDigest:
                 raise RuntimeError("the listing digest was closed before it was done")
             data, _ = self.paths.parts()
             digest = hashlib.sha256(f"listing {len(self.paths)} local={self.local}\n".encode())
-            digest.update(memoryview(np.ascontiguousarray(data)))
-            digest.update(np.ascontiguousarray(self.labels, dtype="<i8").tobytes())
+            digest.update(np.ascontiguousarray(data).data)
+            digest.update(np.ascontiguousarray(self.labels, dtype="<i8").data)
             if self.local:
-                digest.update(memoryview(self._sizes))
-                digest.update(memoryview(self._times))
+                digest.update(self._sizes.data)
+                digest.update(self._times.data)
             self._digest = digest.hexdigest()
         return self._digest
 

@@ -12,11 +12,17 @@ under the output folder's lock.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable
 
-from prefetch.sources.shards import manifest_name, parse_class_names
+from prefetch.sources.shards import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    manifest_name,
+    parse_class_names,
+)
 from prefetch.tools.shards import _set as shard_set
 from prefetch.tools.shards._out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
 from prefetch.tools.shards._resume import Journal, Plan, progress_name, written_by
@@ -113,28 +119,31 @@ def earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) -> 
 
 def already_written(out: OutFolder, plan: Plan, journal: Journal) -> str | None:
     """Whether the complete set in `out` is the one `plan` writes, by its journal (`_resume`):
-    "finished" when an interrupted run of it was put in place (or finished by
-    `earlier_write`) before its journal was marked complete (it is marked now), "complete"
-    when a run of it finished, None when the set in place (if any) is not known to be it."""
+    "complete" when a run of it finished (the journal, marked complete, names the manifest in
+    place by its SHA-256), "finished" when an interrupted run of it was put in place (or
+    finished by `earlier_write`) before its journal was marked (it is marked now), None when
+    the set in place (if any) is not known to be it."""
+    name = manifest_name(plan.options["format"], plan.options["prefix"])
     try:
-        manifest = shard_set.read_manifest(out, plan.options["format"], plan.options["prefix"])
+        data = out.read_small(name, MAX_MANIFEST_BYTES)
+        manifest = None if data is None else Manifest.from_bytes(data, out.where(name))
     except (ValueError, OSError):
         return None  # not a manifest we can read: `overwrite` replaces it
-    if manifest is None or not manifest.complete:
+    if data is None or manifest is None or not manifest.complete:
         return None
     recorded = written_by(out, journal.name, plan)
     if recorded is None:
         return None
     shards, complete = recorded
+    if complete is not None:
+        return "complete" if complete == hashlib.sha256(data).hexdigest() else None
     entries = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
     shards = sorted(shards, key=lambda shard: shard.index)  # workers finish in any order
     if [(d.name, d.size, d.samples, d.sha256) for d in shards] != entries:
         return None
     if list(plan.shards) != [entry.name for entry in manifest.shards]:
         return None
-    if complete:
-        return "complete"
-    journal.settle()
+    journal.settle(plan, data)
     return "finished"
 
 

@@ -1,8 +1,10 @@
 """One write's passage through its shards: the counts it reports, and a shard's bytes.
 
 `Writing` holds a write's state across its shards (the `Progress` it reports after each chunk
-of samples, the skips, `strict`); `ShardInProgress` is one shard written by the writer's own
-process from its samples' answers (`_work`), chunk by chunk, as its bytes
+of samples, the skips, `strict`); `write_remaining` writes the shards left to write, whole
+shards by the worker processes (`Preparer.write`) when there are at least `SHARDS_PER_WORKER`
+per worker, else one at a time by this process from the answers the workers give for their
+samples (`Preparer.map`); `ShardInProgress` is such a shard, chunk by chunk, as its bytes
 are asked for; `shard_chunks` lays those bytes out (`_layout`).
 """
 
@@ -13,9 +15,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from prefetch.tools.shards._layout import Sample, relative_to, sample_bytes, shard_end
+from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._resume import Done
 from prefetch.tools.shards._samples import Answer, Skip
-from prefetch.tools.shards._work import CHUNK_SAMPLES, ShardWritten, strict_refusal
+from prefetch.tools.shards._work import (
+    CHUNK_SAMPLES,
+    Preparer,
+    ShardTask,
+    ShardWritten,
+    strict_refusal,
+)
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.
@@ -25,6 +34,52 @@ SkipCallback = Callable[[str, str], None]
 # person (resuming, starting over).
 ProgressCallback = Callable[["Progress"], None]
 NoteCallback = Callable[[str], None]
+
+
+# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
+# many per worker are left to write; fewer, and the samples of each shard are shared among the
+# workers instead (one shard written at a time, in order, by this process). With whole shards
+# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
+# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
+# with dozens of workers re-encoding.
+SHARDS_PER_WORKER = 4
+
+
+def write_remaining(
+    preparer: Preparer,
+    out: OutFolder,
+    writing: Writing,
+    shards: dict[int, tuple[str, range]],
+    record: Callable[[Done], None],
+) -> None:
+    """Write `shards` (index: its name and sample numbers) into `out` under temporary names,
+    calling `record` with each as it is finished (module docstring: by whom)."""
+    workers = preparer.workers
+    if workers > 1 and len(shards) >= SHARDS_PER_WORKER * workers:
+        tasks = (
+            ShardTask(
+                index,
+                name,
+                [writing.sample(number) for number in numbers],
+                writing.format,
+                writing.top,
+                writing.strict,
+            )
+            for index, (name, numbers) in shards.items()
+        )
+        for by_worker in preparer.write(tasks, out, writing.advance):
+            record(writing.finished(by_worker, shards[by_worker.shard][0]))
+        return
+    chunks = (
+        [writing.sample(number) for number in part]
+        for _, numbers in shards.values()
+        for part in chunked(numbers)
+    )
+    answers = preparer.map(chunks)
+    for index, (name, numbers) in shards.items():
+        shard = writing.shard(index, name, numbers, answers)
+        written = out.write_temporary(name, shard.chunks(), "shard")
+        record(shard.done(written.temporary, written.size, written.sha256))
 
 
 def chunked(numbers: range) -> Iterator[range]:

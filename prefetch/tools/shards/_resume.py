@@ -14,11 +14,13 @@ still there with the recorded size and SHA-256 (hashed again), and writes only t
 (shards written by several workers finish in any order, so the recorded ones need not be the
 first); the set's bytes are then those of an uninterrupted run.
 A rerun with another plan starts over and says why (`Plan.difference`). Once the set is
-committed (`_set`, after the manifest) the journal gets a last line, `{"complete": true}`
-(`Journal.settle`), and stays: the same write again finds its plan there and the set in place
-(`written_by`), and says the set is already complete instead of refusing it; a journal so
-marked is never resumed from. Readers never see it (a hidden name) nor the temporary shards.
-One writer at a time (the folder's lock); not thread-safe.
+committed (`_set`, after the manifest) the journal is replaced by two lines, the plan and
+`{"complete": true, "manifest": <SHA-256 of the manifest's bytes>}` (`Journal.settle`: the
+same files and options give the same bytes), and stays: the same write again finds its plan
+there and the manifest it wrote in place (`written_by`), and says the set is already complete
+instead of refusing it; a journal so marked is never resumed from. Readers never see it (a
+hidden name) nor the temporary shards. One writer at a time (the folder's lock); not
+thread-safe.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ MAX_PROGRESS_BYTES = 1 << 30
 _HASH_CHUNK_BYTES = 1 << 20
 # The journal's format, in its first line (2: the listing hashed in its own order, in bulk).
 _VERSION = 2
-# The journal's last line once its set is committed.
-_COMPLETE = {"complete": True}
+# The key of the journal's second and last line once its set is committed.
+_COMPLETE = "complete"
 
 
 def progress_name(format: str, prefix: str) -> str:
@@ -153,7 +155,7 @@ def resumable(
     if data is None:
         return [], None
     header, records, complete = _parse(data)
-    if complete:
+    if complete is not None:
         return [], None
     if header is None:
         return [], "its progress journal is damaged"
@@ -171,10 +173,10 @@ def resumable(
     return [done[index] for index in sorted(done)], None
 
 
-def written_by(out: OutFolder, name: str, plan: Plan) -> tuple[list[Done], bool] | None:
-    """The shards the journal `name` records for `plan` (their files are not checked) and
-    whether it is marked complete (`Journal.settle`); None when there is no such journal, it
-    is damaged, or it is of another plan."""
+def written_by(out: OutFolder, name: str, plan: Plan) -> tuple[list[Done], str | None] | None:
+    """The shards the journal `name` records for `plan` (their files are not checked) and,
+    when it is marked complete (`Journal.settle`), the SHA-256 of the manifest it wrote (else
+    None); None when there is no such journal, it is damaged, or it is of another plan."""
     try:
         data = out.read_small(name, MAX_PROGRESS_BYTES)
     except OSError:
@@ -187,24 +189,26 @@ def written_by(out: OutFolder, name: str, plan: Plan) -> tuple[list[Done], bool]
     return records, complete
 
 
-def _parse(data: bytes) -> tuple[dict[str, Any] | None, list[Done], bool]:
+def _parse(data: bytes) -> tuple[dict[str, Any] | None, list[Done], str | None]:
     """A journal's plan record (None when damaged), its shards up to the first line cut short
-    by an interruption, and whether it ends with the complete mark."""
+    by an interruption, and the SHA-256 of the manifest its complete mark names (None: not
+    marked complete)."""
     lines = [line for line in data.split(b"\n") if line.strip()]
     try:
         header = json.loads(lines[0]) if lines else None
     except ValueError:
         header = None
+    header = header if isinstance(header, dict) else None
     records: list[Done] = []
     for line in lines[1:]:
         try:
             record = json.loads(line)
-            if record == _COMPLETE:
-                return (header if isinstance(header, dict) else None), records, True
+            if isinstance(record, dict) and record.get(_COMPLETE) is True:
+                return header, records, str(record["manifest"])
             records.append(Done.parse(record))
         except (ValueError, KeyError, TypeError):
             break  # a line cut short by the interruption
-    return (header if isinstance(header, dict) else None), records, False
+    return header, records, None
 
 
 def _holds(out: OutFolder, shard: Done) -> bool:
@@ -243,10 +247,21 @@ class Journal:
         line = json.dumps(shard.record(), sort_keys=True) + "\n"
         self.out.append(self.name, line.encode("utf-8", "surrogateescape"), "the progress")
 
-    def settle(self) -> None:
-        """Mark the journal complete: its set is committed (module docstring)."""
-        line = json.dumps(_COMPLETE) + "\n"
-        self.out.append(self.name, line.encode("utf-8"), "the progress")
+    def settle(self, plan: Plan, manifest: bytes) -> None:
+        """Replace the journal by `plan` marked complete with the SHA-256 of `manifest`, the
+        bytes of the manifest of its set, now committed (module docstring)."""
+        mark = {_COMPLETE: True, "manifest": hashlib.sha256(manifest).hexdigest()}
+        lines = [plan.record(), mark]
+        text = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+        self.out.write_file(self.name, text.encode("utf-8", "surrogateescape"), "the progress")
+
+    def settled(self) -> bool:
+        """Whether the folder's journal of this name is marked complete (`settle`)."""
+        try:
+            data = self.out.read_small(self.name, MAX_PROGRESS_BYTES)
+        except OSError:
+            return False
+        return data is not None and _parse(data)[2] is not None
 
     def exists(self) -> bool:
         """Whether the folder holds a journal of this name (a regular file)."""

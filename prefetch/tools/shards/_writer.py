@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,46 +48,20 @@ import numpy as np
 from prefetch._messages import counted
 from prefetch.io import is_url
 from prefetch.sources import ImageFolder
-from prefetch.sources.shards import (
-    Manifest,
-    ShardEntry,
-    index_shard,
-)
+from prefetch.sources.shards import index_shard
 from prefetch.tools.shards import _fit_crop as fitting
-from prefetch.tools.shards import _set as shard_set
-from prefetch.tools.shards._layout import (
-    Sample,
-    extension_of,
-)
-from prefetch.tools.shards._names import (
-    DEFAULT_PREFIX,
-    already_written,
-    check_prefix,
-    earlier_write,
-    matching_shards,
-    refuse_existing,
-    remove_strays,
-    shard_name,
-)
+from prefetch.tools.shards._job import Job, planner, silent, write_into
+from prefetch.tools.shards._listing import ListingDigest
+from prefetch.tools.shards._names import DEFAULT_PREFIX, check_prefix, shard_name
 from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._pass import (
     NoteCallback,
     ProgressCallback,
     ShardCallback,
     SkipCallback,
-    Writing,
-    chunked,
-)
-from prefetch.tools.shards._listing import ListingDigest
-from prefetch.tools.shards._resume import (
-    Done,
-    Journal,
-    Plan,
-    progress_name,
-    resumable,
 )
 from prefetch.tools.shards._samples import Options
-from prefetch.tools.shards._work import Preparer, ShardTask
+from prefetch.tools.shards._work import Preparer
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
@@ -192,22 +165,19 @@ def write_shards(
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     check_prefix(prefix)
     began = time.monotonic()
-    note = on_note if on_note is not None else _silent
-    status = on_status if on_status is not None else _silent
+    status = on_status if on_status is not None else silent
     # Started first: the worker processes start up (import) while the folder is listed.
     preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
     digest: ListingDigest | None = None
     try:
         source = ImageFolder(folder)
         top = os.fspath(folder)
-        size = len(source)
-        order = np.random.default_rng(seed).permutation(size) if shuffle else np.arange(size)
-        count = math.ceil(len(order) / shard_size)
+        order = np.random.default_rng(seed).permutation(len(source)) if shuffle else None
+        count = math.ceil(len(source) / shard_size)
         names = [shard_name(format, prefix, index, count) for index in range(count)]
-        class_names = tuple(source.class_names)
         status(
-            f"{size:,} files in {counted(len(class_names), 'class')}: checking each one's "
-            f"header and writing them into {counted(count, format + ' shard')} of "
+            f"{len(source):,} files in {counted(len(source.class_names), 'class')}: checking "
+            f"each one's header and writing them into {counted(count, format + ' shard')} of "
             f"{shard_size:,} in {os.fspath(out)} ({counted(workers, 'worker')})"
         )
         # Its stat calls run beside the writing: waited for only when the plan is needed.
@@ -222,147 +192,26 @@ def write_shards(
             "fit_crop": fit_crop,
             "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
         }
-        plan = _planner(options, len(order), digest, tuple(names))
-
-        def sample(number: int) -> Sample:
-            index = int(order[number])
-            return Sample(number, str(source.paths[index]), int(source.labels[index]))
-
+        job = Job(
+            source=source,
+            top=top,
+            order=order,
+            names=names,
+            options=options,
+            plan=planner(options, len(source), digest, tuple(names)),
+            overwrite=overwrite,
+            began=began,
+            on_shard=on_shard,
+            on_skip=on_skip,
+            on_progress=on_progress,
+            note=on_note or silent,
+            status=status,
+        )
         place = OutFolder(os.fspath(out))
         try:
             with place:
                 place.lock()
-                abandoned = earlier_write(place, format, prefix, overwrite)
-                journal = Journal(place, progress_name(format, prefix))
-                known = None
-                if journal.exists():
-                    status(f"checking the {size:,} files against the journal of the earlier run")
-                    known = already_written(place, plan(), journal)
-                if known == "finished" or (known == "complete" and not overwrite):
-                    note(
-                        "the interrupted run had written every shard: its set is now in place"
-                        if known == "finished"
-                        else f"{ALREADY_COMPLETE}: {os.fspath(out)!r} holds the set of these "
-                        f"{size:,} files with these options (unchanged since it was written); "
-                        "nothing to do (pass --overwrite to write it again)"
-                    )
-                    remove_strays(place, names, prefix, format, keep=set())
-                    paths = [place.where(name) for name in names]
-                else:
-                    existing = matching_shards(place.names(), format, prefix)
-                    if not overwrite:
-                        refuse_existing(place, format, prefix, existing, class_names)
-                    done: list[Done] = []
-                    if journal.exists():
-                        done, why = resumable(place, journal.name, plan(), shard_set.is_temporary)
-                        if why is not None:
-                            note(f"starting over: {why} since the interrupted run")
-                        elif done:
-                            kept = sum(shard.samples + len(shard.skipped) for shard in done)
-                            note(
-                                f"resuming: the interrupted run wrote "
-                                f"{counted(len(done), 'shard')} of {count:,} ({kept:,} of "
-                                f"{len(order):,} images), checked against the plan"
-                            )
-                    keep = {shard.temporary for shard in done} | set(abandoned)
-                    remove_strays(place, names, prefix, format, keep=keep)
-                    if journal.exists():
-                        journal.start(plan(), done)  # else at the first shard recorded
-                    writing = Writing(
-                        format=format,
-                        top=top,
-                        total=len(order),
-                        sample=sample,
-                        strict=strict,
-                        done=done,
-                        began=began,
-                        on_skip=on_skip,
-                        on_progress=on_progress,
-                    )
-                    numbers = [
-                        range(index * shard_size, min((index + 1) * shard_size, len(order)))
-                        for index in range(count)
-                    ]
-                    finished_already = {shard.index for shard in done}
-                    remaining = [index for index in range(count) if index not in finished_already]
-                    started = [journal.exists()]
-
-                    def record(finished: Done) -> None:
-                        if not started[0]:
-                            journal.start(plan(), done)
-                            started[0] = True
-                        journal.append(finished)
-                        done.append(finished)
-                        if on_shard is not None:
-                            path = place.where(finished.name)
-                            on_shard(path, finished.samples, finished.size)
-
-                    try:
-                        if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
-                            tasks = (
-                                ShardTask(
-                                    index,
-                                    names[index],
-                                    [sample(number) for number in numbers[index]],
-                                    format,
-                                    top,
-                                    strict,
-                                )
-                                for index in remaining
-                            )
-                            for by_worker in preparer.write(tasks, place, writing.advance):
-                                record(writing.finished(by_worker, names[by_worker.shard]))
-                        else:
-                            chunks = (
-                                [sample(number) for number in part]
-                                for index in remaining
-                                for part in chunked(numbers[index])
-                            )
-                            answers = preparer.map(chunks)
-                            for index in remaining:
-                                shard = writing.shard(index, names[index], numbers[index], answers)
-                                written = place.write_temporary(
-                                    names[index], shard.chunks(), "shard"
-                                )
-                                record(shard.done(written.temporary, written.size, written.sha256))
-                        preparer.close()  # the workers are done: they need not wait for the commit
-                        if not any(shard.samples for shard in done):
-                            for shard in done:
-                                place.remove(shard.temporary)
-                            journal.remove()
-                            raise ValueError(_nothing_written(top, done))
-                    except BaseException:
-                        if not done:
-                            journal.remove()
-                        raise
-                    done.sort(key=lambda shard: shard.index)
-                    manifest = Manifest(
-                        format=format,
-                        prefix=prefix,
-                        shards=tuple(
-                            ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
-                            for shard in done
-                        ),
-                        class_names=class_names,
-                        image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
-                        options={
-                            "shard_size": shard_size,
-                            "seed": seed,
-                            "shuffle": shuffle,
-                            "strict": strict,
-                            **fitting.recorded(
-                                fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
-                            ),
-                        },
-                        skipped=tuple(pair for shard in done for pair in shard.skipped),
-                    )
-                    for temporary in abandoned:
-                        place.remove(temporary)
-                    moves = [(shard.temporary, shard.name) for shard in done]
-                    shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
-                    journal.settle()  # kept: the same write again knows the set is complete
-                    place.sync()
-                    paths = [place.where(name) for name in names]
+                paths = write_into(place, job, preparer)
         except BaseException:
             preparer.close()  # its workers remove the shards they were writing
             place.remove_created()  # the folders it made for OUT, when they are still empty
@@ -374,48 +223,3 @@ def write_shards(
     for path in paths:
         index_shard(path)
     return paths
-
-
-# How a note of `write_shards` that the set in place is already the one asked for begins.
-ALREADY_COMPLETE = "already complete"
-# Skipped files named in the error of a write whose every file was skipped.
-_SKIPS_NAMED = 3
-
-
-def _silent(line: str) -> None:
-    """A note nobody asked for."""
-
-
-def _planner(
-    options: dict[str, Any], files: int, digest: ListingDigest, shards: tuple[str, ...]
-) -> Callable[[], Plan]:
-    """The write's `Plan`, made when first asked for (it waits for the listing's digest)."""
-    made: list[Plan] = []
-
-    def plan() -> Plan:
-        if not made:
-            made.append(Plan(options, files, digest.result(), shards))
-        return made[0]
-
-    return plan
-
-
-def _nothing_written(top: str, done: list[Done]) -> str:
-    """The error of a write whose every file was skipped: no set is left behind."""
-    skipped = [pair for shard in sorted(done, key=lambda s: s.index) for pair in shard.skipped]
-    named = "; ".join(f"{path}: {reason}" for path, reason in skipped[:_SKIPS_NAMED])
-    more = f"; and {len(skipped) - _SKIPS_NAMED:,} more" if len(skipped) > _SKIPS_NAMED else ""
-    return (
-        f"every one of the {len(skipped):,} files of {top!r} was skipped ({named}{more}): no "
-        "shards written, nothing left in the output folder. A reader refuses a set of no "
-        "samples: put images the readers can read in the folder (the reasons say what each "
-        "file is), then write again"
-    )
-
-# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
-# many per worker are left to write; fewer, and the samples of each shard are shared among the
-# workers instead (one shard written at a time, in order, by this process). With whole shards
-# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
-# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
-# with dozens of workers re-encoding.
-SHARDS_PER_WORKER = 4
