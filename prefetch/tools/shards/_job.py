@@ -8,8 +8,9 @@ finishes an earlier write of the set that was interrupted while it was put in pl
 the others (`_pass.write_remaining`), refuses a set whose every file was skipped (nothing is
 left: a reader refuses a set of no samples), and commits the set (`_set.commit`), its journal
 then marked complete and kept. The plan (`planner`) waits for the listing's digest
-(`_listing`) only when it is needed: before an earlier run's journal is compared, or when the
-first shard of a fresh write is recorded. Called by one thread.
+(`_listing`) only where it must: before an earlier run's journal is compared, and before the
+commit; the shards finished before it is ready are kept in memory and written to the journal
+once it is (a Ctrl-C before then keeps none of them for a rerun). Called by one thread.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ _SKIPS_NAMED = 3
 class Job:
     """What `write_shards` was asked, once the folder is listed: the `source`, the folder as
     given (`top`), the shuffled `order` (None: the listing's), the shard `names`, the plan's
-    `options` and the `plan` (made when first asked: it waits for the listing's digest),
+    `options` and the `plan` (made when first asked: it waits for the listing's digest;
+    `plan_ready` says whether it would),
     `overwrite`, when the write `began`, and `write_shards`'s callbacks (`note` and `status`
     always callable)."""
 
@@ -66,6 +68,7 @@ class Job:
     names: list[str]
     options: dict[str, Any]
     plan: Callable[[], Plan]
+    plan_ready: Callable[[], bool]
     overwrite: bool
     began: float
     on_shard: ShardCallback | None
@@ -154,20 +157,23 @@ def _write_set(
         for index, name in enumerate(job.names)
         if index not in finished_already
     }
-    started = [False]  # the journal is written afresh when the first shard is recorded
+    started = [False]  # the journal is written afresh once the plan is ready
 
     def record(finished: Done) -> None:
-        if not started[0]:
+        done.append(finished)
+        if started[0]:
+            journal.append(finished)
+        elif job.plan_ready():  # else kept until it is: the workers are not held up
             journal.start(job.plan(), done)
             started[0] = True
-        journal.append(finished)
-        done.append(finished)
         if on_shard is not None:
             on_shard(place.where(finished.name), finished.samples, finished.size)
 
     try:
         write_remaining(preparer, place, writing, remaining, record)
         preparer.close()  # the workers are done: they need not wait for the commit
+        if not started[0]:  # the commit's crash recovery needs the journal (already_written)
+            journal.start(job.plan(), done)
         if not any(shard.samples for shard in done):
             for shard in done:
                 place.remove(shard.temporary)

@@ -3,15 +3,17 @@
 `ListingDigest(paths, labels, local)` starts computing, in `STAT_THREADS` background threads,
 a SHA-256 of the listing in its own order (`ImageFolder`'s): the paths (one bulk update over the
 `PathArray`'s UTF-8 buffer), the labels (one update) and, for a local folder, each file's size
-and modification time in nanoseconds (one `os.stat` a file, chunk by chunk; the threads hold
-the GIL only between system calls, so on many cores, or on a network filesystem where a `stat`
-waits, they overlap). The order the samples are written in is not hashed: it follows from the
+and modification time in nanoseconds (one `os.stat` a file, chunk by chunk, each chunk's
+SHA-256 kept in the chunks' order: 32 bytes per `STAT_CHUNK` files; the threads hold the GIL
+only between system calls, so on many cores, or on a network filesystem where a `stat` waits,
+they overlap). The order the samples are written in is not hashed: it follows from the
 listing and the plan's `seed` and `shuffle`, which the plan holds beside it (`_resume.Plan`).
-`result()` waits for the digest; `close()` (idempotent) stops the threads between two chunks
-and joins them. A file that cannot be stat'ed counts as size and time -1 (the write that reads
-it names it). The writer starts one as soon as the folder is listed and asks for its result
-only when it needs the plan: before a rerun compares it with a progress journal, or when the
-first shard of a fresh write is recorded. So a first write's images start at once, and a
+`result()` waits for the digest (`ready()` says whether it would); `close()` (idempotent)
+stops the threads between two chunks and joins them. A file that cannot be stat'ed counts as
+size and time -1 (the write that reads it names it). The writer starts one as soon as the
+folder is listed and waits for its result only where it must: before a rerun compares it with
+a progress journal, and before the commit; the shards finished before it is ready are written
+to the journal once it is (`_job`). So a first write's images start at once, and a
 million-file listing's 2 us a file of `stat` calls (the planning's largest part, measured in
 docs/shards.md) overlap the writing. Used by one thread (the writer's).
 """
@@ -28,7 +30,8 @@ from prefetch.io import PathArray
 
 # Threads that stat the files (each holds the GIL only between its system calls).
 STAT_THREADS = 4
-# Files a thread stats per chunk (a stop is noticed between chunks).
+# Files a thread stats per chunk (a stop is noticed between chunks). Part of the digest: another
+# value gives other digests (change `_resume._VERSION` with it).
 STAT_CHUNK = 4096
 
 
@@ -40,8 +43,7 @@ class ListingDigest:
         self.labels = labels
         self.local = local
         count = len(paths)
-        self._sizes = np.full(count, -1, dtype="<i8")
-        self._times = np.full(count, -1, dtype="<i8")
+        self._chunks: list[bytes] = [b""] * -(-count // STAT_CHUNK)  # each chunk's SHA-256
         self._next = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -64,20 +66,22 @@ class ListingDigest:
                 if start >= len(self.paths):
                     return
                 stop = min(start + STAT_CHUNK, len(self.paths))
-                sizes, times = [], []
+                stamps: list[int] = []
                 for path in self.paths[start:stop].tolist():
                     try:
                         info = os.stat(path)
                     except OSError:
-                        sizes.append(-1)
-                        times.append(-1)
+                        stamps += (-1, -1)
                         continue
-                    sizes.append(info.st_size)
-                    times.append(info.st_mtime_ns)
-                self._sizes[start:stop] = sizes
-                self._times[start:stop] = times
+                    stamps += (info.st_size, info.st_mtime_ns)
+                data = np.array(stamps, dtype="<i8").data
+                self._chunks[start // STAT_CHUNK] = hashlib.sha256(data).digest()
         except BaseException as error:  # MemoryError: given to result()'s caller
             self._errors.append(error)
+
+    def ready(self) -> bool:
+        """Whether `result()` would not wait (every file is stat'ed)."""
+        return not any(thread.is_alive() for thread in self._threads)
 
     def result(self) -> str:
         """The digest (hex), waiting for the threads to finish."""
@@ -93,8 +97,7 @@ class ListingDigest:
             digest.update(np.ascontiguousarray(data).data)
             digest.update(np.ascontiguousarray(self.labels, dtype="<i8").data)
             if self.local:
-                digest.update(self._sizes.data)
-                digest.update(self._times.data)
+                digest.update(b"".join(self._chunks))
             self._digest = digest.hexdigest()
         return self._digest
 

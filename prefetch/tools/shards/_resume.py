@@ -38,7 +38,8 @@ from prefetch.tools.shards._out_folder import OutFolder
 MAX_PROGRESS_BYTES = 1 << 30
 # Bytes hashed at a time when a recorded shard is checked again.
 _HASH_CHUNK_BYTES = 1 << 20
-# The journal's format, in its first line (2: the listing hashed in its own order, in bulk).
+# The journal's format, in its first line (2: the listing hashed in its own order, in bulk,
+# its files' sizes and times by chunks of `_listing.STAT_CHUNK`).
 _VERSION = 2
 # The key of the journal's second and last line once its set is committed.
 _COMPLETE = "complete"

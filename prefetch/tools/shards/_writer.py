@@ -138,22 +138,23 @@ def write_shards(
 
     The first images are written as soon as the folder is listed: the fingerprint of the
     listing that a rerun compares (`_listing.ListingDigest`: a `stat` a file) is computed
-    beside the writing, and waited for before a rerun compares it, or when the first shard is
-    recorded. An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete
-    set, or none; the shards it finished stay under hidden temporary names with a progress
-    journal (`_resume`), and the same call again continues from them, checked
-    against the plan (names, sample counts, SHA-256), giving the bytes an uninterrupted write
-    gives; another input or other options start over. The same call after a complete write of
-    the same files and options does nothing and says so (`on_note`; its journal stays, marked
-    complete), unless `overwrite`. A crash while the set is put in place
-    is finished by the next write (the module docstring), which then does what it was asked.
-    After the set is in place each shard's offset index is written beside it
-    (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError` for a missing
-    `folder`, `ValueError` for a folder without images, one whose every file is skipped
-    (nothing is written: a reader refuses a set without samples) or a bad option, and
-    `FileExistsError` as said; a read error names the file, a write error the shard, the byte
-    offset and the temporary file. A write that fails or is interrupted before it finished a
-    shard leaves nothing: the folders it created for `out` are removed when empty.
+    beside the writing, and waited for before a rerun compares it, and before the commit (the
+    shards finished before it is ready are journaled once it is). An interrupted or failed
+    write (Ctrl-C, a full disk) leaves the earlier complete set, or none; the shards it
+    finished stay under hidden temporary names with a progress journal (`_resume`), and the
+    same call again continues from them, checked against the plan (names, sample counts,
+    SHA-256), giving the bytes an uninterrupted write gives; another input or other options
+    start over. The same call after a complete write of the same files and options does
+    nothing and says so (`on_note`; its journal stays, marked complete), unless `overwrite`.
+    A crash while the set is put in place is finished by the next write (the module
+    docstring), which then does what it was asked. After the set is in place each shard's
+    offset index is written beside it (`prefetch.sources.shards._index.index_shard`). Raises
+    `FileNotFoundError` for a missing `folder`, `ValueError` for a folder without images, one
+    whose every file is skipped (nothing is written: a reader refuses a set without samples)
+    or a bad option, and `FileExistsError` as said; a read error names the file, a write
+    error the shard, the byte offset and the temporary file. A write that fails or is
+    interrupted before it finished a shard leaves nothing: the folders it created for `out`
+    are removed when empty.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -199,6 +200,7 @@ def write_shards(
             names=names,
             options=options,
             plan=planner(options, len(source), digest, tuple(names)),
+            plan_ready=digest.ready,
             overwrite=overwrite,
             began=began,
             on_shard=on_shard,
