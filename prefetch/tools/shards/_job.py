@@ -58,9 +58,8 @@ class Job:
     """What `write_shards` was asked, once the folder is listed: the `source`, the folder as
     given (`top`), the shuffled `order` (None: the listing's), the shard `names`, the plan's
     `options` and the `plan` (made when first asked: it waits for the listing's digest;
-    `plan_ready` says whether it would),
-    `overwrite`, when the write `began`, and `write_shards`'s callbacks (`note` and `status`
-    always callable)."""
+    `plan_ready` says whether it would), `overwrite`, when the write `began`, and
+    `write_shards`'s callbacks (`note` and `status` always callable)."""
 
     source: ImageFolder
     top: str
@@ -172,13 +171,14 @@ def _write_set(
     try:
         write_remaining(preparer, place, writing, remaining, record)
         preparer.close()  # the workers are done: they need not wait for the commit
-        if not started[0]:  # the commit's crash recovery needs the journal (already_written)
-            journal.start(job.plan(), done)
         if not any(shard.samples for shard in done):
             for shard in done:
                 place.remove(shard.temporary)
-            journal.remove()
+            if started[0]:
+                journal.remove()
             raise ValueError(_nothing_written(job.top, done))
+        if not started[0]:  # the commit's crash recovery needs the journal (already_written)
+            journal.start(job.plan(), done)
     except BaseException:
         if not done and not journal.settled():  # a set in place keeps its settled journal
             journal.remove()
