@@ -9,6 +9,10 @@ import theirs, on first use.
 
 from __future__ import annotations
 
+from prefetch._as_command import hush_interrupt
+
+hush_interrupt()  # Ctrl-C while `python -m prefetch` imports: one line, not a traceback
+
 import importlib
 from typing import Any
 

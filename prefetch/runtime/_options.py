@@ -136,7 +136,8 @@ class LoaderOptions:
     - `antialias`: as given.
     - `augment`: an `Augment` (empty when None was given).
     - `decoder`: the decoder given, by name or as a function.
-    - `workers`: an int, None (one per usable core) or an `Autotune` (for "auto").
+    - `workers`: an int, None (one per usable core, less one from 4 cores on) or an
+      `Autotune` (for "auto").
     - `depth`: the most batches in flight.
     - `backend`: "auto", "thread" or "process" (a `ProcessOptions` given is "process").
     - `process`: the `ProcessOptions` of the process backend.
