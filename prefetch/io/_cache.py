@@ -13,8 +13,8 @@ refuse it if it is another one by then. It outlives the loader, so later epochs 
 from local disk. Objects are assumed not to change: delete the folder to read them afresh.
 Nothing is evicted: the folder grows to the data set's size.
 
-The folder is the user's own (`prefetch.io._private.open_private_folder`), and every check goes
-through the descriptor that is then used: opened with O_NOFOLLOW (a symlink is refused), created with mode 0700 when missing, refused when
+The folder is the user's own, and every check goes through the descriptor that is then used:
+opened with O_NOFOLLOW (a symlink is refused), created with mode 0700 when missing, refused when
 another user owns it or others may write to it, or when a folder above it lets another user
 swap it (writable by others without the sticky bit, or owned by another user than you or
 root). Copies are opened and renamed relative to that descriptor and handed to decoders through
