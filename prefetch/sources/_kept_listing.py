@@ -108,10 +108,12 @@ class Listing:
         return None
 
     def racy(self) -> bool:
-        """Whether a folder changed within `RACY_NS` before the listing began (or after)."""
+        """Whether a folder's modification and change times both lie within `RACY_NS` before
+        the listing began (or after): a change in the same tick would leave both as stamped.
+        (One older time is enough: a change sets both to now.)"""
         if not len(self.stamps):
             return False
-        newest = int(self.stamps[:, 2:].max())
+        newest = int(self.stamps[:, 2:].min(axis=1).max())
         return newest >= self.listed_ns - RACY_NS
 
 
