@@ -1,5 +1,6 @@
 """List once (issue 41, item 4): a folder's listing is kept as a file that the other processes
-of a host and later runs read (`prefetch.sources._kept_listing`, `ImageFolder(keep_listing=)`).
+of a host and later runs read (`prefetch.sources._kept_listing` and `_listing_file`,
+`ImageFolder(keep_listing=)`).
 
 Processes that list at once are real subprocesses released together; the one that lists is
 counted from each one's `ImageFolder.listing`. A lister is made to hang (a fault injected in
@@ -23,7 +24,7 @@ import psutil
 import pytest
 
 from prefetch.sources import ImageFolder, index_directory
-from prefetch.sources._kept_listing import RACY_NS, SUFFIX
+from prefetch.sources._listing_file import RACY_NS, SUFFIX
 from prefetch.testing import write_image_folder
 
 pytestmark = pytest.mark.timeout(60)

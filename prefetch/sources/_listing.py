@@ -34,7 +34,8 @@ from prefetch.io import (
     open_private_folder,
     pack_chunks,
 )
-from prefetch.sources._kept_listing import LISTING_VERSION, Listing, load_or_list, stamp
+from prefetch.sources._kept_listing import load_or_list
+from prefetch.sources._listing_file import LISTING_VERSION, Listing, stamp
 
 log = logging.getLogger("prefetch.loader")
 
