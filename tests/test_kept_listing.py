@@ -90,9 +90,12 @@ def start(root: Path, kept: Path, inject: str = "") -> subprocess.Popen[str]:
 
 
 def finish(child: subprocess.Popen[str], go: bool = True) -> dict[str, object]:
+    """The child's report, with the lines it printed before it under "said"."""
     out, _ = child.communicate("go\n" if go else "", timeout=50)
     assert child.returncode == 0
-    result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    *said, last = out.strip().splitlines()
+    result: dict[str, object] = json.loads(last)
+    result["said"] = said
     return result
 
 
@@ -132,6 +135,24 @@ listing._walk_images = slow_walk
 """
 
 
+# Each read of a kept listing says whether the lock was free meanwhile (another open file
+# description of this process cannot take a lock this process holds).
+SAY_LOCK = """
+import fcntl, glob, os
+import prefetch.sources._kept_listing as kept_listing
+read = kept_listing.read_listing
+def read_saying(folder, name, key):
+    with open(glob.glob(os.path.join(sys.argv[2], "*.lock"))[0], "rb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            print("lock free", flush=True)
+        except BlockingIOError:
+            print("lock held", flush=True)
+    return read(folder, name, key)
+kept_listing.read_listing = read_saying
+"""
+
+
 def test_a_process_that_finds_the_folder_being_listed_waits_and_reads_the_kept_listing(
     tree: Path, kept: Path, tmp_path: Path
 ) -> None:
@@ -141,7 +162,7 @@ def test_a_process_that_finds_the_folder_being_listed_waits_and_reads_the_kept_l
     lister.stdin.write("go\n")
     lister.stdin.flush()
     assert lister.stdout.readline().strip() == "listing"
-    reader = start(tree, kept)
+    reader = start(tree, kept, SAY_LOCK)
     assert reader.stdin is not None
     reader.stdin.write("go\n")
     reader.stdin.flush()
@@ -157,6 +178,9 @@ def test_a_process_that_finds_the_folder_being_listed_waits_and_reads_the_kept_l
     assert made["read"] is False and read["read"] is True
     assert isinstance(read["waited_s"], float) and read["waited_s"] > 0
     assert read["paths"] == made["paths"] and read["labels"] == made["labels"]
+    # Read first while the lister held the lock, then with the lock let go: the waiters of a
+    # host read at once, not one after another.
+    assert read["said"] == ["lock held", "lock free"]
 
 
 # The lister hangs while writing the kept file (after its partial file is made).

@@ -53,6 +53,8 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 LOCK_POLL_S = 0.05
 LOCK_SAY_S = 10.0
 LOCK_WAIT_S = 600.0
+# What taking the lock came to (`_locked`).
+_NOT_HELD, _HELD, _WAITED = 0, 1, 2
 
 
 def key_name(key: str) -> str:
@@ -74,27 +76,51 @@ def load_or_list(
     key: str, folder: int, place: str, started_ns: int, list_now: Callable[[], Listing]
 ) -> tuple[Listing, Outcome]:
     """The listing for `key` kept in the folder `folder` (a descriptor of `place`, checked by
-    the caller), or `list_now()` kept there; see the module docstring."""
+    the caller), or `list_now()` kept there; see the module docstring. A process that had to
+    wait for the lock lets it go at once and reads the kept listing without it, so that the
+    waiters of a host read at the same time, not one after another."""
     name = key_name(key)
     path = os.path.join(place, name + SUFFIX)
     kept = _read_usable(folder, name, key, started_ns, path, say=False)
     if kept is not None:
         return kept, Outcome(True, path, 0.0)
-    waited = time.monotonic()
+    start = time.monotonic()
     with _locked(folder, name, place) as lock:
-        waited = time.monotonic() - waited
-        kept = _read_usable(folder, name, key, started_ns, path, say=True) if lock else None
-        if kept is not None:  # kept by the process that held the lock before
+        if lock != _WAITED:  # nobody was listing: list here
+            return _list_and_keep(folder, name, key, started_ns, path, lock, list_now, start)
+    kept = _read_usable(folder, name, key, started_ns, path, say=True)
+    if kept is not None:  # kept by the process waited for
+        return kept, Outcome(True, path, time.monotonic() - start)
+    with _locked(folder, name, place) as lock:  # it kept none that serves: list here
+        return _list_and_keep(folder, name, key, started_ns, path, lock, list_now, start)
+
+
+def _list_and_keep(
+    folder: int,
+    name: str,
+    key: str,
+    started_ns: int,
+    path: str,
+    lock: int,
+    list_now: Callable[[], Listing],
+    start: float,
+) -> tuple[Listing, Outcome]:
+    """Holding the lock (unless `lock` is `_NOT_HELD`): the kept listing if one was just
+    written, else `list_now()`, kept. `start`: when the wait for the lock began."""
+    waited = time.monotonic() - start
+    if lock != _NOT_HELD:
+        kept = _read_usable(folder, name, key, started_ns, path, say=True)
+        if kept is not None:
             return kept, Outcome(True, path, waited)
-        listing = list_now()
-        if not lock:
-            return listing, Outcome(False, None, waited)
-        try:
-            write_listing(folder, name, key, listing)
-        except OSError as error:
-            log.warning("prefetch: cannot keep the listing in %r (%s): not kept", place, error)
-            return listing, Outcome(False, None, waited)
-        return listing, Outcome(False, path, waited)
+    listing = list_now()
+    if lock == _NOT_HELD:
+        return listing, Outcome(False, None, waited)
+    try:
+        write_listing(folder, name, key, listing)
+    except OSError as error:
+        log.warning("prefetch: cannot keep the listing in %r (%s): not kept", path, error)
+        return listing, Outcome(False, None, waited)
+    return listing, Outcome(False, path, waited)
 
 
 def _read_usable(
@@ -119,48 +145,50 @@ def _read_usable(
 
 
 @contextlib.contextmanager
-def _locked(folder: int, name: str, place: str) -> Iterator[bool]:
-    """Hold the lock of `name` for the block: True when held, False when it could not be
-    taken (locks not supported there, or waited past `LOCK_WAIT_S`): list without keeping.
-    The holder writes its pid into the lock file and removes the partial files of `name`
-    (only a holder writes them: any there were left by a holder that was killed)."""
+def _locked(folder: int, name: str, place: str) -> Iterator[int]:
+    """Hold the lock of `name` for the block: `_HELD` when taken at once, `_WAITED` when taken
+    after another process let it go, `_NOT_HELD` when it could not be taken (locks not
+    supported there, or waited past `LOCK_WAIT_S`): then list without keeping. The holder
+    writes its pid into the lock file and removes the partial files of `name` (only a holder
+    writes them: any there were left by a holder that was killed)."""
     try:
         flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
         handle = os.open(name + ".lock", flags, 0o600, dir_fd=folder)
     except OSError as error:
         log.warning("prefetch: cannot lock in %r (%s): listing without keeping", place, error)
-        yield False
+        yield _NOT_HELD
         return
     try:
-        held = private_file(os.fstat(handle))
-        if not held:
+        lock = _NOT_HELD
+        if private_file(os.fstat(handle)):
+            lock = _wait_for(handle, place)
+        else:
             log.warning("prefetch: lock file %r is not yours alone: not kept", name + ".lock")
-        held = held and _wait_for(handle, place)
-        if held:
+        if lock != _NOT_HELD:
             os.ftruncate(handle, 0)
             os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
             with contextlib.suppress(OSError):
                 for entry in os.listdir(folder):
                     if entry.startswith(f"{PARTIAL_PREFIX}{name}-"):
                         os.unlink(entry, dir_fd=folder)
-        yield held
+        yield lock
     finally:
         os.close(handle)  # releases the lock
 
 
-def _wait_for(handle: int, place: str) -> bool:
-    """Take the lock on `handle`, polling; False when it cannot be had (see `_locked`)."""
+def _wait_for(handle: int, place: str) -> int:
+    """Take the lock on `handle`, polling: `_HELD`, `_WAITED` or `_NOT_HELD` (`_locked`)."""
     start = time.monotonic()
-    said = False
+    said = blocked = False
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            return _WAITED if blocked else _HELD
         except BlockingIOError:
-            pass
+            blocked = True
         except OSError as error:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
             log.warning("prefetch: cannot lock in %r (%s): listing without keeping", place, error)
-            return False
+            return _NOT_HELD
         waited = time.monotonic() - start
         if waited > LOCK_WAIT_S:
             log.warning(
@@ -169,7 +197,7 @@ def _wait_for(handle: int, place: str) -> bool:
                 _holder(handle),
                 place,
             )
-            return False
+            return _NOT_HELD
         if waited > LOCK_SAY_S and not said:
             said = True
             log.info("prefetch: waiting for process %s to list into %r", _holder(handle), place)
