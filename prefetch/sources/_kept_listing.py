@@ -88,9 +88,10 @@ def load_or_list(
     with _locked(folder, name, place) as lock:
         if lock != _WAITED:  # nobody was listing: list here
             return _list_and_keep(folder, name, key, started_ns, path, lock, list_now, start)
+    waited = time.monotonic() - start
     kept = _read_usable(folder, name, key, started_ns, path, say=True)
     if kept is not None:  # kept by the process waited for
-        return kept, Outcome(True, path, time.monotonic() - start)
+        return kept, Outcome(True, path, waited)
     with _locked(folder, name, place) as lock:  # it kept none that serves: list here
         return _list_and_keep(folder, name, key, started_ns, path, lock, list_now, start)
 
