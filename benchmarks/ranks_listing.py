@@ -6,7 +6,8 @@ then all are released together (as torchrun starts its ranks) and each builds
 (`shard(ranks, rank)`) and takes its first batch (32 images at 224x224). The clock starts at
 the release: imports are not counted. Each rank prints how it got its listing (listed, or
 read from the kept listing), the seconds it took (waiting for the lister not counted), the
-seconds it waited, its first batch, and its memory just after the listing: resident (RSS) and
+seconds it waited, the CPU seconds of the listing or the read (the waiting polls included), its
+first batch, and its memory just after the listing: resident (RSS) and
 proportional (PSS: pages shared by N processes count 1/N in each).
 
 Modes (`--modes`, run in this order):
@@ -43,11 +44,11 @@ def memory():
     return int(fields["Rss:"]) * 1024, int(fields["Pss:"]) * 1024
 print("ready", flush=True)
 sys.stdin.readline()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 folder = ImageFolder(root, keep_listing=False if keep == "-" else keep)
-listed = time.perf_counter() - start
+listed, cpu = time.perf_counter() - start, time.process_time() - cpu
 rss, pss = memory()
-result = dict(read=folder.listing.read, seconds=folder.listing.seconds,
+result = dict(read=folder.listing.read, seconds=folder.listing.seconds, cpu_s=cpu,
               waited_s=folder.listing.waited_s, returned_s=listed, files=len(folder),
               paths_mb=folder.paths.nbytes / 1e6, rss_mb=rss / 1e6, pss_mb=pss / 1e6)
 if batch:
@@ -91,26 +92,27 @@ def run_ranks(root: Path, keep: str, ranks: int, batch: bool) -> list[dict[str, 
 def show(mode: str, reports: list[dict[str, float]]) -> None:
     print(f"-- {mode}: {len(reports)} ranks, {int(reports[0]['files'])} files")
     print(
-        f"{'rank':>4} {'how':>6} {'list/read s':>12} {'waited s':>9} {'returned s':>11}"
-        f" {'1st batch s':>12} {'RSS MB':>7} {'PSS MB':>7} {'paths MB':>9}"
+        f"{'rank':>4} {'how':>6} {'list/read s':>12} {'CPU s':>6} {'waited s':>9}"
+        f" {'returned s':>11} {'1st batch s':>12} {'RSS MB':>7} {'PSS MB':>7} {'paths MB':>9}"
     )
     for rank, r in enumerate(reports):
         batch = f"{r['first_batch_s']:>12.2f}" if "first_batch_s" in r else f"{'-':>12}"
         print(
             f"{rank:>4} {'read' if r['read'] else 'listed':>6} {r['seconds']:>12.2f}"
-            f" {r['waited_s']:>9.2f} {r['returned_s']:>11.2f}{batch} {r['rss_mb']:>7.0f}"
-            f" {r['pss_mb']:>7.0f} {r['paths_mb']:>9.1f}"
+            f" {r['cpu_s']:>6.2f} {r['waited_s']:>9.2f} {r['returned_s']:>11.2f}{batch}"
+            f" {r['rss_mb']:>7.0f} {r['pss_mb']:>7.0f} {r['paths_mb']:>9.1f}"
         )
-    listers = [r["seconds"] for r in reports if not r["read"]]
-    readers = [r["seconds"] for r in reports if r["read"]]
-    line = f"listed by {len(listers)} rank(s)"
-    if listers:
-        line += f", listing {min(listers):.2f}-{max(listers):.2f} s"
-    if readers:
-        line += f"; read by {len(readers)}: {min(readers):.2f}-{max(readers):.2f} s"
+    for key, unit in (("seconds", "s"), ("cpu_s", "s of CPU")):
+        listers = [r[key] for r in reports if not r["read"]]
+        readers = [r[key] for r in reports if r["read"]]
+        line = f"listed by {len(listers)} rank(s)"
         if listers:
-            line += f" ({max(readers) / min(listers):.2f}x the listing)"
-    print(line, flush=True)
+            line += f", listing {min(listers):.2f}-{max(listers):.2f} {unit}"
+        if readers:
+            line += f"; read by {len(readers)}: {min(readers):.2f}-{max(readers):.2f} {unit}"
+            if listers:
+                line += f" (at most {max(readers) / min(listers):.2f}x the listing)"
+        print(line, flush=True)
 
 
 def main() -> None:
