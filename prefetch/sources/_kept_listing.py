@@ -118,10 +118,12 @@ def _list_and_keep(
         return listing, Outcome(False, None, waited)
     try:
         write_listing(folder, name, key, listing)
-    except OSError as error:
+        # Its own arrays let go for the file's mapping: the lister shares the ranks' one copy.
+        mapped = read_listing(folder, name + SUFFIX, key)
+    except (OSError, Refused) as error:
         log.warning("prefetch: cannot keep the listing in %r (%s): not kept", path, error)
         return listing, Outcome(False, None, waited)
-    return listing, Outcome(False, path, waited)
+    return mapped or listing, Outcome(False, path, waited)
 
 
 def _read_usable(
