@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-import prefetch.backends._reader as reader_module
 import prefetch.io._local_files as local_files
-from prefetch.backends import BatchTask, Slot
+import prefetch.sample._reader as reader_module
 from prefetch.decode import _window
+from prefetch.sample import BatchTask, Slot
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scaling  # beside this file

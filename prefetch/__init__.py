@@ -23,6 +23,7 @@ from prefetch.errors import (
     SampleTimeoutError,
     StopTimeoutError,
     TooManySkippedError,
+    TooManyWorkersWarning,
     WorkerCrashedError,
 )
 from prefetch.io import RemoteOptions
@@ -68,6 +69,7 @@ __all__ = [
     "TFRecordSource",
     "TarSource",
     "TooManySkippedError",
+    "TooManyWorkersWarning",
     "WorkerCrashedError",
     "background",
     "decode_image",

@@ -14,11 +14,11 @@ import pytest
 from PIL import Image
 
 import prefetch
-import prefetch.backends._reader as reader_module
-from prefetch.backends import BatchTask, Slot
+import prefetch.sample._reader as reader_module
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions
 from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
+from prefetch.sample import BatchTask, Slot
 from prefetch.testing import draw_shape, write_bad_files
 
 pytestmark = [

@@ -2,16 +2,17 @@
 
 What the runtime (`Workers`, `Stream`) uses: `make_backend` builds the backend a loader asked
 for (after "auto" has been decided by `choose`, a short measurement); the `Backend` protocol
-(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and the data crossing it
-(`BatchTask`, `Slot`, `BatchOutcome`); `SampleReader` (`_reader`), the per-sample work every
-backend runs, picklable; the slot ring (`_ring`) and the process backend's shared memory
-(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`). The layer
-imports decode, plan, sources and io below it, never the runtime.
+(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and a finished batch
+(`BatchOutcome`); the slot ring (`_ring`) and the process backend's shared memory (`_shm`);
+`ProcessOptions` and the constants of the process backend (`_options`). What every backend runs,
+`SampleReader`, and the task and slot it is given (`BatchTask`, `Slot`) are the layer below's,
+prefetch.sample. The layer imports sample, decode, plan, sources and io below it, never the
+runtime.
 """
 
 from __future__ import annotations
 
-from prefetch.backends._base import Backend, BatchOutcome, BatchTask, PendingBatch, Skipped, Slot
+from prefetch.backends._base import Backend, BatchOutcome, PendingBatch
 from prefetch.backends._choose import choose_backend
 from prefetch.backends._options import (
     BATCHES_AT_ONCE,
@@ -20,14 +21,14 @@ from prefetch.backends._options import (
     ProcessOptions,
 )
 from prefetch.backends._processes import ProcessBackend
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import SlotLayout, fits_free_space, sweep_stale
+from prefetch.backends._shm import ShmRoom, SlotLayout, shm_room, sweep_stale
 from prefetch.backends._spawning import main_script_hidden
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
+from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
 
 
@@ -74,25 +75,22 @@ __all__ = [
     "ROWS_AHEAD_PER_READER",
     "Backend",
     "BatchOutcome",
-    "BatchTask",
     "Coordinator",
     "PendingBatch",
     "ProcessBackend",
     "ProcessOptions",
-    "SampleReader",
-    "Skipped",
-    "Slot",
+    "ShmRoom",
     "SlotLayout",
     "SlotRing",
     "ThreadBackend",
     "choose_backend",
-    "fits_free_space",
     "main_script_hidden",
     "make_backend",
     "reader_threads",
     "reads_over_network",
     "rebuild_error",
     "ring_capacity",
+    "shm_room",
     "sweep_stale",
     "with_traceback_text",
 ]

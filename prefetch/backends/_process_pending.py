@@ -18,15 +18,9 @@ from typing import Any, Protocol
 
 from prefetch._messages import counted
 from prefetch.backends._answers import AnswerReader
-from prefetch.backends._base import (
-    BatchOutcome,
-    BatchTask,
-    ChunkOutcome,
-    Skipped,
-    Slot,
-    compact,
-)
+from prefetch.backends._base import BatchOutcome, compact
 from prefetch.errors import WorkerCrashedError
+from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
 
 
 class Pump(Protocol):

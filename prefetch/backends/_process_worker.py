@@ -39,12 +39,11 @@ from multiprocessing.reduction import recv_handle
 from typing import NamedTuple
 
 from prefetch.backends._answers import send_answer
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
 from prefetch.backends._options import BATCHES_AT_ONCE
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import portable, with_traceback_text
 from prefetch.backends._shm import FileId, SlotLayout, unlink_if_same
 from prefetch.coordinator import POLL_S
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Skipped, Slot
 
 
 class Stop:

@@ -41,7 +41,6 @@ from multiprocessing.reduction import send_handle
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
 from prefetch.backends._answers import WorkerPoll
-from prefetch.backends._base import BatchTask, Skipped, Slot
 from prefetch.backends._process_pending import (
     InFlight,
     Part,
@@ -58,7 +57,6 @@ from prefetch.backends._process_worker import (
     Stop,
 )
 from prefetch.backends._process_worker import worker_main as _worker_main
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
 from prefetch.backends._shared_arrays import SharedArrays
@@ -66,6 +64,7 @@ from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends._spawning import check_picklable, main_script_hidden
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
+from prefetch.sample import BatchTask, SampleReader, Skipped, Slot
 
 log = logging.getLogger("prefetch.backends")
 

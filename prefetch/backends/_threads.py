@@ -15,9 +15,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from prefetch.backends._base import BatchOutcome, BatchTask, ChunkOutcome, Slot, compact
-from prefetch.backends._reader import SampleReader
+from prefetch.backends._base import BatchOutcome, compact
 from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot
 
 log = logging.getLogger("prefetch.backends")
 

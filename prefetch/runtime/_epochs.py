@@ -22,18 +22,18 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from prefetch._machine import default_workers
 from prefetch._messages import counted
-from prefetch.backends import Backend, BatchOutcome, SampleReader, Skipped, SlotRing
+from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan
 from prefetch.runtime._lookahead import Lookahead, Submitted
-from prefetch.runtime._options import Autotune, LoaderOptions
+from prefetch.runtime._options import LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
+from prefetch.sample import SampleReader, Skipped
 from prefetch.sources import cache_for, encode_labels
 
 # skipped files are reported on the logger users already filter on
@@ -341,8 +341,6 @@ def make_epochs(
         remote=options.remote,
         spool_folder=spool.folder if spool else None,
     )
-    asked = options.workers
-    count = default_workers() if asked is None or isinstance(asked, Autotune) else int(asked)
-    workers = Workers(options, reader, count)
+    workers = Workers(options, reader)
     weakref.finalize(owner, close_quietly, workers)
     return Epochs(plan, options, workers, spool, len(class_names))

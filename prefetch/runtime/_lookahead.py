@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
+from prefetch.backends import Backend, PendingBatch, SlotRing
 from prefetch.plan import EpochPlan
+from prefetch.sample import BatchTask, Slot
 
 # How long an ended epoch (or a discarded lookahead) waits, in all, for the batches its workers
 # are still decoding.

@@ -31,11 +31,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
+from prefetch.backends import Backend, PendingBatch, SlotRing
 from prefetch.coordinator import POLL_S
 from prefetch.errors import ClosedError, SampleTimeoutError
 from prefetch.runtime._epochs import Epochs
 from prefetch.runtime._lookahead import Submitted, settle
+from prefetch.sample import BatchTask, Slot
 
 
 class Batch(NamedTuple):

@@ -5,7 +5,9 @@ Pillow. The fakes wrap the default decoder to sleep or raise at chosen files (a 
 the path; for a shard's sample, in its `str`: shard, member key, offset); they are plain
 picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
-`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
+`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would;
+`prefetch.testing.corpus` writes a seeded corpus of mutated JPEGs for differential tests of the
+decoders.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py.
 """

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.decode import (
     DecodeOptions,
     Decoder,
@@ -44,6 +43,7 @@ from prefetch.io import (
     using,
 )
 from prefetch.plan import Augment
+from prefetch.sample._task import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.sources import check_label, is_file_source
 
 # Rows per call of the compiled chunk decoder: it holds every file of its rows and every
