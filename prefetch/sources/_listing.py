@@ -3,7 +3,8 @@
 `index_directory` lists with Keras's order, rules and path strings, one `os.walk` per class
 folder and no per-file path arithmetic. `list_folder` is the same listing with a
 `ListingReport`: a local folder's listing is kept as a file in a folder of the user's own
-(`keep_listing`; `prefetch.sources._kept_listing` has the file, its checks and the lock), so
+(`keep_listing`; `prefetch.sources._kept_listing` has the lock and when a kept listing serves,
+`prefetch.sources._listing_file` the file and its checks), so
 that the ranks of a host list the folder once and later runs start from the file while no
 folder in it has changed. A local walk stamps each folder before reading it (`stamp`), which
 is what a kept listing is checked against. A URL is listed with one bulk listing
