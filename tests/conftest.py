@@ -92,9 +92,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
 
 
+def _private_cache_dir() -> str | None:
+    """A cache folder of this run's own (PREFETCH_CACHE_DIR, inherited by the processes tests
+    start): the folder listings every ImageFolder keeps, and shard indexes, never go to
+    ~/.cache. None when the caller set PREFETCH_CACHE_DIR."""
+    if os.environ.get("PREFETCH_CACHE_DIR"):
+        return None
+    private = tempfile.mkdtemp(prefix="pytest-prefetch-cache-")
+    os.environ["PREFETCH_CACHE_DIR"] = private
+    return private
+
+
+PRIVATE_CACHE_DIR = _private_cache_dir()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if PRIVATE_SHM_DIR is not None:
-        shutil.rmtree(PRIVATE_SHM_DIR, ignore_errors=True)
+    for private in (PRIVATE_SHM_DIR, PRIVATE_CACHE_DIR):
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def _shm_entries() -> set[str]:

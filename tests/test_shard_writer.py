@@ -339,7 +339,7 @@ def test_each_shard_gets_its_offset_index_beside_it(
             for p in paths
         ]
         assert kept_sizes == [10, 10, 5]
-    assert not (tmp_path / "cache").exists()  # nothing went to the index folder
+    assert not (tmp_path / "cache" / "shard-index").exists()  # nothing went to the index folder
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors
 - the bounds of every read and listing (`RemoteOptions`: deadlines, size caps, listing caps,
   redirects), set per thread with `using` and read back with `active_options`;
 - retries of transient failures and errors that name the path or URL;
-- listing a remote folder once (`RemoteTree`), and the local copies of remote objects
-  (`ObjectCache`).
+- listing a remote folder once (`RemoteTree`), the local copies of remote objects
+  (`ObjectCache`), and the checks of a folder of the user's own that such files are kept in
+  (`open_private_folder`).
 
 Contract: a `str` location is always a path or URL (`is_url` tells them apart; `file://` is a
 path), never parsed for more; nothing here blocks past a `RemoteOptions` deadline or reads
@@ -26,7 +27,7 @@ Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded l
 request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
 `_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
 `_headers` (the header walk: the size decoders allocate), `_images` (checked image bytes),
-`_paths` (`PathArray`), `_cache` (`ObjectCache`).
+`_paths` (`PathArray`), `_private` (a folder of the user's own), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
 
@@ -55,6 +56,7 @@ from prefetch.io._locations import (
     spooled_name,
 )
 from prefetch.io._paths import PathArray, pack_chunks
+from prefetch.io._private import open_private_folder
 from prefetch.io._records import (
     RECORD_OVERHEAD,
     corrupt_shard,
@@ -105,6 +107,7 @@ __all__ = [
     "masked_crc32c",
     "open_bytes",
     "open_image",
+    "open_private_folder",
     "open_regular",
     "pack_chunks",
     "place_of",

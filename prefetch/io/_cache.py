@@ -28,7 +28,6 @@ See docs/remote.md, "Reading each object once".
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
@@ -41,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prefetch.io._private import open_private_folder
 from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")
@@ -60,7 +60,6 @@ PARTIAL_MAX_AGE_S = 3600.0
 # are handed to decoders by the folder's path.
 PROC_FD = "/proc/self/fd"
 
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -107,7 +106,7 @@ class ObjectCache:
         path = os.path.abspath(os.fspath(folder))
         with contextlib.suppress(FileExistsError):  # a file there is refused below
             os.makedirs(path, mode=0o700, exist_ok=True)
-        handle = _open_checked(path)
+        handle = open_private_folder(path, "cache_dir")
         info = os.fstat(handle)
         cache = cls(path, info.st_dev, info.st_ino)
         cache._adopt(handle)
@@ -123,7 +122,7 @@ class ObjectCache:
         worker process; ValueError if the folder at the path is no longer the one checked)."""
         with self._lock:
             if self._fd is None or self._pid != os.getpid():
-                handle = _open_checked(self.folder)
+                handle = open_private_folder(self.folder, "cache_dir")
                 info = os.fstat(handle)
                 if (info.st_dev, info.st_ino) != (self.device, self.inode):
                     os.close(handle)
@@ -268,82 +267,6 @@ def _suffix(url: str) -> str:
 def _close(handle: int) -> None:
     with contextlib.suppress(OSError):
         os.close(handle)
-
-
-def _open_checked(path: str) -> int:
-    """A descriptor of the folder `path` (not through a symlink at its end), after checking it
-    and the folders above it through descriptors; ValueError naming what is wrong and the
-    fix."""
-    try:
-        handle = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
-    except OSError as error:
-        if error.errno == errno.ELOOP or os.path.islink(path):
-            raise ValueError(
-                f"cache_dir {path!r} is a symbolic link: give the folder it points to, which "
-                "must be your own"
-            ) from error
-        if error.errno == errno.ENOTDIR:
-            raise ValueError(
-                f"cache_dir {path!r} is not a folder: give a folder of your own"
-            ) from error
-        raise
-    try:
-        _check_folder(path, os.fstat(handle))
-        _check_parents(path, handle)
-    except BaseException:
-        os.close(handle)
-        raise
-    return handle
-
-
-def _check_folder(path: str, info: os.stat_result) -> None:
-    me = os.geteuid()
-    if not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"cache_dir {path!r} is not a folder: give a folder of your own")
-    if info.st_uid != me:
-        raise ValueError(
-            f"cache_dir {path!r} belongs to user {info.st_uid}, not to you "
-            f"({me}): its copies could be swapped; give a folder of your own"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValueError(
-            f"cache_dir {path!r} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
-            f"its copies could be swapped; chmod 700 {path!r}, or give another folder"
-        )
-
-
-def _check_parents(path: str, handle: int) -> None:
-    """Refuse `path` when a folder above it (reached by ".." from `handle`, named by the real
-    path) lets another user rename it: writable by group or others without the sticky bit
-    (/tmp has it), or owned by another user than you or root."""
-    me = os.geteuid()
-    name = os.path.realpath(path)
-    current = os.open("..", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=handle)
-    try:
-        below = os.fstat(handle)
-        while True:
-            name = os.path.dirname(name)
-            info = os.fstat(current)
-            if info.st_uid not in (me, 0):
-                raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which belongs to user "
-                    f"{info.st_uid}: that user could swap it; give a folder whose parents are "
-                    "yours or root's"
-                )
-            shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-            if shared and not info.st_mode & stat.S_ISVTX:
-                raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which others may write to (mode "
-                    f"{stat.S_IMODE(info.st_mode):o}, no sticky bit): they could swap the "
-                    f"folder; chmod o-w,g-w {name!r} (or +t), or give another folder"
-                )
-            if (info.st_dev, info.st_ino) == (below.st_dev, below.st_ino):
-                return  # "/" is its own parent
-            parent = os.open("..", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=current)
-            os.close(current)
-            current, below = parent, info
-    finally:
-        os.close(current)
 
 
 def _warn_once(kind: str, message: str, *args: object) -> None:
