@@ -2,14 +2,16 @@
 #   make demo   train a small Keras CNN from an image folder fed by prefetch
 #   make test   lint, type-check, build the docs strictly and run the test suite
 # Both create .venv and install what they need into it. `make docs` builds the documentation
-# site (the guides and the API reference generated from docstrings) into site/.
+# site (the guides and the API reference generated from docstrings) into site/. `make sanitize`
+# runs the differential JPEG corpus against the compiled decoder built with AddressSanitizer and
+# UBSan (Linux and gcc; see docs/decoders.md, "Two paths, one result").
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: demo test docs clean
+.PHONY: demo test docs sanitize clean
 
 # The editable install is a .pth with the checkout's path, so that a folder named `prefetch` in
 # the current directory (the checkout itself, seen from its parent) cannot shadow the install the
@@ -17,7 +19,10 @@ ARGS ?=
 # for the flat layout pyproject.toml declares (`package-dir = {"" = "."}`), so no editable_mode
 # is set here: `editable_mode=compat`, which did it before, "is transitional and will be
 # removed" (issue 35.6). The flat layout stays (no src/ folder: decided in issue 26).
-$(VENV)/.installed: pyproject.toml setup.py prefetch/decode/_jpegwindow.c
+# The compiled window decoder's sources (their list is setup.py's JPEGWINDOW_SOURCES and _HEADERS).
+JPEGWINDOW_FILES := $(wildcard prefetch/decode/_c/*.c prefetch/decode/_c/*.h)
+
+$(VENV)/.installed: pyproject.toml setup.py $(JPEGWINDOW_FILES)
 	@echo "Installing prefetch (editable) into $(VENV) with what the demo, the tests and the docs need:"
 	@echo "TensorFlow and Keras, PyTorch (CPU), simplejpeg and OpenCV, pytest, ruff, mypy, mkdocs, fsspec,"
 	@echo "matplotlib."
@@ -41,6 +46,40 @@ test: $(VENV)/.installed
 
 docs: $(VENV)/.installed
 	$(PY) -m mkdocs build --strict
+
+# The compiled decoder built with AddressSanitizer and UBSan into a copy of the package
+# (SANITIZE_DIR: the checkout's own build is never replaced), from the C sources setup.py lists
+# (no file name here), then tests/test_differential.py with SANITIZE_COUNT corpus files run
+# against the copy. Python is not built with ASan, so libasan is preloaded and leak checks are
+# off (Python's own allocations live to exit). Worker processes inherit all of it. ASan writes
+# its reports to SANITIZE_DIR/reports (a file per process); UBSan's go to stderr (gcc's UBSan
+# inside a preloaded ASan ignores log_path), so pytest runs uncaptured (-s) into
+# SANITIZE_DIR/pytest.log and its "runtime error:" lines are counted too. Fails on a failed test
+# or on any report.
+SANITIZE_DIR ?= build/sanitize
+SANITIZE_COUNT ?= 3000
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g
+SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PREFETCH_CORPUS_COUNT=$(SANITIZE_COUNT) \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:log_path=$(abspath $(SANITIZE_DIR))/reports/asan \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+sanitize: $(VENV)/.installed
+	rm -rf $(SANITIZE_DIR)
+	$(PY) -c "import shutil; shutil.copytree('prefetch', '$(SANITIZE_DIR)/prefetch', \
+		ignore=shutil.ignore_patterns('*.so', '__pycache__'))"
+	CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="-fsanitize=address,undefined" $(PY) setup.py -q \
+		build_ext --force --build-lib $(SANITIZE_DIR) --build-temp $(SANITIZE_DIR)/temp
+	mkdir -p $(SANITIZE_DIR)/reports
+	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) $(abspath $(PY)) -c "import os, prefetch.decode._jpegwindow \
+		as built; assert built.__file__.startswith(os.getcwd()), built.__file__; print(built.__file__)"
+	cd $(SANITIZE_DIR) && { $(SANITIZE_ENV) $(abspath $(PY)) -m pytest -q -s -p no:cacheprovider \
+		$(CURDIR)/tests/test_differential.py $(ARGS) 2>&1; echo $$? > status; } | tee pytest.log; \
+		cat reports/* 2>/dev/null; \
+		reports=$$(( $$(ls reports | wc -l) + $$(grep -c "runtime error:" pytest.log) )); \
+		echo "make sanitize: $(SANITIZE_COUNT) corpus files, pytest exit status $$(cat status)," \
+			"$$reports sanitizer reports (in $(SANITIZE_DIR)/reports and pytest.log)"; \
+		test "$$(cat status)" -eq 0 && test $$reports -eq 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -53,12 +53,11 @@ import cv2
 import numpy as np
 
 from prefetch import FileList, Loader
-from prefetch.backends._base import BatchTask, Slot
-from prefetch.backends._reader import SampleReader
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io import read_location
 from prefetch.plan._crops import Augment, Box, CenterCrop, Crop, RandomResizedCrop
+from prefetch.sample import BatchTask, SampleReader, Slot
 
 SIZE = (224, 224)
 

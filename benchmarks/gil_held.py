@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-import prefetch.backends._reader as reader_module
 import prefetch.io._local_files as local_files
-from prefetch.backends import BatchTask, Slot
-from prefetch.decode import _window
+import prefetch.sample._reader as reader_module
+from prefetch.decode import _window, _window_resize
+from prefetch.sample import BatchTask, Slot
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scaling  # beside this file
@@ -70,10 +70,11 @@ def held_per_sample(args: argparse.Namespace, rows: int = 128) -> dict[str, list
     """(CPU us, GIL-held us) per sample for each mode and round; `rows` a task (a thread
     worker's chunk of a 256 batch)."""
     spent = [0.0]
-    cv2, jpeg, os_module = _window._cv2(), _window._jpegwindow, local_files.os
+    cv2, jpeg, os_module = _window_resize.cv2_module(), _window._jpegwindow, local_files.os
     timed_cv2 = _Timed(cv2, {"resize", "GaussianBlur", "flip"}, spent)
     _window._jpegwindow = _Timed(jpeg, {"decode", "decode_chunk"}, spent)
-    _window._cv2 = lambda: timed_cv2
+    for module in (_window, _window_resize):  # the chunk path's resize, and the shared one
+        module.cv2_module = lambda: timed_cv2  # type: ignore[assignment]
     local_files.os = _Timed(os, {"open", "pread", "fstat", "close"}, spent)
     results: dict[str, list[float]] = {f"{mode} {what}": [] for mode in MODES for what in "ch"}
     try:
@@ -96,7 +97,8 @@ def held_per_sample(args: argparse.Namespace, rows: int = 128) -> dict[str, list
                     results[f"{mode} h"].append(1e6 * (cpu - spent[0]) / rows)
     finally:
         _window._jpegwindow = jpeg
-        _window._cv2 = lambda: cv2
+        for module in (_window, _window_resize):
+            module.cv2_module = lambda: cv2  # type: ignore[assignment]
         local_files.os = os_module
         reader_module.chunk_available = MODES["chunk"]
     return results

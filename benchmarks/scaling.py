@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 
 from prefetch import Augment, Loader, RandomResizedCrop
-from prefetch.backends import BatchTask, Slot
 from prefetch.runtime import usable_cores
+from prefetch.sample import BatchTask, Slot
 
 Row = dict[str, Any]
 

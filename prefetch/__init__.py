@@ -9,6 +9,10 @@ import theirs, on first use.
 
 from __future__ import annotations
 
+from prefetch._as_command import hush_interrupt
+
+hush_interrupt()  # Ctrl-C while `python -m prefetch` imports: one line, not a traceback
+
 import importlib
 from typing import Any
 
@@ -23,6 +27,7 @@ from prefetch.errors import (
     SampleTimeoutError,
     StopTimeoutError,
     TooManySkippedError,
+    TooManyWorkersWarning,
     WorkerCrashedError,
 )
 from prefetch.io import RemoteOptions
@@ -68,6 +73,7 @@ __all__ = [
     "TFRecordSource",
     "TarSource",
     "TooManySkippedError",
+    "TooManyWorkersWarning",
     "WorkerCrashedError",
     "background",
     "decode_image",

@@ -37,9 +37,10 @@ def usable_cores() -> int:
 SPARE_CORE_FROM = 4
 
 
-def default_workers() -> int:
-    """The worker count of `Loader(workers=None)`: one per usable core, less one core for the
-    training thread from `SPARE_CORE_FROM` cores on (on fewer, every core decodes: the
+def default_workers(cores: int | None = None) -> int:
+    """The worker count of `Loader(workers=None)` on `cores` (a rank's share of the host,
+    `prefetch._host.host_share`; default: the usable cores): one per core, less one core for
+    the training thread from `SPARE_CORE_FROM` cores on (on fewer, every core decodes: the
     training thread's Python is not what a small machine is short of)."""
-    cores = usable_cores()
+    cores = usable_cores() if cores is None else cores
     return cores - 1 if cores >= SPARE_CORE_FROM else cores

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import prefetch
+from prefetch._as_command import restore_excepthook
 from prefetch.backends import sweep_stale
 from prefetch.tools.bench import add_bench_parser
 from prefetch.tools.shards import add_shards_parser
@@ -39,11 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `prefetch` command with `argv` (default: sys.argv[1:]); returns the exit status."""
-    sweep_stale()  # segments of process-backend loaders that died (safe: prefetch.backends._shm)
-    args = build_parser().parse_args(argv)
+    restore_excepthook()  # Ctrl-C is caught here from now on (prefetch._as_command)
+    command = "prefetch"
     try:
+        sweep_stale()  # segments of process-backend loaders that died (prefetch.backends._shm)
+        args = build_parser().parse_args(argv)
+        command = f"prefetch {args.command}"
         status: int = args.handler(args)
     except KeyboardInterrupt:
-        print(f"\nprefetch {args.command}: interrupted", file=sys.stderr)
+        print(f"\n{command}: interrupted", file=sys.stderr)
         return 130
     return status

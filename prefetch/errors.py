@@ -28,6 +28,9 @@ also derive from `RuntimeError`, so code that catches `RuntimeError` keeps worki
      |                          truncation): names the shard and the byte offset
      +-- RemoteTraceback        not raised: the `__cause__` of an error raised in a worker
                                 process, holding that worker's formatted traceback
+    UserWarning
+     +-- TooManyWorkersWarning  a worker count above this rank's share of the cores (or
+                                ranks x workers above the host's cores): said once, then run
 
 Programming errors keep Python's types: a bad option is a `ValueError` or `TypeError`, and a
 call in the wrong state (re-sharding a loader that has begun an epoch) a `RuntimeError`.
@@ -148,3 +151,16 @@ class CorruptShardError(PrefetchError, ValueError):
         super().__init__(message)
         self.path = path
         self.offset = offset
+
+
+class TooManyWorkersWarning(UserWarning):
+    """More workers than this rank's share of the cores: said (`warnings.warn`) when a `Loader`
+    is made with `workers=N` above that share, then run as asked.
+
+    Workers beyond the cores only take turns on them: each worker process's start-up (imports,
+    on cores the others are starting on too) delays the first batch, and the steady rate falls
+    a little (docs/tuning.md, "Workers and cores", measured). The message names the count, the
+    cores and where the share came from (the ranks on this host, `prefetch._host`), and the fix:
+    leave `workers` unset, or at most the share. Not said for remote URLs, whose workers wait
+    on the network. Silence it with `warnings.simplefilter("ignore", TooManyWorkersWarning)`.
+    """

@@ -100,7 +100,7 @@ def test_a_short_steps_per_epoch_continues_the_loaders_epoch(shapes: tuple[Path,
     assert len(history.history["loss"]) == 3
     assert loader.stats().batches >= 9  # the first epoch of 6 batches, then half the next
     if BACKEND != "tensorflow":  # TensorFlow's prefetch reads ahead of the steps
-        assert loader.state_dict() == {"seed": 0, "epoch": 1, "position": 3}
+        assert loader.state_dict().items() >= {"seed": 0, "epoch": 1, "position": 3}.items()
 
 
 def test_a_callback_stopping_mid_epoch_ends_fit_and_the_next_fit_runs_a_fresh_epoch(
@@ -113,10 +113,10 @@ def test_a_callback_stopping_mid_epoch_ends_fit_and_the_next_fit_runs_a_fresh_ep
         history = fit_quietly(model, ds, epochs=5, callbacks=[StopAfter(epoch=1, batches=2)])
         assert len(history.history["loss"]) == 2
         if BACKEND != "tensorflow":
-            assert loader.state_dict() == {"seed": 0, "epoch": 1, "position": 2}
+            assert loader.state_dict().items() >= {"seed": 0, "epoch": 1, "position": 2}.items()
         history = fit_quietly(model, ds, epochs=2)
     assert len(history.history["loss"]) == 2
-    assert loader.state_dict() == {"seed": 0, "epoch": 4, "position": 0}
+    assert loader.state_dict().items() >= {"seed": 0, "epoch": 4, "position": 0}.items()
 
 
 def test_a_worker_error_in_fit_reaches_the_user_with_its_original_type(

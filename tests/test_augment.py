@@ -255,7 +255,7 @@ def test_the_window_decode_equals_a_full_decode_cut_to_the_same_box(
             assert difference.mean() < 5, (path, box, scale, difference.mean())
 
 
-@pytest.mark.skipif(not window_decode.compiled_available(), reason="the extension is not built")
+@pytest.mark.compiled
 def test_the_compiled_window_is_the_same_scale_decode_cut_bit_for_bit(photos: Path) -> None:
     """jpeg_crop_scanline + jpeg_skip_scanlines give exactly the rows and columns of a full
     decode at the same DCT scale (libjpeg-turbo via simplejpeg as the reference)."""

@@ -241,7 +241,10 @@ def test_a_wholly_skipped_batch_is_passed_over_and_counts_as_delivered(
         backend=backend,
     )
     assert [labels.tolist() for _, labels in copies(loader)] == [[0, 1], [4, 5]]
-    assert loader.state_dict() == {"seed": loader.options.seed, "epoch": 1, "position": 0}
+    assert (
+        loader.state_dict().items()
+        >= {"seed": loader.options.seed, "epoch": 1, "position": 0}.items()
+    )
     assert loader.stats().skipped == 2
 
 

@@ -14,19 +14,14 @@ import pytest
 from PIL import Image
 
 import prefetch
-import prefetch.backends._reader as reader_module
-from prefetch.backends import BatchTask, Slot
+import prefetch.sample._reader as reader_module
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions
 from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
+from prefetch.sample import BatchTask, Slot
 from prefetch.testing import draw_shape, write_bad_files
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not window_decode.compiled_available(), reason="the window decoder is not built"
-    ),
-]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.compiled]
 
 # Sizes (width, height): landscape, portrait, square, wide, and one under the target.
 SIZES = ((160, 120), (120, 160), (128, 128), (200, 90), (40, 30))
@@ -252,3 +247,58 @@ def test_a_url_is_never_handed_to_the_compiled_decoder(
     finally:
         fsspec.filesystem("memory").rm(url)
     assert handed and set(handed) == {str(real)}, set(handed)  # file:// too, as its path
+
+
+def test_a_call_holds_at_most_chunk_bytes_and_a_larger_file_goes_alone(
+    photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40.4: memory per worker bounded in bytes, not rows. With a budget of two files,
+    each call of the compiled decoder reads at most two; with a budget under one file, one a
+    call; the rows are the same as in one call."""
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    paths = sorted(str(p) for p in photos.rglob("*.jpg") if "gray" not in p.name)[:12]
+    sizes = [Path(p).stat().st_size for p in paths]
+    options, crop = DecodeOptions(TARGET), RandomResizedCrop()
+    handled: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(jpeg, name)
+
+        def decode_chunk(self, *args: Any) -> Any:
+            windows, table, count = jpeg.decode_chunk(*args)
+            handled.append(count)
+            return windows, table, count
+
+    def decode(budget: int) -> np.ndarray:
+        monkeypatch.setattr(window_decode, "CHUNK_BYTES", budget)
+        images = np.zeros((len(paths), *options.shape), np.uint8)
+        done, _ = window_decode.decode_chunk(
+            paths,
+            list(range(len(paths))),
+            list(range(len(paths))),
+            4,
+            1,
+            crop,
+            True,
+            options,
+            images,
+        )
+        assert done.all()
+        return images
+
+    monkeypatch.setattr(window_decode, "_jpegwindow", Counting())
+    whole = decode(1 << 40)
+    assert handled == [len(paths)]
+    handled.clear()
+    budget = 2 * max(sizes)
+    np.testing.assert_array_equal(decode(budget), whole)
+    assert sum(handled) == len(paths) and len(handled) > 2, handled
+    first = 0
+    for count in handled:  # each call held at most the budget of files
+        assert count == 1 or sum(sizes[first : first + count]) <= budget, (handled, sizes)
+        first += count
+    handled.clear()
+    np.testing.assert_array_equal(decode(1), whole)
+    assert handled == [1] * len(paths)

@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.testing import write_image_folder
+from prefetch.testing import free_ports, log_tails, run_together, write_image_folder
 
 tf = pytest.importorskip("tensorflow")
 
@@ -198,55 +195,6 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_together(
-    commands: list[list[str]], envs: list[dict[str, str]], logs: list[Path], timeout_s: float
-) -> list[int | None]:
-    """Run the commands at once; stop when all end, one fails, or `timeout_s` passes.
-
-    Returns their exit codes (None: still running at the deadline). Any process still running
-    then is killed and every one is waited for, so nothing outlives the call.
-    """
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for command, env, log in zip(commands, envs, logs, strict=True):
-            with open(log, "wb") as output:
-                processes.append(
-                    subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-                )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in processes]
-            if all(code is not None for code in codes) or any(codes):
-                break
-            time.sleep(0.2)
-        return [p.poll() for p in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        for process in processes:
-            process.wait()
-
-
-def tails(logs: list[Path], lines: int = 30) -> str:
-    return "\n".join(
-        f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-        for log in logs
-        if log.exists()
-    )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("localhost", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 # ---- input_context in this process -------------------------------------------------------
 
 
@@ -266,6 +214,24 @@ def test_each_input_pipeline_reads_its_own_shard_and_together_they_cover_every_e
         combined = [i for part in parts for i in part]
         assert sorted(combined) == list(range(SAMPLES))  # disjoint, and all covered
     assert epochs_by_pipeline[0][0] != epochs_by_pipeline[0][1]  # each epoch reshuffled
+
+
+def test_input_pipelines_of_a_size_that_does_not_divide_yield_the_same_batches(
+    folder: Path,
+) -> None:
+    # 21 samples on 2 pipelines: 11 each (the epoch's first sample twice), batches of 5, 5, 1
+    # (unpadded, 11 and 10 samples gave 3 and 2 batches).
+    lengths, read = [], []
+    for pipeline in range(2):
+        loader = prefetch.Loader(sample_ids(folder), batch_size=5, image_size=(8, 8), seed=7)
+        ds = prefetch.tf.dataset(loader, input_context=tf.distribute.InputContext(2, pipeline, 2))
+        with loader:
+            batches = [labels.numpy().tolist() for _, labels in ds]
+        lengths.append((int(ds.cardinality().numpy()), len(loader), len(batches)))
+        read += [i for batch in batches for i in batch]
+    assert lengths == [(3, 3, 3), (3, 3, 3)]
+    whole = prefetch.Loader(sample_ids(folder), batch_size=5, image_size=(8, 8), seed=7)
+    assert sorted(read) == sorted([*range(SAMPLES), int(whole.batch_indices(0)[0][0])])
 
 
 def test_a_single_input_pipeline_leaves_the_loader_unsharded(folder: Path) -> None:
@@ -291,7 +257,7 @@ def test_a_loader_already_made_for_the_pipeline_is_accepted_after_epochs(folder:
         for _ in loader:
             pass
         ds = prefetch.tf.dataset(loader, input_context=tf.distribute.InputContext(2, 1, 2))
-        assert sum(len(y) for _, y in ds) == 10
+        assert sum(len(y) for _, y in ds) == 11  # 21 samples, padded to 2 x 11
 
 
 def test_sharding_a_shuffling_loader_with_a_random_seed_is_refused(folder: Path) -> None:
@@ -332,7 +298,7 @@ def test_resuming_a_shard_from_its_state_continues_where_it_stopped(folder: Path
         next(epoch)
         state = first.state_dict()
         rest = [int(i) for _, labels in epoch for i in labels]
-    assert state["position"] == 1 and len(rest) == 7
+    assert state["position"] == 1 and len(rest) == 8  # 11 samples (21 padded to 2 x 11)
     resumed = prefetch.Loader(sample_ids(folder), **options)  # type: ignore[arg-type]
     resumed.load_state_dict(state)
     ds = prefetch.tf.dataset(resumed, input_context=tf.distribute.InputContext(2, 1, 2))
@@ -369,7 +335,7 @@ def test_mirrored_strategy_on_two_cpus_gives_every_sample_to_one_replica_once_pe
     codes = run_together(
         [[sys.executable, str(script), str(folder), str(out)]], [worker_env()], [log], 150
     )
-    assert codes == [0], f"exit codes {codes}\n{tails([log])}"
+    assert codes == [0], f"exit codes {codes}\n{log_tails([log])}"
     result = json.loads(out.read_text())
     assert result["replicas"] == 2
     assert result["contexts"] == [[1, 0, 2]]  # one input pipeline feeding both replicas
@@ -388,7 +354,7 @@ def test_mirrored_strategy_on_two_cpus_gives_every_sample_to_one_replica_once_pe
 # loops beside it.
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_multi_worker_mirrored_strategy_workers_read_disjoint_shards_and_train_in_step(
+def test_multi_worker_mirrored_strategy_workers_read_equal_shards_and_train_in_step(
     folder: Path, tmp_path: Path
 ) -> None:
     script = write_script(tmp_path, "worker.py", MULTI_WORKER_SCRIPT)
@@ -403,18 +369,19 @@ def test_multi_worker_mirrored_strategy_workers_read_disjoint_shards_and_train_i
     ]
     commands = [[sys.executable, str(script), str(folder), str(out)] for out in outs]
     codes = run_together(commands, envs, logs, timeout_s=200)
-    assert codes == [0, 0], f"exit codes {codes} (None: killed at the deadline)\n{tails(logs)}"
+    assert codes == [0, 0], f"exit codes {codes} (None: killed at the deadline)\n{log_tails(logs)}"
     results = [json.loads(out.read_text()) for out in outs]
     assert [r["shard"] for r in results] == [[2, 0], [2, 1]]
+    whole = prefetch.Loader(sample_ids(folder), batch_size=5, image_size=(8, 8), seed=0)
     for epoch in range(2):
         seen = [r["epochs"][epoch]["ids"] for r in results]
-        assert len(seen[0]) == 11 and len(seen[1]) == 10  # shards of 21 samples
-        assert not set(seen[0]) & set(seen[1])
-        assert sorted(seen[0] + seen[1]) == list(range(SAMPLES))
+        # 21 samples padded to 2 x 11: the epoch's first sample comes again at its end.
+        assert len(seen[0]) == len(seen[1]) == 11
+        first = int(whole.batch_indices(epoch)[0][0])
+        assert set(seen[0]) & set(seen[1]) == {first}
+        assert sorted(seen[0] + seen[1]) == sorted([*range(SAMPLES), first])
         losses = [r["epochs"][epoch]["losses"] for r in results]
-        # Batches of 5, 5, 1 and of 5, 5: the shards' batch counts differ, and TensorFlow gives
-        # worker 1 an empty batch in the third step, so that both run the same steps.
-        assert len(losses[0]) == len(losses[1]) == 3
+        assert len(losses[0]) == len(losses[1]) == 3  # batches of 5, 5, 1 on both workers
         assert all(math.isfinite(x) for x in losses[0] + losses[1])
         assert losses[0] == pytest.approx(losses[1])  # the same all-reduced loss per step
     # The gradients were all-reduced: both workers end with the same weights.

@@ -29,6 +29,7 @@ DIRECTIVE = re.compile(r"^::: *(?P<identifier>\S+) *$", re.MULTILINE)
 INTERNAL_MODULES = (
     "prefetch.runtime._loader",
     "prefetch.backends",
+    "prefetch.sample",
     "prefetch.runtime._stream",
     "prefetch.plan._epochs",
     "prefetch.runtime._options",

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prefetch.decode import _window as window_decode
 from prefetch.decode._window import entropy_decode_rows
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(not window_decode.compiled_available(), reason="the extension is not built"),
+    pytest.mark.compiled,
 ]
 
 SIZE = (200, 150)  # width, height: 150 is not a multiple of an MCU row

@@ -85,7 +85,7 @@ def test_the_next_epochs_first_samples_start_before_the_last_batch_is_taken(
         assert set(ahead) <= first_of_next  # one batch ahead: all the room there is
         last = taken(stream)
         assert len(last) == 1  # epoch 0's last batch is taken only now
-        assert loader.state_dict() == {"seed": 5, "epoch": 1, "position": 0}
+        assert loader.state_dict().items() >= {"seed": 5, "epoch": 1, "position": 0}.items()
         assert len(taken(loader)) == len(loader)  # epoch 1, whole
     # Nothing was decoded twice for the lookahead: each sample once an epoch.
     counts = {path: recorder.starts().count(path) for path in recorder.starts()}
@@ -119,10 +119,10 @@ def test_resuming_at_and_around_the_boundary_gives_the_following_batches(
         stream = iter(loader)
         taken(stream, len(loader) - 1)  # the lookahead has begun
         around = loader.state_dict()
-        assert around == {"seed": 5, "epoch": 0, "position": len(loader) - 1}
+        assert around.items() >= {"seed": 5, "epoch": 0, "position": len(loader) - 1}.items()
         taken(stream)
         at = loader.state_dict()  # the looked-ahead batches are not delivered ones
-        assert at == {"seed": 5, "epoch": 1, "position": 0}
+        assert at.items() >= {"seed": 5, "epoch": 1, "position": 0}.items()
         # Restored on the same open loader, between epochs: the same next epoch.
         loader.load_state_dict(at)
         assert_same_batches(taken(loader), expected[1])
@@ -172,7 +172,7 @@ def test_closing_with_a_lookahead_in_flight_cancels_it_and_leaks_nothing(
         in_flight = loader.stats().in_flight
         wait_for(lambda: len(recorder.starts()) > IMAGES, "the lookahead started")
     assert len(recorder.starts()) <= IMAGES + in_flight * 4
-    assert loader.state_dict() == {"seed": 5, "epoch": 1, "position": 0}
+    assert loader.state_dict().items() >= {"seed": 5, "epoch": 1, "position": 0}.items()
     # Closed explicitly with the lookahead being decoded (the no_leaks fixture checks the rest)
     again = make(folder, decoder=SlowDecoder(0.05), backend=backend)
     again.__enter__()
@@ -218,7 +218,7 @@ def test_an_error_in_the_next_epochs_first_batch_is_raised_at_that_batch(
         with pytest.raises(ValueError, match="injected failure") as raised:
             next(stream)
         assert bad in "\n".join([str(raised.value), *getattr(raised.value, "__notes__", [])])
-        assert loader.state_dict() == {"seed": 5, "epoch": 1, "position": 0}
+        assert loader.state_dict().items() >= {"seed": 5, "epoch": 1, "position": 0}.items()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

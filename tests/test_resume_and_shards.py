@@ -70,7 +70,7 @@ def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run(
             if taken == 3:
                 break
         state = first.state_dict()
-    assert state == {"seed": 11, "epoch": 0, "position": 3}
+    assert state.items() >= {"seed": 11, "epoch": 0, "position": 3}.items()
 
     resumed = prefetch.Loader(
         folder,
@@ -88,10 +88,10 @@ def test_resuming_mid_epoch_gives_the_batches_of_an_uninterrupted_run(
 
 def test_state_at_the_end_of_an_epoch_points_at_the_start_of_the_next(folder: Path) -> None:
     loader = prefetch.Loader(folder, **OPTIONS)  # type: ignore[arg-type]
-    assert loader.state_dict() == {"seed": 11, "epoch": 0, "position": 0}
+    assert loader.state_dict().items() >= {"seed": 11, "epoch": 0, "position": 0}.items()
     for _ in loader:
         pass
-    assert loader.state_dict() == {"seed": 11, "epoch": 1, "position": 0}
+    assert loader.state_dict().items() >= {"seed": 11, "epoch": 1, "position": 0}.items()
 
 
 def test_a_state_from_another_batch_size_is_refused_with_a_reason(folder: Path) -> None:

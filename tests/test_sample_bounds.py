@@ -20,7 +20,7 @@ from PIL import Image
 
 import prefetch
 from prefetch import ErrorPolicy
-from prefetch.decode import compiled_available, fast_available
+from prefetch.decode import fast_available
 from prefetch.io import (
     DEFAULT_MAX_PIXELS,
     MAX_JPEG_SCAN_PIXELS,
@@ -86,7 +86,7 @@ DECODERS = [
         "turbo",
         "prefetch.Augment(crop=prefetch.RandomResizedCrop())",
         id="window",
-        marks=pytest.mark.skipif(not compiled_available(), reason="no compiled window decoder"),
+        marks=pytest.mark.compiled,
     ),
 ]
 

@@ -333,7 +333,7 @@ def resume_matches(
         taken = [next(stream), next(stream)]
         state = first.state_dict()
         del stream
-    assert state == {"seed": 21, "epoch": 1, "position": 2}
+    assert state.items() >= {"seed": 21, "epoch": 1, "position": 2}.items()
     assert_same([(b.images, b.labels) for b in taken], uninterrupted[1][:2])
     resumed = loader(source, **{**options, "seed": 0, "backend": resumed_backend})
     resumed.load_state_dict(state)

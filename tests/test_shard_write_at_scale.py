@@ -58,6 +58,19 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def unfinished(out: Path) -> list[str]:
+    """The hidden files of `out` but a progress journal marked complete (kept beside a set):
+    temporary files, or the journal of an unfinished write."""
+    return sorted(
+        name
+        for name in os.listdir(out)
+        if name.startswith(".")
+        and not (
+            name.endswith(".progress.jsonl") and b'"complete": true' in (out / name).read_bytes()
+        )
+    )
+
+
 def files_of(out: Path) -> dict[str, bytes]:
     """The files of `out` by name with their bytes, offset indexes left out (they record the
     shard file's inode and time)."""
@@ -180,7 +193,7 @@ def test_a_write_interrupted_halfway_resumes_decoding_only_the_rest_into_the_sam
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming: the interrupted run wrote {len(kept)} shard" in rerun.stdout
     assert decodes(log) == COUNT + 1 - resized  # only the images not written yet
-    assert not [name for name in os.listdir(out) if name.startswith(".")]
+    assert unfinished(out) == []
 
     whole = tmp_path / "whole"
     assert main(["shards", "write", str(photos), str(whole), *command[-6:], "--quiet"]) == 0
@@ -225,7 +238,7 @@ def test_other_options_or_a_changed_folder_start_over_saying_why(
         notes: list[str] = []
         write_shards(folder, out, format="tar", shard_size=2, on_note=notes.append, **change())
         assert len(notes) == 1 and notes[0].startswith("starting over: ") and why in notes[0]
-        assert not [name for name in os.listdir(out) if name.startswith(".")]
+        assert unfinished(out) == []
         for name in os.listdir(out):
             os.remove(out / name)
 
@@ -312,7 +325,10 @@ def test_on_a_terminal_the_progress_is_one_line_redrawn_with_the_count_rate_and_
         os.close(leader)
     assert child.returncode == 0
     text = seen.decode()
-    assert text.startswith("\r") and text.endswith("\r\n")  # redrawn in place, ended once
+    listing, counted, progress = text.split("\r\n", 2)  # the planning's lines, then the line
+    assert listing == f"listing {photos} (one subfolder per class) ..."
+    assert counted.startswith(f"{COUNT + 3} files in 3 classes: checking each one's header ")
+    assert progress.startswith("\r") and progress.endswith("\r\n")  # redrawn, ended once
     last = text.rstrip().split("\r")[-1]
     total = COUNT + 3
     assert last.startswith(f"{total}/{total} images (100%)  "), last
@@ -402,7 +418,7 @@ def test_a_commit_interrupted_after_shards_finished_in_any_order_is_finished_by_
     notes: list[str] = []
     write_shards(photos, out, format="tar", shard_size=8, on_note=notes.append)
     assert notes == ["the interrupted run had written every shard: its set is now in place"]
-    assert not [name for name in os.listdir(out) if name.startswith(".")]
+    assert unfinished(out) == []
     assert len(prefetch.TarSource(out)) == COUNT + 1
 
 
@@ -449,4 +465,4 @@ def test_a_tfrecord_write_that_starts_over_with_another_shard_count_leaves_no_te
     notes: list[str] = []
     write_shards(photos, out, format="tfrecord", shard_size=10, on_note=notes.append)  # of 6
     assert notes and notes[0].startswith("starting over: the options changed (shard_size 8 -> 10")
-    assert not [name for name in os.listdir(out) if name.startswith(".")]
+    assert unfinished(out) == []

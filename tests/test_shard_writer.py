@@ -78,10 +78,12 @@ def read_tar_shards(out: Path) -> list[tuple[str, bytes, int]]:
 
 def written_files(out: Path) -> list[str]:
     """The names in `out`, less the offset indexes that `prefetch.sources.shards._index` may write
-    next
-    to each shard (when it is installed); asserts nothing hidden (a temporary file) is left."""
+    next to each shard (when it is installed); asserts nothing hidden is left but the progress
+    journals, marked complete (no temporary file, no journal of an unfinished write)."""
     names = sorted(os.listdir(out))
-    assert [name for name in names if name.startswith(".")] == []
+    hidden = [name for name in names if name.startswith(".")]
+    assert [name for name in hidden if not name.endswith(".progress.jsonl")] == []
+    assert all(b'"complete": true' in (out / name).read_bytes() for name in hidden)
     return [name for name in names if name.endswith((".tar", ".tfrecord", ".txt"))]
 
 
@@ -282,11 +284,10 @@ def test_shards_with_the_same_names_are_refused_unless_overwrite(
     assert write(folder, tmp_path, "--shard-size", "10") == 0
     before = (tmp_path / "shard-000000.tar").read_bytes()
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        write(folder, tmp_path, "--shard-size", "10", "--seed", "1")
-    assert exit_info.value.code == 2
+    assert write(folder, tmp_path, "--shard-size", "10", "--seed", "1") == 2
     error = capsys.readouterr().err
-    assert "prefetch shards write: error:" in error
+    assert error.splitlines()[-1].startswith("prefetch shards write: error: ")  # one line
+    assert "usage:" not in error
     assert "already holds shards" in error and "--overwrite" in error
     assert (tmp_path / "shard-000000.tar").read_bytes() == before
     assert write(folder, tmp_path, "--shard-size", "10", "--seed", "1", "--overwrite") == 0
@@ -338,20 +339,24 @@ def test_each_shard_gets_its_offset_index_beside_it(
             for p in paths
         ]
         assert kept_sizes == [10, 10, 5]
-    assert not (tmp_path / "cache").exists()  # nothing went to the index folder
+    assert not (tmp_path / "cache" / "shard-index").exists()  # nothing went to the index folder
 
 
 @pytest.mark.parametrize(
-    ("arguments", "message"),
+    ("arguments", "message", "usage"),
     [
-        (["shards", "write", "{missing}", "{out}"], "does not exist"),
-        (["shards", "write", "{empty}", "{out}"], "no class folders"),
-        (["shards", "write", "{no_images}", "{out}"], "no images found"),
-        (["shards", "write", "{folder}", "{out}", "--shard-size", "0"], "must be an int >= 1"),
-        (["shards", "write", "{folder}", "{out}", "--format", "zip"], "invalid choice"),
-        (["shards", "write", "{folder}", "{out}", "--prefix", "a/b"], "path separator"),
-        (["shards", "write", "{folder}", "{file}"], "is a file"),
-        (["shards"], "required"),
+        (["shards", "write", "{missing}", "{out}"], "does not exist", False),
+        (["shards", "write", "{empty}", "{out}"], "no class folders", False),
+        (["shards", "write", "{no_images}", "{out}"], "no images found", False),
+        (
+            ["shards", "write", "{folder}", "{out}", "--shard-size", "0"],
+            "must be an int >= 1",
+            True,
+        ),
+        (["shards", "write", "{folder}", "{out}", "--format", "zip"], "invalid choice", True),
+        (["shards", "write", "{folder}", "{out}", "--prefix", "a/b"], "path separator", True),
+        (["shards", "write", "{folder}", "{file}"], "is a file", False),
+        (["shards"], "required", True),
     ],
 )
 def test_bad_input_exits_2_with_a_message_and_no_traceback(
@@ -360,7 +365,10 @@ def test_bad_input_exits_2_with_a_message_and_no_traceback(
     capsys: pytest.CaptureFixture[str],
     arguments: list[str],
     message: str,
+    usage: bool,
 ) -> None:
+    """A mistake in the command line gets argparse's usage; a folder or files that refuse get
+    one line (the command line was right)."""
     (tmp_path / "empty").mkdir()
     (tmp_path / "no_images" / "cat").mkdir(parents=True)
     (tmp_path / "no_images" / "cat" / "notes.txt").write_text("not an image")
@@ -373,12 +381,18 @@ def test_bad_input_exits_2_with_a_message_and_no_traceback(
         "out": tmp_path / "out",
         "file": tmp_path / "file",
     }
-    with pytest.raises(SystemExit) as exit_info:
-        main([argument.format(**places) for argument in arguments])
-    assert exit_info.value.code == 2
+    command = [argument.format(**places) for argument in arguments]
+    if usage:
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 2
+    else:
+        assert main(command) == 2
     error = capsys.readouterr().err
     assert "error:" in error and message in error
-    assert error.startswith("usage: prefetch shards")
+    assert error.startswith("usage: prefetch shards") == usage
+    if not usage:  # after the planning's lines (what it lists, how many files)
+        assert error.splitlines()[-1].startswith("prefetch shards write: error: ")
     assert "Traceback" not in error
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 

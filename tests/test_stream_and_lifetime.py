@@ -55,11 +55,11 @@ def test_iterating_gives_a_stream_that_begins_at_its_first_next(folder: Path) ->
     loader = Loader(folder, batch_size=4, image_size=(8, 8), workers=1, seed=1)
     stream = iter(loader)
     assert isinstance(stream, Stream) and stream.epoch is None
-    assert loader.state_dict() == {"seed": 1, "epoch": 0, "position": 0}
+    assert loader.state_dict().items() >= {"seed": 1, "epoch": 0, "position": 0}.items()
     first = next(stream)
     assert isinstance(first, Batch) and stream.epoch == 0 and stream.position == 1
     stream.close()
-    assert loader.state_dict() == {"seed": 1, "epoch": 0, "position": 1}
+    assert loader.state_dict().items() >= {"seed": 1, "epoch": 0, "position": 1}.items()
     assert list(stream) == []  # a closed stream is exhausted
     assert [len(b.images) for b in iter(loader)] == [4] * 5  # the next epoch is whole
 

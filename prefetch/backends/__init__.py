@@ -2,17 +2,36 @@
 
 What the runtime (`Workers`, `Stream`) uses: `make_backend` builds the backend a loader asked
 for (after "auto" has been decided by `choose`, a short measurement); the `Backend` protocol
-(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and the data crossing it
-(`BatchTask`, `Slot`, `BatchOutcome`); `SampleReader` (`_reader`), the per-sample work every
-backend runs, picklable; the slot ring (`_ring`) and the process backend's shared memory
-(`_shm`); `ProcessOptions` and the constants of the process backend (`_options`). The layer
-imports decode, plan, sources and io below it, never the runtime.
+(`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and a finished batch
+(`BatchOutcome`); the slot ring (`_ring`) and the process backend's shared memory (`_shm`);
+`ProcessOptions` and the constants of the process backend (`_options`); how worker processes
+start and stop, with the shutdown order and its deadlines (`_lifecycle`, used by the shard
+writer too) and the open files they need (`_file_limit`). What every backend runs,
+`SampleReader`, and the task and slot it is given (`BatchTask`, `Slot`) are the layer below's,
+prefetch.sample. The layer imports sample, decode, plan, sources and io below it, never the
+runtime.
 """
 
 from __future__ import annotations
 
-from prefetch.backends._base import Backend, BatchOutcome, BatchTask, PendingBatch, Skipped, Slot
+from prefetch.backends._base import Backend, BatchOutcome, PendingBatch
 from prefetch.backends._choose import choose_backend
+from prefetch.backends._file_limit import (
+    EXIT_OUT_OF_FILES,
+    FileNeeds,
+    OutOfFiles,
+    receive_descriptor,
+)
+from prefetch.backends._lifecycle import (
+    DRAIN_S,
+    Stop,
+    exit_code,
+    exit_reason,
+    parent_alive,
+    start_worker,
+    stop_processes,
+    worker_context,
+)
 from prefetch.backends._options import (
     BATCHES_AT_ONCE,
     MAX_REMOTE_READERS_PER_PROCESS,
@@ -20,14 +39,14 @@ from prefetch.backends._options import (
     ProcessOptions,
 )
 from prefetch.backends._processes import ProcessBackend
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import SlotLayout, fits_free_space, sweep_stale
+from prefetch.backends._shm import ShmRoom, SlotLayout, shm_room, sweep_stale
 from prefetch.backends._spawning import main_script_hidden
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
+from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
 
 
@@ -70,29 +89,38 @@ def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: in
 
 __all__ = [
     "BATCHES_AT_ONCE",
+    "DRAIN_S",
+    "EXIT_OUT_OF_FILES",
     "MAX_REMOTE_READERS_PER_PROCESS",
     "ROWS_AHEAD_PER_READER",
     "Backend",
     "BatchOutcome",
-    "BatchTask",
     "Coordinator",
+    "FileNeeds",
+    "OutOfFiles",
     "PendingBatch",
     "ProcessBackend",
     "ProcessOptions",
-    "SampleReader",
-    "Skipped",
-    "Slot",
+    "ShmRoom",
     "SlotLayout",
     "SlotRing",
+    "Stop",
     "ThreadBackend",
     "choose_backend",
-    "fits_free_space",
+    "exit_code",
+    "exit_reason",
     "main_script_hidden",
     "make_backend",
+    "parent_alive",
     "reader_threads",
     "reads_over_network",
     "rebuild_error",
+    "receive_descriptor",
     "ring_capacity",
+    "shm_room",
+    "start_worker",
+    "stop_processes",
     "sweep_stale",
     "with_traceback_text",
+    "worker_context",
 ]

@@ -1,4 +1,4 @@
-"""The backend protocol and the data that crosses it.
+"""The backend protocol, and what a finished batch comes to.
 
 A backend runs batch tasks and returns a `PendingBatch` per batch; the stream (one epoch) only
 ever talks to this small protocol, from one thread:
@@ -6,97 +6,17 @@ ever talks to this small protocol, from one thread:
     backend.start(); backend.new_slot() -> Slot; backend.submit(task, slot) -> PendingBatch;
     backend.set_workers(n); backend.forget_slot(slot); backend.close()
 
-Every backend runs the same per-batch code, `SampleReader.read_into` (prefetch.backends._reader),
-which writes decoded samples straight into a `Slot`.
+Every backend runs the same per-batch code, `SampleReader.read_into` (the layer below,
+prefetch.sample), which writes decoded samples straight into a `Slot`; the task, the slot and
+what reading rows produced (`BatchTask`, `Slot`, `ChunkOutcome`, `Skipped`) are defined there.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-import numpy as np
-
-
-@dataclass(eq=False)
-class Slot:
-    """One preallocated batch: `images` (N, H, W, C) uint8 and `labels` (N,) int32.
-
-    `name` names the shared-memory segment behind a process-backend slot ("" otherwise).
-    `started` (float64 (N,)) holds, for each row, the `time.monotonic()` at which a worker began
-    reading its sample, and 0 once it is written: how the consumer sees a sample that never
-    returns (`sample_timeout_s`). The clock is system-wide, so worker processes share it.
-    """
-
-    images: np.ndarray
-    labels: np.ndarray
-    name: str = ""
-    started: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class BatchTask:
-    """Decode the samples `indices` (source indices, in batch order) of `epoch`.
-
-    A transform's random generator derives from (seed, epoch, sample index) only. The rows
-    in `timed_out` are not read but skipped: an earlier worker never returned from them.
-    """
-
-    indices: np.ndarray
-    epoch: int
-    seed: int
-    timed_out: tuple[int, ...] = ()
-
-
-@dataclass
-class Skipped:
-    """A sample dropped under on_error="skip"."""
-
-    position: int
-    path: str
-    error: BaseException
-
-
-@dataclass
-class ChunkOutcome:
-    """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample;
-    `cache_hits`, `cache_misses`: samples read from a kept local copy, or copied first;
-    `cache_fetched_bytes`, `cache_evictions`, `cache_evicted_bytes`: what the worker's cache
-    read from storage and evicted meanwhile (`ObjectCache.take_counts`)."""
-
-    skipped: list[Skipped] = field(default_factory=list)
-    busy_s: float = 0.0
-    cpu_s: float = 0.0
-    runnable_s: float = 0.0
-    read_s: list[float] = field(default_factory=list)
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_fetched_bytes: int = 0
-    cache_evictions: int = 0
-    cache_evicted_bytes: int = 0
-
-    @classmethod
-    def merged(cls, chunks: list[ChunkOutcome]) -> ChunkOutcome:
-        """The chunks of one batch as one outcome (in row order)."""
-        sums = {
-            name: sum(getattr(chunk, name) for chunk in chunks)
-            for name in (
-                "busy_s",
-                "cpu_s",
-                "runnable_s",
-                "cache_hits",
-                "cache_misses",
-                "cache_fetched_bytes",
-                "cache_evictions",
-                "cache_evicted_bytes",
-            )
-        }
-        return cls(
-            skipped=[item for chunk in chunks for item in chunk.skipped],
-            read_s=[seconds for chunk in chunks for seconds in chunk.read_s],
-            **sums,
-        )
+from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
 
 
 @dataclass
@@ -167,17 +87,3 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def thread_clocks() -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread.
-
-    Linux reports both in /proc/thread-self/schedstat; elsewhere the second is 0. Time a worker
-    was busy but in neither was spent blocked: waiting for disk, network or a sleep.
-    """
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as schedstat:
-            on_cpu, waiting, _ = schedstat.read().split()
-        return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
-        return time.thread_time(), 0.0

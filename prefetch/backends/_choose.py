@@ -28,8 +28,9 @@ Processes then need the decoder, transform and source to pickle; when one does n
 a local function), the choice is threads and the reason says which part kept it there; so it is
 for memory:// files (they exist in this process only), when a part lives in a main script whose
 loader runs outside `if __name__ == "__main__":` (workers would run the script again,
-`spawning.unguarded_main_code`), and when the shared-memory folder cannot hold the slots (the
-runtime checks that, `prefetch.runtime._workers`).
+`spawning.unguarded_main_code`). The runtime's one decision (`prefetch.runtime._choice.decide`)
+takes this choice, checks that the shared-memory folder can hold the slots within this rank's
+share, sizes the workers and writes the reason once.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from prefetch._machine import usable_cores
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._spawning import main_part, unguarded_main_code, unpicklable_part
 from prefetch.decode import to_target_size
+from prefetch.sample import SampleReader
 from prefetch.sources import is_file_source, reads_over_network, source_scheme
 
 # Share of per-sample time spent holding the GIL above which processes beat threads: at 25%,
@@ -56,7 +56,8 @@ BUDGET_S = 0.5
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend `backend="auto"` chose, and why (shown in `LoaderStats.backend_reason`)."""
+    """The backend that suits a reader (`name`), and why (`reason`, without the "auto: name"
+    that `prefetch.runtime._choice.decide` puts before it in `LoaderStats.backend_reason`)."""
 
     name: str
     gil_share: float
@@ -89,8 +90,8 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
             0.0,
             0.0,
             0,
-            f"files are decoded in worker processes, one per core of {usable_cores()}, so that "
-            "none waits for the GIL while the training thread runs Python",
+            "files are decoded in worker processes, so that none waits for the GIL while the "
+            "training thread runs Python",
         )
     else:
         choice = _measured(reader, indices)
@@ -109,12 +110,11 @@ def choose_backend(reader: SampleReader, indices: np.ndarray, tuned: bool = True
                 f"; but the {main_part(reader)} is defined in the main script, whose loader "
                 'runs outside `if __name__ == "__main__":`: worker processes would run it again'
             )
-    return replace(choice, name=name, reason=f"auto: {name} ({reason})")
+    return replace(choice, name=name, reason=reason)
 
 
 def _measured(reader: SampleReader, indices: np.ndarray) -> BackendChoice:
-    """The choice for a source that is not a file source, from the GIL share of its samples
-    (the reason without its "auto: name" prefix)."""
+    """The choice for a source that is not a file source, from the GIL share of its samples."""
     free_s = held_s = 0.0
     samples = 0
     began = time.perf_counter()

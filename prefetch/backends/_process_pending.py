@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from prefetch._messages import counted
 from prefetch.backends._answers import AnswerReader
-from prefetch.backends._base import (
-    BatchOutcome,
-    BatchTask,
-    ChunkOutcome,
-    Skipped,
-    Slot,
-    compact,
-)
+from prefetch.backends._base import BatchOutcome, compact
 from prefetch.errors import WorkerCrashedError
+from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
 
 
 class Pump(Protocol):
@@ -136,8 +131,8 @@ class ProcessPending:
 InFlight = tuple[int, int, Part]
 
 
-_NEVER_ANSWERED = (
-    ". It died before finishing any batch, so its start-up may have failed: see its traceback "
+_NEVER_BEGAN = (
+    ". It died before it began any sample, so its start-up may have failed: see its traceback "
     "on stderr (a script that starts process workers needs `if __name__ == '__main__':` around "
     "its main code)"
 )
@@ -160,14 +155,36 @@ class WorkerHandle:
         """Rows of the parts it holds: how busy it is."""
         return sum(part.rows for _, _, part in self.in_flight.values())
 
+    def begun(self, describe: Callable[[int], str]) -> list[str]:
+        """The samples it began and did not finish (their rows' clocks run), named by
+        `describe(index)`: once it died, the sample that killed it, if one did."""
+        found = []
+        for _, _, part in self.in_flight.values():
+            if part.slot.started is not None:
+                rows = part.slot.started[part.start : part.stop].nonzero()[0] + part.start
+                found += [describe(int(part.task.indices[row])) for row in rows]
+        return found
+
+    def sent_files(self, describe: Callable[[int], str]) -> list[str]:
+        """The samples of the parts it holds, named by `describe(index)`."""
+        return [
+            describe(int(index))
+            for _, _, part in self.in_flight.values()
+            for index in part.task.indices[part.start : part.stop]
+        ]
+
     def crashed(
-        self, reason: str, restarts: int, max_restarts: int, files: list[str]
+        self, reason: str, restarts: int, max_restarts: int, files: list[str], began: bool
     ) -> WorkerCrashedError:
-        """The error for this worker's death past `max_restarts`, naming what it decoded."""
+        """The error for this worker's death past `max_restarts`: `reason` names its exit code
+        or signal and the sample it was reading (`began`: it had begun one, `begun`); `files`
+        what it held. Only a worker that never answered and began no sample may have failed
+        to start."""
         return WorkerCrashedError(
             f"worker process {self.process.name} (pid {self.process.pid}) died with "
             f"{reason}, after {counted(restarts, 'restart')} (max_restarts="
-            f"{max_restarts}); it was decoding {counted(len(files), 'file')}: {files[:8]}"
+            f"{max_restarts}); its part of the batch held {counted(len(files), 'file')}: "
+            f"{files[:8]}"
             + (" ..." if len(files) > 8 else "")
-            + (_NEVER_ANSWERED if self.answered == 0 else "")
+            + (_NEVER_BEGAN if self.answered == 0 and not began else "")
         )

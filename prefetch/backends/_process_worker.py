@@ -11,16 +11,18 @@ Over its own duplex pipe a worker receives, in order:
   (`_answers.send_answer`), which the parent reads many at a time.
 - `Cancel(part_id)`: if that part is still queued here, drop it and answer (part id,
   `Cancelled()`, None) at once.
-- `Forget(name)`: unmap the segment; `Stop()`: exit once the tasks before it are done.
+- `Forget(name)`: unmap the segment; `Stop()` (`_lifecycle`'s): exit once the tasks before it
+  are done.
 
 Messages are read as they arrive (between samples' batches), so a cancel overtakes the queued
 tasks. With `threads_per_worker` > 1 a part is split in contiguous chunks across that many
 reader threads of the worker, so one process overlaps reads that wait on storage, and parts
 start while fewer than `BATCHES_AT_ONCE` rows per reader thread run: the next part's reads
 wait on storage while the current one's rows are decoded. A `Forget` or `Stop` waits until the
-parts before it are answered. The worker
-ignores SIGINT and exits when its parent dies (end-of-file on the pipe, or its pid gone); it
-then unlinks the segments it maps, as the parent cannot any more.
+parts before it are answered. The worker starts as `_lifecycle.start_worker` says (SIGINT
+ignored, out of open files an exit the parent explains) and exits when its parent dies
+(end-of-file on the pipe, or `parent_alive` false); it then unlinks the segments it maps, as
+the parent cannot any more.
 """
 
 from __future__ import annotations
@@ -30,25 +32,20 @@ import functools
 import multiprocessing
 import os
 import pickle
-import signal
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle
 from typing import NamedTuple
 
 from prefetch.backends._answers import send_answer
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot
+from prefetch.backends._file_limit import receive_descriptor
+from prefetch.backends._lifecycle import Stop, parent_alive
 from prefetch.backends._options import BATCHES_AT_ONCE
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import portable, with_traceback_text
 from prefetch.backends._shm import FileId, SlotLayout, unlink_if_same
 from prefetch.coordinator import POLL_S
-
-
-class Stop:
-    """Exit after the tasks sent before this."""
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Skipped, Slot
 
 
 class Cancelled:
@@ -103,28 +100,15 @@ class _ParentGone(Exception):
     pass
 
 
-def parent_alive(parent: int) -> bool:
-    """Whether the loader's process still runs (under forkserver it is not our parent)."""
-    if os.getppid() == parent:
-        return True
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def worker_main(
-    reader: SampleReader, layout: SlotLayout, conn: Connection, parent: int, threads: int = 1
+    conn: Connection, parent: int, reader: SampleReader, layout: SlotLayout, threads: int = 1
 ) -> None:
-    """A worker process: run tasks from `conn` until told to stop or the parent dies.
+    """A worker process (`_lifecycle.start_worker`'s target): run tasks from `conn` until told
+    to stop or the parent dies.
 
     With `threads` > 1, each part is split between that many reader threads, and parts start
     while fewer than `BATCHES_AT_ONCE` rows per thread are being read.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process only
     name = f"{multiprocessing.current_process().name} (pid {os.getpid()})"
     segments: dict[str, tuple[Slot, str, FileId]] = {}
     queued: deque[Task | Forget | Stop] = deque()
@@ -171,7 +155,7 @@ def _unread_segments(conn: Connection) -> list[tuple[str, FileId]]:
         while conn.poll(0):
             message = conn.recv()
             if isinstance(message, Segment):
-                fd = recv_handle(conn)
+                fd = receive_descriptor(conn)
                 try:
                     found.append((message.path, FileId.of(os.fstat(fd))))
                 finally:
@@ -236,7 +220,7 @@ def _read_arrived(
     while conn.poll(0):
         message = conn.recv()
         if isinstance(message, Segment):
-            fd = recv_handle(conn)
+            fd = receive_descriptor(conn)
             try:
                 slot = layout.map(fd, message.name)
                 segments[message.name] = (slot, message.path, FileId.of(os.fstat(fd)))

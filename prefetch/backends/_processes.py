@@ -21,17 +21,16 @@ batch and the worker, are in _process_pending.py).
 
 The consumer thread drives everything from `pump()`, which waits on the pipes and on the
 processes' sentinels, so a dead worker is seen within `POLL_S`; it is restarted and its batches
-parts re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it (a SIGBUS with
-/dev/shm full says so). Workers ignore SIGINT and exit when their parent dies, unlinking the
-segments.
+parts re-sent, up to `max_restarts` times, after which `WorkerCrashedError` names it, its exit
+code or signal and the sample it was reading (a segfault in a decoder; a SIGBUS with /dev/shm
+full says so). Workers start and stop as `_lifecycle` says (`close`: one deadline for all),
+and too few open files is one error that says so (`_file_limit`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import os
 import pickle
 import signal
 import threading
@@ -41,7 +40,14 @@ from multiprocessing.reduction import send_handle
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
 from prefetch.backends._answers import WorkerPoll
-from prefetch.backends._base import BatchTask, Skipped, Slot
+from prefetch.backends._file_limit import EXIT_OUT_OF_FILES, FileNeeds
+from prefetch.backends._lifecycle import (
+    Stop,
+    exit_reason,
+    start_worker,
+    stop_processes,
+    worker_context,
+)
 from prefetch.backends._process_pending import (
     InFlight,
     Part,
@@ -49,28 +55,18 @@ from prefetch.backends._process_pending import (
     WorkerHandle,
     split_rows,
 )
-from prefetch.backends._process_worker import (
-    Cancel,
-    Cancelled,
-    Forget,
-    Segment,
-    SentTask,
-    Stop,
-)
+from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, SentTask
 from prefetch.backends._process_worker import worker_main as _worker_main
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
 from prefetch.backends._shared_arrays import SharedArrays
 from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
-from prefetch.backends._spawning import check_picklable, main_script_hidden
+from prefetch.backends._spawning import check_picklable
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
+from prefetch.sample import BatchTask, SampleReader, Skipped, Slot
 
 log = logging.getLogger("prefetch.backends")
-
-# How long close() waits for workers to exit after the stop message, before terminating them.
-STOP_GRACE_S = 2.0
 
 
 class ProcessBackend:
@@ -97,19 +93,13 @@ class ProcessBackend:
         self.max_restarts = max_restarts
         self.threads_per_worker = threads_per_worker
         self.restarts = 0
-        if start_method not in ("spawn", "forkserver"):
-            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-        self._context = (
-            multiprocessing.get_context("forkserver")
-            if start_method == "forkserver"
-            else multiprocessing.get_context("spawn")
-        )
+        self._context = worker_context(start_method)
         self._slots = SharedSlots(self._layout)
         self._workers: list[WorkerHandle] = []
         self._pending: dict[int, ProcessPending] = {}
         self._next_id = 0
         self._next_part = 0
-        self._crashed: WorkerCrashedError | None = None
+        self._crashed: Exception | None = None
         self._lock = threading.RLock()
         self._pickled: tuple[BatchTask | None, bytes] = (None, b"")  # the newest task sent
         self._poll = WorkerPoll()
@@ -117,10 +107,24 @@ class ProcessBackend:
         self._sent: SharedArrays | None = None  # the reader as workers get it, from start()
 
     def start(self) -> None:
+        """Start the workers; one that fails to start stops those before it, and nothing is
+        left (no process, pipe, segment or memory file)."""
         slots = ring_capacity(self._depth)
         check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
-        self._sent = SharedArrays(self._reader)  # its large arrays once, shared by the workers
-        self._workers = [self._spawn(i) for i in range(self.workers)]
+        try:
+            self._sent = SharedArrays(self._reader)  # its large arrays once, for every worker
+            self._files().check()
+            for index in range(self.workers):
+                self._workers.append(self._spawn(index))
+        except BaseException:
+            self.close()
+            raise
+
+    def _files(self) -> FileNeeds:
+        """What the workers and slots take of this process's open files (`_file_limit`)."""
+        what = f"backend='process' with {counted(self.workers, 'worker')}"
+        fewer, also = "use fewer workers", ", or a smaller depth (fewer batch slots)"
+        return FileNeeds(self.workers, ring_capacity(self._depth), what, fewer, also)
 
     def set_workers(self, count: int) -> None:
         """Run `count` workers: spawn more, or let the newest finish their batches and leave."""
@@ -140,16 +144,14 @@ class ProcessBackend:
             self.workers = count
 
     def _spawn(self, index: int) -> WorkerHandle:
-        parent_end, child_end = self._context.Pipe()
-        process = self._context.Process(
-            target=_worker_main,
-            args=(self._sent, self._layout, child_end, os.getpid(), self.threads_per_worker),
-            name=f"prefetch-process-{index}",
-            daemon=True,
-        )
-        with contextlib.nullcontext() if self._needs_main else main_script_hidden():
-            process.start()
-        child_end.close()
+        with self._files().said():
+            process, parent_end = start_worker(
+                self._context,
+                _worker_main,
+                (self._sent, self._layout, self.threads_per_worker),
+                f"prefetch-process-{index}",
+                needs_main=self._needs_main,
+            )
         self._coordinator.register_thread(process)
         worker = WorkerHandle(index, process, parent_end)
         self._poll.add(worker, parent_end.fileno(), process.sentinel)
@@ -170,7 +172,7 @@ class ProcessBackend:
             return sum(1 for w in self._workers if not w.retiring and w.answered == 0)
 
     def new_slot(self) -> Slot:
-        with self._lock:
+        with self._lock, self._files().said():
             slot = self._slots.create()
             for worker in self._workers:
                 self._give_segment(worker, slot.name)
@@ -302,12 +304,13 @@ class ProcessBackend:
 
     def _handle_death(self, worker: WorkerHandle) -> None:
         code = worker.process.exitcode
-        reason = (
-            f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        )
+        reason = exit_reason(code)
         if code == -signal.SIGBUS:
             reason += shm.exhausted_note(self._layout.nbytes)
         lost = list(worker.in_flight.values())
+        reading = worker.begun(self._reader.describe)  # the sample that killed it, if one did
+        if reading:
+            reason += f" while reading {', '.join(map(repr, reading[:8]))}"
         for _, _, part in lost:  # rows it was reading stopped with it: no clock runs
             if part.slot.started is not None:
                 part.slot.started[part.start : part.stop] = 0.0
@@ -324,13 +327,13 @@ class ProcessBackend:
                 if item[0] in self._pending:
                     self._send(min(live, key=lambda w: (w.rows(), w.index)), item)
             return
-        if self.restarts >= self.max_restarts:
-            files = [
-                self._reader.describe(int(i))
-                for _, _, part in lost
-                for i in part.task.indices[part.start : part.stop]
-            ]
-            error = worker.crashed(reason, self.restarts, self.max_restarts, files)
+        if code == EXIT_OUT_OF_FILES or self.restarts >= self.max_restarts:
+            files = worker.sent_files(self._reader.describe)
+            error: Exception = worker.crashed(
+                reason, self.restarts, self.max_restarts, files, began=bool(reading)
+            )
+            if code == EXIT_OUT_OF_FILES:  # a restart would run out the same way
+                error = self._files().worker_ran_out(worker.process.name, worker.process.pid)
             self._crashed = error
             for batch_id, number, _ in lost:
                 pending = self._pending.get(batch_id)
@@ -371,25 +374,17 @@ class ProcessBackend:
                 self._send(replacement, item)
 
     def close(self) -> None:
-        """Stop the workers (terminate after a grace period), then unlink every segment."""
+        """Stop the workers within one deadline for all, then unlink every segment (shutdown
+        steps 4 to 6 of `_lifecycle`'s note). Idempotent."""
         with self._lock:
-            for worker in self._workers:
-                with contextlib.suppress(OSError):
-                    worker.conn.send(Stop())
-            for worker in self._workers:
-                worker.process.join(STOP_GRACE_S)
-                if worker.process.is_alive():
-                    worker.process.terminate()
-                    worker.process.join(STOP_GRACE_S)
-                if worker.process.is_alive():
-                    worker.process.kill()
-                    worker.process.join()
+            workers, self._workers = self._workers, []
+            for worker in workers:
                 self._poll.remove(worker.conn.fileno(), worker.process.sentinel)
-                worker.conn.close()
-            self._workers = []
+            stop_processes([(worker.process, worker.conn) for worker in workers])
             for pending in self._pending.values():
                 pending.cancelled = pending.abandoned = True  # no worker writes any more
             self._pending.clear()
-            self._slots.close()
+            self._slots.close()  # step 6: only now, when no worker can write any more
             if self._sent is not None:
                 self._sent.close()
+                self._sent = None

@@ -16,7 +16,8 @@ from collections import deque
 
 import numpy as np
 
-from prefetch.backends._base import Backend, Slot
+from prefetch.backends._base import Backend
+from prefetch.sample import Slot
 
 # Delivered batches the consumer may keep as views of ring slots; while it keeps this many,
 # further batches are handed out as copies (the ring is `crowded`).

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefetch._messages import counted
-from prefetch.backends._base import Slot
+from prefetch.sample import Slot
 
 log = logging.getLogger("prefetch.backends")
 
@@ -211,9 +211,44 @@ def exhausted_note(batch_bytes: int) -> str:
     )
 
 
-def fits_free_space(needed_bytes: int) -> bool:
-    """Whether the shared-memory folder has `needed_bytes` free (True where it is not there)."""
-    return not os.path.isdir(SHM_DIR) or shutil.disk_usage(SHM_DIR).free >= needed_bytes
+@dataclass(frozen=True)
+class ShmRoom:
+    """What the shared-memory folder holds (`total`, `free` bytes) and the ranks sharing it.
+
+    A rank's `share` is its equal part of the folder's size, within what is free now: ranks that
+    start one after another then all find their part, whichever starts first.
+    """
+
+    total: int
+    free: int
+    ranks: int = 1
+    folder: str = SHM_DIR
+
+    @property
+    def share(self) -> int:
+        """The bytes of batch slots this rank may take: its part, at most what is free."""
+        return min(self.free, self.total // self.ranks)
+
+    def describe(self) -> str:
+        """E.g. "this rank's share 3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"."""
+        among = f" among {self.ranks} ranks" if self.ranks > 1 else ""
+        return (
+            f"this rank's share {_gib(self.share)}: {_gib(self.total)}{among}, "
+            f"{_gib(self.free)} free"
+        )
+
+
+def shm_room(ranks: int = 1) -> ShmRoom | None:
+    """The shared-memory folder's room for `ranks` ranks of this host; None where it is not
+    there (then the process backend's slots are not files of it)."""
+    if not os.path.isdir(SHM_DIR):
+        return None
+    usage = shutil.disk_usage(SHM_DIR)
+    return ShmRoom(usage.total, usage.free, ranks, SHM_DIR)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def check_free_space(needed_bytes: int, slots: int, batch_size: int) -> None:

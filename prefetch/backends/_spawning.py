@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prefetch.backends._reader import SampleReader
 from prefetch.backends._shared_arrays import dumps_leaving_arrays
+from prefetch.sample import SampleReader
 
 
 def _sent_parts(reader: SampleReader) -> tuple[tuple[str, Any], ...]:

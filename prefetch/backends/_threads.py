@@ -15,16 +15,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from prefetch.backends._base import BatchOutcome, BatchTask, ChunkOutcome, Slot, compact
-from prefetch.backends._reader import SampleReader
+from prefetch.backends._base import BatchOutcome, compact
+from prefetch.backends._lifecycle import STUCK_THREAD_JOIN_S, THREAD_JOIN_S
 from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot
 
 log = logging.getLogger("prefetch.backends")
-
-# How long close() waits for worker threads to finish the chunk of samples they are decoding.
-JOIN_GRACE_S = 10.0
-# ... and when a worker thread is known to be stuck in a sample (sample_timeout_s).
-STUCK_GRACE_S = 0.5
 
 
 class ThreadPending:
@@ -124,7 +120,7 @@ class ThreadBackend:
 
     def time_out(self, pending: object, row: int, error: BaseException, skip: bool) -> bool:
         """A thread cannot be stopped from outside: the consumer raises `error` (and closes,
-        which then waits only `STUCK_GRACE_S` for the threads; the stuck one is a daemon)."""
+        which then waits only `STUCK_THREAD_JOIN_S` for the threads; the stuck one is a daemon)."""
         self._stuck = True
         return False
 
@@ -163,9 +159,10 @@ class ThreadBackend:
                 break
             if item is not None:
                 item[0].cancel()
+        # Shutdown steps 4 and 5 (`_lifecycle`'s note): wake every thread, one deadline for all.
         for _ in self._threads:
             self._tasks.put(None)  # wakes idle workers at once instead of after their poll
-        deadline = time.monotonic() + (STUCK_GRACE_S if self._stuck else JOIN_GRACE_S)
+        deadline = time.monotonic() + (STUCK_THREAD_JOIN_S if self._stuck else THREAD_JOIN_S)
         for thread in self._threads.values():
             thread.join(max(deadline - time.monotonic(), 0.0))
         alive = [t.name for t in self._threads.values() if t.is_alive()]

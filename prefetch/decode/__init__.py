@@ -34,13 +34,12 @@ from prefetch.decode._turbo import (
 from prefetch.decode._window import (
     chunk_available,
     compiled_available,
-    crop_image,
     decode_chunk,
     decode_window,
     entropy_decode_rows,
-    flip_left_right,
     window_engine_name,
 )
+from prefetch.decode._window_resize import crop_image, flip_left_right
 
 __all__ = [
     "COLOR_MODES",

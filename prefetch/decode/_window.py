@@ -4,10 +4,10 @@
 from its header, asks `crop` for the window (prefetch.plan._crops), and decodes as little as gives
 that window at no less than the target size:
 
-- JPEG, engine "turbo" with the compiled `prefetch.decode._jpegwindow` (libjpeg-turbo, built by the
-  install where a C compiler and libjpeg's headers exist): the largest DCT scale 1/N
-  (N = 1, 2, 4, 8) that keeps the window at least the target on both axes, and only the
-  window's rows and columns (`jpeg_crop_scanline` / `jpeg_skip_scanlines`).
+- JPEG, engine "turbo" with the compiled `prefetch.decode._jpegwindow` (libjpeg-turbo, built
+  by the install from prefetch/decode/_c/ where a C compiler and libjpeg's headers exist): the
+  largest DCT scale 1/N (N = 1, 2, 4, 8) that keeps the window at least the target on both
+  axes, and only the window's rows and columns (`jpeg_crop_scanline` / `jpeg_skip_scanlines`).
 - JPEG, engine "turbo" without it, but with the `fast` extra (simplejpeg): the same DCT scale,
   the whole image decoded, the window cut (a view).
 - Everything else, and engine "pillow": Pillow decodes (JPEGs at the same DCT scale, by
@@ -26,12 +26,13 @@ thread-safe; the compiled decode and OpenCV release the GIL.
 GIL for almost nothing): one call of the compiled decoder reads the local files, draws each
 sample's box and flip (numpy's generator, transcribed in C) and decodes every window without
 the GIL, then each window is resized and flipped into its slot row; what it cannot take is
-left to the caller's per-sample path.
+left to the caller's per-sample path. The C code is a second implementation of this module's
+`dct_scale` and `scaled_box`, of prefetch.plan's crop boxes and generator, and of the local
+read: each C function names its Python twin and each twin names it (prefetch/decode/_c/).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import io
@@ -41,10 +42,15 @@ from types import ModuleType
 import numpy as np
 from PIL import Image
 
-from prefetch.decode._cv_resize import resize_antialiased, resize_no_antialias, write_into
-from prefetch.decode._decoders import DecodeOptions, convert_mode, to_target_size
+from prefetch.decode._decoders import DecodeOptions, convert_mode
 from prefetch.decode._turbo import turbo_modules
-from prefetch.io import Location, active_options, open_bytes, read_image
+from prefetch.decode._window_resize import (
+    PIL_MODES,
+    cv2_module,
+    flip_left_right,
+    resize_window,
+)
+from prefetch.io import MAX_HEADER_SEGMENTS, Location, active_options, open_bytes, read_image
 from prefetch.plan import AUGMENT_STREAM, Box, CenterCrop, Crop, RandomResizedCrop
 
 
@@ -67,7 +73,20 @@ ENGINES = ("turbo", "pillow")
 DCT_SCALES = (8, 4, 2, 1)
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+CHUNK_BYTES = 64 << 20
+"""The most bytes of files and windows one call of the compiled chunk decoder holds at once.
+
+`decode_chunk` reads a chunk's files and plans their windows (holding the files), then decodes
+the windows: it stops reading once the next file would pass this many bytes, decodes what it
+holds, and goes on with the rest in a further call (issue 40.4: 32 files of 96 MB each made a
+thread worker 1.6 GB, a process worker 3.1 GB). A file larger than this goes alone. So the
+files and windows a worker holds are at most max(CHUNK_BYTES, the largest file) plus one
+window; for the worst file the object cap allows (`RemoteOptions.max_object_bytes`, default
+1 GiB) that is 1 GiB and its window, what the per-sample path holds for it too (the file's
+bytes, then its pixels). 64 MiB is 400 ImageNet photos or about a dozen camera photos: a chunk
+of 32 rows of either is one call or a few (each call costs some microseconds under the GIL).
+"""
 
 
 def compiled_available() -> bool:
@@ -114,7 +133,7 @@ def chunk_available(crop: Crop | None, options: DecodeOptions, engine: str) -> b
     )
 
 
-# What `decode_chunk` gives each sample (its table's columns; see _jpegwindow.c).
+# What `decode_chunk` gives each sample (its table's columns: T_STATUS... in _c/chunk.h).
 _STATUS, _OFFSET, _HEIGHT, _WIDTH, _FLIPPED, _NANOS = range(6)
 _DONE = 0
 
@@ -138,47 +157,70 @@ def decode_chunk(
     `Augment.rng(seed, epoch, indices[i])`, to the same pixels.
 
     One call of the compiled decoder reads every file, draws every box and flip and decodes
-    every window without the GIL; then each window is resized (and flipped) into its row.
+    every window without the GIL (`decode_chunk` in prefetch/decode/_c/binding.c, the loop in
+    _c/chunk.c); then each window is resized (and flipped) into its row.
     Returns (done, seconds): a bool per sample, False for a sample left to the caller (not a
     readable regular file, not a baseline JPEG, over a limit, damaged: the caller reads it the
     usual way, which names what is wrong), and the seconds spent on each. `started` (the
     slot's float64 column) holds each sample's `time.monotonic()` while it is read. Needs
-    `chunk_available(crop, options, "turbo")`."""
+    `chunk_available(crop, options, "turbo")`. Holds at most `CHUNK_BYTES` of files and windows
+    at once (one file alone where it is larger): a chunk of larger files takes several calls."""
     assert _jpegwindow is not None
-    count = len(paths)
     local = [os.fsencode(p) if "\x00" not in p else b"" for p in paths]  # C strings end at NUL
     if isinstance(crop, RandomResizedCrop):
         kind, params = 1, (*crop.scale, *crop.ratio)
     else:
         kind, params = 2, (crop.fraction, 0.0, 0.0, 0.0)
     limit = Image.MAX_IMAGE_PIXELS
-    windows, raw = _jpegwindow.decode_chunk(
-        local,
-        indices,
-        positions,
-        seed,
-        epoch,
-        AUGMENT_STREAM,
-        kind,
-        params,
-        bool(flip),
-        *options.image_size,
-        options.channels,
+    bounds = (
         -1 if options.max_pixels is None else options.max_pixels,
         -1 if limit is None else int(limit),
         active_options().max_object_bytes,
-        started,
+        MAX_HEADER_SEGMENTS,
+        CHUNK_BYTES,
     )
-    table = np.frombuffer(raw, np.int64).reshape(count, 6)
-    done = table[:, _STATUS] == _DONE
-    seconds = table[:, _NANOS] * 1e-9
+    tables, first = [], 0
+    while first < len(paths):
+        windows, raw, handled = _jpegwindow.decode_chunk(
+            local[first:] if first else local,
+            indices[first:] if first else indices,
+            positions[first:] if first else positions,
+            seed,
+            epoch,
+            AUGMENT_STREAM,
+            kind,
+            params,
+            bool(flip),
+            *options.image_size,
+            options.channels,
+            *bounds,
+            started,
+        )
+        assert handled > 0, "decode_chunk handles at least one sample a call"
+        table = np.frombuffer(raw, np.int64).reshape(-1, 6)[:handled]
+        _write_windows(windows, table, positions[first : first + handled], options, images)
+        tables.append(table)
+        first += handled
+    table = tables[0] if len(tables) == 1 else np.concatenate(tables)
+    return table[:, _STATUS] == _DONE, table[:, _NANOS] * 1e-9
+
+
+def _write_windows(
+    windows: bytearray,
+    table: np.ndarray,
+    positions: list[int],
+    options: DecodeOptions,
+    images: np.ndarray,
+) -> None:
+    """Resize (and flip) each window that `decode_chunk`'s `table` says is decoded into its
+    row `positions[i]` of `images`."""
     channels, target = options.channels, options.image_size
     # resize_window's own path for these options (OpenCV's bilinear, no antialiasing), called
     # directly: the least Python a sample.
     plain = options.interpolation == "bilinear" and not options.antialias
-    cv2 = _cv2() if plain else None
+    cv2 = cv2_module() if plain else None
     size, linear = (target[1], target[0]), cv2.INTER_LINEAR if cv2 is not None else 0
-    chosen = np.flatnonzero(done)
+    chosen = np.flatnonzero(table[:, _STATUS] == _DONE)
     samples = table[chosen, _OFFSET:_NANOS].tolist()
     for i, (offset, height, width, flipped) in zip(chosen.tolist(), samples, strict=True):
         pixels = np.frombuffer(windows, np.uint8, height * width * channels, offset)
@@ -189,7 +231,6 @@ def decode_chunk(
             resize_window(pixels, options, row)
         if flipped:
             flip_left_right(row, row)
-    return done, seconds
 
 
 def window_engine_name(engine: str) -> str:
@@ -232,22 +273,10 @@ def decode_window(
         return _pillow_window(data, box, options, out, image)
 
 
-def crop_image(
-    image: Image.Image | np.ndarray, crop: Crop, rng: np.random.Generator, options: DecodeOptions
-) -> np.ndarray:
-    """The window `crop` draws of an already decoded image (a source's `__getitem__`),
-    resized to `options.shape`."""
-    if isinstance(image, Image.Image):
-        image = np.asarray(convert_mode(image, _PIL_MODES[options.channels]))
-    if image.ndim == 2:
-        image = image[:, :, None]
-    height, width = image.shape[:2]
-    top, left, box_h, box_w = crop.box(height, width, options.image_size, rng)
-    return resize_window(image[top : top + box_h, left : left + box_w], options)
-
-
 def dct_scale(box: Box, target: tuple[int, int]) -> int:
-    """The largest N in (1, 2, 4, 8) that keeps the window at least `target` at 1/N."""
+    """The largest N in (1, 2, 4, 8) that keeps the window at least `target` at 1/N.
+
+    C twin: `dct_scale` in prefetch/decode/_c/boxes.c (the chunk path); change both."""
     return next(
         n
         for n in DCT_SCALES
@@ -257,40 +286,15 @@ def dct_scale(box: Box, target: tuple[int, int]) -> int:
 
 def scaled_box(box: Box, full: tuple[int, int], scale: int) -> Box:
     """`box` on the grid of the image decoded at 1/scale (whose size is ceil(full / scale)),
-    rounded to whole pixels and never empty."""
+    rounded to whole pixels and never empty.
+
+    C twin: `scaled_box` in prefetch/decode/_c/boxes.c (the chunk path); change both."""
     rows, columns = -(-full[0] // scale), -(-full[1] // scale)
     top = min(round(box.top / scale), rows - 1)
     left = min(round(box.left / scale), columns - 1)
     bottom = min(max(round((box.top + box.height) / scale), top + 1), rows)
     right = min(max(round((box.left + box.width) / scale), left + 1), columns)
     return Box(top, left, bottom - top, right - left)
-
-
-def resize_window(
-    pixels: np.ndarray, options: DecodeOptions, out: np.ndarray | None = None
-) -> np.ndarray:
-    """An HxWxC window resized to `options.shape` with the loader's interpolation; with `out`
-    (a uint8 array of that shape) resized straight into it, and `out` returned."""
-    cv2 = _cv2()
-    if cv2 is not None and options.interpolation == "bilinear":
-        resize = resize_antialiased if options.antialias else resize_no_antialias
-        return resize(pixels, options.image_size, "bilinear", cv2=cv2, out=out)
-    return write_into(to_target_size(np.ascontiguousarray(pixels), _whole(options)), out)
-
-
-def flip_left_right(image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """`image` mirrored left-right, as a new contiguous array, or written into `out` (which
-    may be `image` itself: flipped in place) and `out` returned. OpenCV's flip when the
-    `fast` extra is installed (about 8 us for 224x224x3, where numpy's copy of a reversed
-    view takes about 330 us), else numpy."""
-    cv2 = _cv2()
-    if cv2 is None:
-        if out is None:
-            return np.ascontiguousarray(image[:, ::-1])
-        out[...] = image[:, ::-1]  # numpy copies first where the two overlap
-        return out
-    flipped: np.ndarray = cv2.flip(np.ascontiguousarray(image), 1, dst=out)
-    return write_into(flipped.reshape(image.shape), out)
 
 
 def _turbo_window(
@@ -338,7 +342,7 @@ def _pillow_window(
             # Pillow scales by what it decided; derive the factor from the size it gives.
             scale = max(1, round(full[0] / opened.height))
         opened.load()
-        pixels = np.asarray(convert_mode(opened, _PIL_MODES[options.channels]))
+        pixels = np.asarray(convert_mode(opened, PIL_MODES[options.channels]))
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     top, left, height, width = scaled_box(box, full, scale)
@@ -364,20 +368,9 @@ def _jpeg_header(data: bytes) -> tuple[int, int] | None:
     return int(height), int(width)
 
 
-def _whole(options: DecodeOptions) -> DecodeOptions:
-    """`options` without Keras's crop or padding: the window is resized whole."""
-    return dataclasses.replace(options, crop_to_aspect_ratio=False, pad_to_aspect_ratio=False)
-
-
-# simplejpeg and OpenCV, imported once per process by the fast decoder's own import (None
-# without the `fast` extra); looked up per sample, so kept here once found.
+# simplejpeg, imported once per process by the fast decoder's own import (None without the
+# `fast` extra); looked up per sample, so kept here once found.
 @functools.lru_cache(maxsize=1)
 def _simplejpeg() -> ModuleType | None:
     modules = turbo_modules()
     return modules[0] if modules is not None else None
-
-
-@functools.lru_cache(maxsize=1)
-def _cv2() -> ModuleType | None:
-    modules = turbo_modules()
-    return modules[1] if modules is not None else None

@@ -11,8 +11,9 @@ The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors
 - the bounds of every read and listing (`RemoteOptions`: deadlines, size caps, listing caps,
   redirects), set per thread with `using` and read back with `active_options`;
 - retries of transient failures and errors that name the path or URL;
-- listing a remote folder once (`RemoteTree`), and the local copies of remote objects
-  (`ObjectCache`, bounded by `cache_limit` and shared by the processes of a host).
+- listing a remote folder once (`RemoteTree`), the local copies of remote objects
+  (`ObjectCache`, bounded by `cache_limit` and shared by the processes of a host), and the
+  checks of a folder of the user's own that such files are kept in (`open_private_folder`).
 
 Contract: a `str` location is always a path or URL (`is_url` tells them apart; `file://` is a
 path), never parsed for more; nothing here blocks past a `RemoteOptions` deadline or reads
@@ -25,15 +26,17 @@ Modules, lowest first: `_remote_options` (the bounds), `_local_files` (bounded l
 `_links` (URL resolution), `_retries` (retries, request errors), `_http` (one http(s)
 request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree` (listings),
 `_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
-`_images` (checked image bytes), `_paths` (`PathArray`), `_cache_checks` (a cache folder is
-yours), `_cache_ledger` (its bytes, locks and eviction, shared by processes), `_cache_folder`
-(the folder held in each process), `_cache` (`ObjectCache`).
+`_headers` (the header walk: the size decoders allocate), `_images` (checked image bytes),
+`_paths` (`PathArray`), `_private` (a folder of the user's own), `_cache_ledger` (a cache
+folder's bytes, locks and eviction, shared by processes), `_cache_folder` (the folder held in
+each process), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
 
 from __future__ import annotations
 
 from prefetch.io._cache import ObjectCache
+from prefetch.io._headers import MAX_HEADER_SEGMENTS, JpegHeader, PngHeader, walk_jpeg, walk_png
 from prefetch.io._images import (
     DEFAULT_MAX_PIXELS,
     MAX_JPEG_SCAN_PIXELS,
@@ -55,6 +58,7 @@ from prefetch.io._locations import (
     spooled_name,
 )
 from prefetch.io._paths import PathArray, pack_chunks
+from prefetch.io._private import open_private_folder
 from prefetch.io._records import (
     RECORD_OVERHEAD,
     corrupt_shard,
@@ -79,14 +83,17 @@ from prefetch.io._tree import RemoteTree
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "MAX_HEADER_SEGMENTS",
     "MAX_JPEG_SCANS",
     "MAX_JPEG_SCAN_PIXELS",
     "RECORD_OVERHEAD",
+    "JpegHeader",
     "Location",
     "Member",
     "MemberTable",
     "ObjectCache",
     "PathArray",
+    "PngHeader",
     "RemoteOptions",
     "RemoteTree",
     "active_options",
@@ -102,6 +109,7 @@ __all__ = [
     "masked_crc32c",
     "open_bytes",
     "open_image",
+    "open_private_folder",
     "open_regular",
     "pack_chunks",
     "place_of",
@@ -118,4 +126,6 @@ __all__ = [
     "spooled_name",
     "url_scheme",
     "using",
+    "walk_jpeg",
+    "walk_png",
 ]

@@ -1,6 +1,6 @@
 """A cache folder held by each process that uses it: checked, swept, counted, shared.
 
-`CacheFolder.open(folder, limit)` checks (or creates) the folder (`prefetch.io._cache_checks`)
+`CacheFolder.open(folder, limit)` checks (or creates) the folder (`prefetch.io._private`)
 and holds it by a descriptor, in each process that uses it (a pickled `CacheFolder` opens it
 again, and refuses another folder found at its path); every file in it is reached through that
 descriptor. Processes share the folder by the rules of `prefetch.io._cache_ledger` (a ledger of
@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
-from prefetch.io._cache_checks import open_checked
 from prefetch.io._cache_ledger import (
     LEDGER_WAIT_S,
     LOCK_PREFIX,
@@ -36,6 +35,7 @@ from prefetch.io._cache_ledger import (
     pin,
     unlock_object,
 )
+from prefetch.io._private import open_private_folder
 from prefetch.io._remote_options import active_options
 from prefetch.io._retries import READ_RETRIES
 
@@ -109,7 +109,7 @@ class CacheFolder:
         path = os.path.abspath(os.fspath(folder))
         with contextlib.suppress(FileExistsError):  # a file there is refused below
             os.makedirs(path, mode=0o700, exist_ok=True)
-        handle = open_checked(path)
+        handle = open_private_folder(path, "cache_dir")
         info = os.fstat(handle)
         cache = cls(path, info.st_dev, info.st_ino, limit)
         alone = flock_within(handle, fcntl.LOCK_EX, 0)  # no other process uses the folder
@@ -138,7 +138,7 @@ class CacheFolder:
         worker process; ValueError if the folder at the path is no longer the one checked)."""
         with self._lock:
             if self._fd is None or self._pid != os.getpid():
-                handle = open_checked(self.folder)
+                handle = open_private_folder(self.folder, "cache_dir")
                 info = os.fstat(handle)
                 if (info.st_dev, info.st_ino) != (self.device, self.inode):
                     os.close(handle)

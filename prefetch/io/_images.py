@@ -16,23 +16,26 @@ baseline photo pays only a walk over its header's few segments. It is a bound li
 `max_object_bytes`, on decode time instead of memory. Below the cap, the work of a scan is in
 proportion to the pixels, so scans times pixels is bounded too (`MAX_JPEG_SCAN_PIXELS`).
 
-Every image's size is read from its header (`image_pixels`: a JPEG's frame, a PNG's IHDR, a
-few bytes; Pillow's lazy `open` for other formats) and an image of more pixels than the
-`max_pixels` given (the `Loader`'s `ErrorPolicy(max_pixels=...)`, default
+Every image's size is read from its header by the header walk (`prefetch.io._headers`: every
+frame of a JPEG before its first scan, every IHDR of a PNG before its first IDAT, with no count
+after which it stops looking; Pillow's lazy `open` for other formats) and an image of more
+pixels than the `max_pixels` given (the `Loader`'s `ErrorPolicy(max_pixels=...)`, default
 `DEFAULT_MAX_PIXELS`) is refused before any decoder allocates its pixels: a flat 13,000 x
-13,000 PNG is 189 KB on disk and 3.5 GB in memory once decoded. Pure functions of the bytes,
-thread-safe.
+13,000 PNG is 189 KB on disk and 3.5 GB in memory once decoded. So is a file whose size
+decoders disagree on (two frames, two IHDRs) and one whose header is longer than any image's
+(`MAX_HEADER_SEGMENTS`). The compiled chunk path applies the same rules with the walk's C twin
+(prefetch/decode/_c/header_walk.c). Pure functions of the bytes, thread-safe.
 """
 
 from __future__ import annotations
 
 import io
 import re
-import struct
 import warnings
 
 from PIL import Image, UnidentifiedImageError
 
+from prefetch.io._headers import MAX_HEADER_SEGMENTS, JpegHeader, walk_jpeg, walk_png
 from prefetch.io._locations import Location, read_location
 
 MAX_JPEG_SCANS = 500
@@ -70,24 +73,22 @@ _SOS = re.compile(b"\xff\xda")
 # Frame (SOF) markers whose scans cost at least two bits a block: Huffman-coded baseline,
 # extended sequential and lossless. Every other frame's scans are counted.
 _SIZE_BOUNDED_FRAMES = frozenset({0xC0, 0xC1, 0xC3})
-# All frame markers: 0xC0-0xCF but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
-_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-# The most markers read looking for the frame: a photo has about 10 before it (APPn, DQT, DHT).
-_MAX_HEADER_MARKERS = 256
 
 
 def check_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
     """Refuse what no decoder should be given, naming the file `name`: an empty file
-    (`PIL.UnidentifiedImageError`, "empty file"), an image of more than `max_pixels` pixels
-    by its header (None: no limit), and a progressive or arithmetic-coded JPEG of more than
-    `MAX_JPEG_SCANS` scans or `MAX_JPEG_SCAN_PIXELS` scans times pixels (both
-    `PIL.Image.DecompressionBombError`). Costs a few microseconds for a baseline JPEG or a
-    PNG, a pass over the bytes (about 1 ms a MB) for the others."""
+    (`PIL.UnidentifiedImageError`, "empty file"), and as `PIL.Image.DecompressionBombError`:
+    an image of more than `max_pixels` pixels by its header (None: no limit), a JPEG of two
+    frames or a PNG of two IHDRs before their data (decoders disagree on their size), a header
+    of more than `MAX_HEADER_SEGMENTS` segments or chunks, and a progressive or
+    arithmetic-coded JPEG of more than `MAX_JPEG_SCANS` scans or `MAX_JPEG_SCAN_PIXELS` scans
+    times pixels. Costs a few microseconds for a baseline JPEG or a PNG, a pass over the
+    bytes (about 1 ms a MB) for the others."""
     if not data:
         raise UnidentifiedImageError(f"empty file (0 bytes): {name!r}")
     jpeg = data.startswith(_JPEG_SOI)
-    frame = _frame(data) if jpeg else None
-    size = frame[1] if frame is not None else (None if jpeg else image_pixels(data))
+    header = walk_jpeg(data) if jpeg else None
+    size = _checked_size(data, header, name)
     pixels = size[0] * size[1] if size is not None else 0
     if max_pixels is not None and pixels > max_pixels:
         width, height = size or (0, 0)
@@ -96,7 +97,7 @@ def check_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_M
             f"is not decoded (it would take about {_gigabytes(pixels)} GB of memory). Pass "
             "on_error=ErrorPolicy(max_pixels=...) to raise the limit, or resize the file"
         )
-    if not jpeg or (frame is not None and frame[0] in _SIZE_BOUNDED_FRAMES):
+    if header is None or header.frame in _SIZE_BOUNDED_FRAMES:
         return
     scans = len(_SOS.findall(data))
     if scans > MAX_JPEG_SCANS:
@@ -118,14 +119,15 @@ def check_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_M
 
 def image_pixels(data: bytes) -> tuple[int, int] | None:
     """(width, height) of the encoded image `data` from its header, before any pixel is
-    decoded: a JPEG's frame, a PNG's IHDR, else Pillow's lazy `open` (header only); None
-    when no size can be read (the decoder then names what is wrong)."""
+    decoded: a JPEG's frame, a PNG's IHDR (the largest, where there are several: the header
+    walk, `prefetch.io._headers`), else Pillow's lazy `open` (header only); None when no size
+    can be read (the decoder then names what is wrong)."""
     if data.startswith(_JPEG_SOI):
-        frame = _frame(data)
-        return None if frame is None else frame[1]
-    if data.startswith(_PNG_MAGIC) and data[12:16] == b"IHDR" and len(data) >= 24:
-        width, height = struct.unpack_from(">II", data, 16)
-        return int(width), int(height)
+        header = walk_jpeg(data)
+        return (header.width, header.height) if header.frames else None
+    if data.startswith(_PNG_MAGIC):
+        png = walk_png(data)
+        return (png.width, png.height) if png.headers else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -142,30 +144,33 @@ def _gigabytes(pixels: int) -> str:
     return f"{pixels * 11 / 1e9:.1f}"
 
 
-def _frame(data: bytes) -> tuple[int, tuple[int, int]] | None:
-    """The frame (SOF) marker of the JPEG `data` and its (width, height), found as libjpeg
-    finds markers (bytes before one are skipped, each segment by its length), or None when
-    there is none early on."""
-    position, end = 2, len(data)
-    for _ in range(_MAX_HEADER_MARKERS):
-        position = data.find(b"\xff", position)
-        if position < 0 or position + 1 >= end:
-            return None
-        marker = data[position + 1]
-        if marker in _FRAMES:
-            if position + 9 > end:
-                return None
-            height, width = struct.unpack_from(">HH", data, position + 5)
-            return marker, (int(width), int(height))
-        if marker in (0xD9, 0xDA):  # the end, or a scan before any frame
-            return None
-        if marker in (0x00, 0x01, 0xFF) or 0xD0 <= marker <= 0xD8:  # no length follows
-            position += 1 if marker == 0xFF else 2
-            continue
-        if position + 4 > end:
-            return None
-        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
-    return None
+def _checked_size(data: bytes, jpeg: JpegHeader | None, name: str) -> tuple[int, int] | None:
+    """The (width, height) decoders will allocate for `data` (`jpeg`: its walk, for a JPEG),
+    or None when its header says none; `DecompressionBombError` naming `name` for a header
+    that decoders read differently (two frames, two IHDRs) or that is longer than any image's."""
+    if jpeg is not None:
+        walked, found, size = jpeg.segments, jpeg.frames, (jpeg.width, jpeg.height)
+        segments, headers = "marker segments before its first scan", "frame headers (SOF)"
+        disagree = "libjpeg refuses a second frame, Pillow allocates for the last"
+    elif data.startswith(_PNG_MAGIC):
+        png = walk_png(data)
+        walked, found, size = png.chunks, png.headers, (png.width, png.height)
+        segments, headers = "chunks before its first IDAT", "IHDR chunks"
+        disagree = "libpng refuses a second, Pillow allocates for the last"
+    else:
+        return image_pixels(data)
+    if walked > MAX_HEADER_SEGMENTS:
+        raise Image.DecompressionBombError(
+            f"more than MAX_HEADER_SEGMENTS={MAX_HEADER_SEGMENTS:,} {segments}: {name!r} is "
+            "not decoded (an image's header has about 10; each costs its decoders a step). "
+            "Re-save it without them"
+        )
+    if found > 1:
+        raise Image.DecompressionBombError(
+            f"{found} {headers}, the largest {size[0]} x {size[1]}: {name!r} is not decoded "
+            f"(decoders disagree on its size: {disagree}). Re-save it with one"
+        )
+    return size if found else None
 
 
 def read_image(path: Location, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> bytes:

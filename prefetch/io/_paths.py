@@ -160,17 +160,10 @@ class PathArray:
         return f"PathArray({counted(len(self), 'path')}: {str(shown)[:-1]}{more}])"
 
 
-# Bytes compared at a time when counting a buffer's NULs (a temporary of this size, not of the
-# whole buffer: a shard's member names may be hundreds of MB).
-_COUNT_STEP = 16 << 20
-
-
 def _zeros(data: np.ndarray) -> int:
-    """The NUL bytes in `data`, counted a step at a time."""
-    return sum(
-        int(np.count_nonzero(data[start : start + _COUNT_STEP] == 0))
-        for start in range(0, len(data), _COUNT_STEP)
-    )
+    """The NUL bytes in `data` (counted without a temporary: a shard's member names or a kept
+    listing's paths may be hundreds of MB)."""
+    return len(data) - int(np.count_nonzero(data))
 
 
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:

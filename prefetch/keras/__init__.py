@@ -2,7 +2,7 @@
 (and so the backend `KERAS_BACKEND` names), never TensorFlow for another backend.
 
 - `dataset`: a Loader as a `keras.utils.PyDataset` (`LoaderPyDataset`) for `fit`, `evaluate`
-  and `predict`.
+  and `predict`, sharded by process in a multi-process JAX job (`jax_processes`).
 """
 
 # ruff: noqa: E402  (the framework check comes before the imports that need it)
@@ -16,6 +16,6 @@ require(
     alternative="with TensorFlow installed, prefetch.tf.dataset(loader)",
 )
 
-from prefetch.keras._dataset import LoaderPyDataset, dataset
+from prefetch.keras._dataset import LoaderPyDataset, dataset, jax_processes
 
-__all__ = ["LoaderPyDataset", "dataset"]
+__all__ = ["LoaderPyDataset", "dataset", "jax_processes"]

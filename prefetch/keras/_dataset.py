@@ -24,6 +24,11 @@ framework for it, so this module imports Keras only. Contract:
   handed out again as the first of the next epoch, so no batch is lost to that look.
 - An error raised by the loader is recorded on its Coordinator before it propagates, so that
   `with loader:` re-raises the original when TensorFlow has wrapped it in its own type.
+- In a multi-process JAX job (`jax.distributed.initialize()`, Keras's `keras.distribution`
+  across hosts) the loader is sharded by process (`jax.process_index()` of
+  `jax.process_count()`, `Loader.shard`) when the dataset is made, as `prefetch.torch` shards
+  by `torch.distributed` rank, so every process feeds its own share of each epoch, with the
+  same number of batches (`jax_processes`).
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
     `len()` and `num_batches` are the loader's batches per epoch. Batches are numpy
     `(images, labels)` as the loader gives them (uint8 NHWC images), or the images alone with
     `label_mode=None`. Like Keras's `image_dataset_from_directory` datasets it has
-    `class_names` and `file_paths` (see `prefetch.tf.dataset`).
+    `class_names` and `file_paths` (see `prefetch.tf.dataset`). `distributed`: as
+    `prefetch.keras.dataset` takes it (sharding by JAX process).
     """
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: Loader, distributed: bool | None = None) -> None:
         # One worker and no multiprocessing: Keras then calls __getitem__ in its own loop, in
         # order; the loader's workers do the decoding.
         super().__init__(workers=1, use_multiprocessing=False)
@@ -57,6 +63,7 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
                 f"prefetch.keras.dataset reads a prefetch.Loader, got {type(loader).__name__}"
             )
         self.loader = loader
+        _shard_by_process(loader, distributed)
         self.class_names: list[str] | None = list(loader.class_names) or None
         self.file_paths: list[str] | None = (
             loader.source.paths.tolist() if is_file_source(loader.source) else None
@@ -144,6 +151,44 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         return images, np.zeros((size, *tail), dtype)
 
 
+def jax_processes() -> tuple[int, int] | None:
+    """`(jax.process_count(), jax.process_index())` in a multi-process JAX job, else None.
+
+    A job is multi-process when `jax.distributed` is initialised
+    (`jax.distributed.is_initialized()`, JAX 0.5.1 on) or, under Keras's JAX backend, when
+    `jax.process_count()` is above 1 (an older JAX, or a TPU pod that initialised itself).
+    JAX is never imported here (a process that has not imported it runs no JAX job), and
+    `process_count` is asked only in those two cases: it starts JAX's backend, which takes
+    accelerator memory, in a process that may use JAX for something else.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
+    if not (callable(initialized) and initialized()) and keras.backend.backend() != "jax":
+        return None
+    count = int(jax.process_count())
+    return (count, int(jax.process_index())) if count > 1 else None
+
+
+def _shard_by_process(loader: Loader, distributed: bool | None) -> None:
+    """Shard `loader` by JAX process as `distributed` asks (see `dataset`)."""
+    if distributed is False:
+        return
+    processes = jax_processes()
+    if processes is None:
+        if distributed:
+            raise RuntimeError(
+                "distributed=True needs a multi-process JAX job: call "
+                "jax.distributed.initialize() first (or pass distributed=None to shard only in "
+                "one). Keras shards by process only on JAX; under torch.distributed use "
+                "prefetch.torch.DeviceLoader, under tf.distribute "
+                "prefetch.tf.dataset(loader, input_context=...)"
+            )
+        return
+    loader.shard(*processes)
+
+
 def _called_from_keras(function: str, depth: int) -> bool:
     """Whether Keras's `function` is among our caller's `depth` nearest callers."""
     frame: Any = sys._getframe(2)
@@ -156,7 +201,7 @@ def _called_from_keras(function: str, depth: int) -> bool:
     return False
 
 
-def dataset(loader: Loader) -> LoaderPyDataset:
+def dataset(loader: Loader, *, distributed: bool | None = None) -> LoaderPyDataset:
     """The loader as a `keras.utils.PyDataset` that `fit`, `evaluate` and `predict` take under
     every Keras backend (TensorFlow, PyTorch, JAX), without importing TensorFlow for the others.
 
@@ -168,9 +213,15 @@ def dataset(loader: Loader) -> LoaderPyDataset:
     Parameters:
 
     - `loader`: the `Loader` whose epochs the dataset yields. Keep one dataset per loader.
+    - `distributed`: shard the loader by JAX process: `None` (the default) does in a
+      multi-process JAX job (`jax_processes`: `jax.distributed.initialize()` was called),
+      `True` requires one, `False` never. Each process then yields its own share of every
+      epoch, `len(loader)` batches on every process (`Loader.shard`): the loader's
+      `batch_size` is the batch of one process; give every process the same `seed`.
 
     To resume mid-epoch, restore the loader (`loader.load_state_dict(state)`), finish its epoch
-    with `fit(ds, steps_per_epoch=len(loader) - state["position"], epochs=state["epoch"] + 1,
-    initial_epoch=state["epoch"])`, then go on with a plain `fit(ds, initial_epoch=...)`.
+    with `fit(ds, steps_per_epoch=len(loader) - loader.state_dict()["position"],
+    epochs=state["epoch"] + 1, initial_epoch=state["epoch"])`, then go on with a plain
+    `fit(ds, initial_epoch=...)`.
     """
-    return LoaderPyDataset(loader)
+    return LoaderPyDataset(loader, distributed)

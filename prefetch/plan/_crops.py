@@ -100,7 +100,10 @@ class RandomResizedCrop:
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator
     ) -> Box:
         """The window of a `height` x `width` image for one sample (`target` is unused: the
-        window does not depend on the output size)."""
+        window does not depend on the output size).
+
+        C twin: `random_box` in prefetch/decode/_c/boxes.c (the compiled chunk path), in the
+        same double arithmetic and draws; change both."""
         area = height * width
         log_low, log_high = math.log(self.ratio[0]), math.log(self.ratio[1])
         # Every attempt's two draws at once (one call: a loader draws a box per sample).
@@ -159,7 +162,10 @@ class CenterCrop:
     def box(
         self, height: int, width: int, target: tuple[int, int], rng: np.random.Generator
     ) -> Box:
-        """The central window of a `height` x `width` image (`rng` is unused)."""
+        """The central window of a `height` x `width` image (`rng` is unused).
+
+        C twin: `center_box` in prefetch/decode/_c/boxes.c (the compiled chunk path); change
+        both."""
         target_h, target_w = target
         # The largest window with the target's aspect ratio, then `fraction` of it.
         full_h = min(float(height), width * target_h / target_w)
@@ -216,9 +222,13 @@ class Augment:
 
     @staticmethod
     def rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-        """The generator of one sample's crop and flip."""
+        """The generator of one sample's crop and flip.
+
+        C twin: `sample_rng` and `pcg64_double` in prefetch/decode/_c/generator.c (numpy's
+        SeedSequence and PCG64, transcribed for the compiled chunk path)."""
         return np.random.default_rng([seed, epoch, index, AUGMENT_STREAM])
 
     def flipped(self, rng: np.random.Generator) -> bool:
-        """Whether this sample is flipped (draw after the crop's window)."""
+        """Whether this sample is flipped (draw after the crop's window). C twin: the
+        T_FLIPPED draw of `plan_sample` in prefetch/decode/_c/chunk.c."""
         return bool(self.flip) and bool(rng.random() < 0.5)

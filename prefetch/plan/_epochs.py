@@ -1,12 +1,14 @@
-"""Which samples go in which batch, in every epoch; and where an iteration stands.
+"""Which samples go in which batch, in every epoch, on every rank; and where an iteration stands.
 
 `EpochPlan` is pure: the batches of an epoch derive from (seed, epoch) and the plan's fields
 only, so every process, worker count and backend draws the same ones. Shard `i` of `n` takes
-every n-th sample of the same permutation, so shards are disjoint and cover the epoch. The
+every n-th sample of the same permutation, padded so that every shard has as many batches
+(see `EpochPlan`), so shards together cover the epoch and advance through it in lockstep. The
 `Loader` and the device-resident dataset (`prefetch.tf.resident`) both plan with it.
 
 `Cursor` holds the position: which epoch the next iteration begins, and how many batches the
-latest one has delivered; `state()` and `restore()` are what `state_dict` saves and loads.
+latest one has delivered; `state()` and `restore()` are what `state_dict` saves and loads
+(`prefetch.plan._resume` turns them into the saved state and back, on any layout).
 """
 
 from __future__ import annotations
@@ -43,6 +45,25 @@ class EpochPlan:
     `shuffle`: "samples" (a new permutation each epoch; True means this), "batches" (a fixed
     grouping drawn once from the seed, the groups' order shuffled each epoch) or False (in
     order). The last, shorter batch is kept unless `drop_remainder`.
+
+    Ranks (`num_shards`, `shard_index`): every shard gets the same number of samples, so the
+    same number of batches (a collective step waits for every rank). The epoch's order is
+    padded, as torch's `DistributedSampler` pads: when `size` is not a multiple of
+    `num_shards`, its first `pad` samples (`pad = -size % num_shards`, fewer than
+    `num_shards`) come again at its end; shard `i` then takes every `num_shards`-th sample from
+    the `i`-th. Padding, not trimming: no sample is ever left out of an epoch (trimming would
+    leave out the same last samples in every epoch of an unshuffled or `"batches"` loader),
+    and a step that waits for every rank finds each with a batch. With one shard, nothing is
+    padded.
+
+    Lockstep: step `k` of the epoch (batch `k` of every shard) takes positions
+    `[k * batch_size * num_shards, (k + 1) * batch_size * num_shards)` of the padded order, so
+    after `k` steps the shards together have read its first `consumed(epoch, k)` samples: the
+    epoch's global position, which `prefetch.plan.loader_state` saves and another layout
+    resumes from. `resume_at=(epoch, samples)` makes that epoch a resumed one: it yields the
+    order from sample `samples` on, padded from the order's start and split among this plan's
+    shards in the same way; its batches are the last of the epoch's `len(self)` (positions
+    `run_offset(epoch)` on), so `len(self) - position` is always the batches left.
     """
 
     size: int
@@ -52,6 +73,7 @@ class EpochPlan:
     drop_remainder: bool = False
     num_shards: int = 1
     shard_index: int = 0
+    resume_at: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         positive("batch_size", self.batch_size)
@@ -60,6 +82,11 @@ class EpochPlan:
             object.__setattr__(self, "shuffle", "samples")
         elif self.shuffle is not False and self.shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle must be 'batches', 'samples' or False, got {self.shuffle!r}")
+        if self.resume_at is not None:
+            if self.shuffle == "batches":
+                raise ValueError("shuffle='batches' resumes only on its own layout")
+            if not 0 <= self.resume_at[1] < self.size:
+                raise ValueError(f"resume_at {self.resume_at} is outside {self.size} samples")
 
     def replace(self, **changes: object) -> EpochPlan:
         """A copy with `changes` applied (and checked)."""
@@ -67,27 +94,85 @@ class EpochPlan:
 
     @property
     def shard_size(self) -> int:
-        """Samples per epoch in this shard."""
-        return len(range(self.shard_index, self.size, self.num_shards))
+        """Samples per epoch in each shard, padding included: `ceil(size / num_shards)`."""
+        return -(-self.size // self.num_shards)
+
+    def _count(self, samples: int) -> int:
+        """Batches of a shard of `samples`."""
+        full, rest = divmod(samples, self.batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
 
     def __len__(self) -> int:
-        """Batches per epoch."""
-        full, rest = divmod(self.shard_size, self.batch_size)
-        return full + (1 if rest and not self.drop_remainder else 0)
+        """Batches per epoch, the same in every shard."""
+        return self._count(self.shard_size)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a state taken mid-epoch with other ranks or another batch size resumes on
+        this plan (not with `shuffle="batches"`, whose batches are fixed for one layout)."""
+        return self.shuffle != "batches"
+
+    def sequence(self, epoch: int) -> np.ndarray:
+        """The epoch's samples in the order the shards read them together, unpadded."""
+        if self.shuffle == "batches":
+            return fixed_grouping(self.size, self.seed)
+        return epoch_order(self.size, shuffle=bool(self.shuffle), seed=self.seed, epoch=epoch)
+
+    def begins_at(self, epoch: int) -> int:
+        """The sample of the epoch's order where its run begins (`resume_at`, else 0)."""
+        resumed = self.resume_at
+        return resumed[1] if resumed is not None and resumed[0] == epoch else 0
+
+    def run_offset(self, epoch: int) -> int:
+        """The position of the epoch's first batch: 0, or for a resumed epoch `len(self)` less
+        its run's batches."""
+        begin = self.begins_at(epoch)
+        if begin == 0:
+            return 0
+        return len(self) - self._count(-(-(self.size - begin) // self.num_shards))
 
     def batches(self, epoch: int, start: int = 0) -> list[np.ndarray]:
         """The sample indices of each batch of `epoch` from batch `start` on, in order."""
-        if self.shuffle == "batches":
-            order = fixed_grouping(self.size, self.seed)
-        else:
-            order = epoch_order(self.size, shuffle=bool(self.shuffle), seed=self.seed, epoch=epoch)
-        order = order.astype(np.int64)[self.shard_index :: self.num_shards]
+        order = self.sequence(epoch).astype(np.int64)
+        rest = order[self.begins_at(epoch) :]
+        padded = np.concatenate([rest, np.resize(order, -len(rest) % self.num_shards)])
+        mine = padded[self.shard_index :: self.num_shards]
         size = self.batch_size
-        batches = [order[i : i + size] for i in range(0, len(self) * size, size)]
+        batches = [mine[i : i + size] for i in range(0, self._count(len(mine)) * size, size)]
         if self.shuffle == "batches":
             turn = epoch_order(len(batches), shuffle=True, seed=self.seed, epoch=epoch)
             batches = [batches[i] for i in turn]
-        return batches[start:]
+        return batches[max(0, start - self.run_offset(epoch)) :]
+
+    def _step_ends(self, epoch: int) -> np.ndarray:
+        """`shuffle="batches"`: the samples read after each step, from 0 (without drawing the
+        grouping: every batch is full but the last of the grouping, which the turn moves)."""
+        count = len(self)
+        sizes = np.full(count, self.batch_size * self.num_shards, np.int64)
+        turn = epoch_order(count, shuffle=True, seed=self.seed, epoch=epoch)
+        last = self.shard_size - (count - 1) * self.batch_size
+        sizes[turn == count - 1] = min(last, self.batch_size) * self.num_shards
+        return np.concatenate([[0], np.cumsum(sizes)])
+
+    def consumed(self, epoch: int, position: int) -> int:
+        """Samples of the epoch's order the shards together have read after `position` batches
+        each (lockstep), for `position` before the epoch's end: the global position. For
+        `shuffle="batches"` it counts the padding too, and names a place in this layout only."""
+        if self.shuffle == "batches":
+            return int(self._step_ends(epoch)[position])
+        steps = position - self.run_offset(epoch)
+        return self.begins_at(epoch) + steps * self.batch_size * self.num_shards
+
+    def position_of(self, epoch: int, samples: int) -> int | None:
+        """The batch position before the epoch's end where `consumed(epoch, position)` is
+        `samples`, or None when no batch boundary of this plan's run falls there."""
+        if self.shuffle == "batches":
+            found = np.flatnonzero(self._step_ends(epoch)[: len(self)] == samples)
+            return int(found[0]) if len(found) else None
+        offset = self.run_offset(epoch)
+        steps, rest = divmod(samples - self.begins_at(epoch), self.batch_size * self.num_shards)
+        position = offset + steps
+        return position if steps >= 0 and not rest and position < len(self) else None
 
 
 class Cursor:
@@ -128,12 +213,13 @@ class Cursor:
             if self._current is not None and self._current[0] == epoch:
                 self._current[1] += 1
 
-    def state(self, batches_per_epoch: int) -> tuple[int, int]:
-        """(epoch, position) to save: the epoch in progress, or the next at position 0."""
+    def state(self, batches_per_epoch: int, held_back: int = 0) -> tuple[int, int]:
+        """(epoch, position) to save: the epoch in progress, or the next at position 0.
+        `held_back`: batches delivered that the consumer has not taken yet (not counted)."""
         with self._lock:
             current = self._current
-            if current is not None and current[1] < batches_per_epoch:
-                return current[0], current[1]
+            if current is not None and current[1] - held_back < batches_per_epoch:
+                return current[0], current[1] - held_back
             return self._next
 
     def restore(self, epoch: int, position: int) -> None:

@@ -53,6 +53,8 @@ class StreamingPlan(EpochPlan):
                 "shuffle='batches' is not offered for streamed shards (their order comes "
                 "through a shuffle buffer): pass shuffle=True or False"
             )
+        if self.resume_at is not None:
+            raise ValueError("a streamed shard source resumes only on its own layout")
         object.__setattr__(self, "_orders", {})
         if self.shard_size == 0:
             raise ValueError(
@@ -64,6 +66,12 @@ class StreamingPlan(EpochPlan):
     def replace(self, **changes: object) -> StreamingPlan:
         """A copy with `changes` applied (and checked)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def elastic(self) -> bool:
+        """False: each host streams its own whole shard files, so a state taken mid-epoch
+        resumes only with the same hosts and batch size."""
+        return False
 
     def host_shards(self, host: int | None = None) -> np.ndarray:
         """The shard files of `host` (default: this plan's `shard_index`)."""

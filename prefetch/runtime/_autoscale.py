@@ -280,6 +280,8 @@ def tuner_for(
     row_bytes: int = 0,
     batch_size: int = 1,
     readers_per_worker: int = 1,
+    cores: int | None = None,
+    ranks: int = 1,
 ) -> WorkerTuner:
     """The tuner of a loader whose slot ring takes `ring_bytes` (rows of `row_bytes` each).
 
@@ -289,11 +291,14 @@ def tuner_for(
     CPU-bound threads grow to twice the cores, processes to the cores (a process holds no
     GIL to wait for). Each worker also costs the batch rows it keeps in flight
     (`Workers.in_flight`): `ROWS_AHEAD_PER_READER` rows per reader, thread or reader thread of
-    a process.
+    a process. `cores` is this rank's share of the host's cores (default: the usable cores) and
+    `ranks` the ranks on the host (`prefetch._host.host_share`): the default budget is their
+    equal part of the quarter.
     """
-    budget = memory_budget or available_memory_bytes() // 4
+    cores = cores or usable_cores()
+    budget = memory_budget or available_memory_bytes() // 4 // ranks
     if process:
-        io_maximum = max(depth, IO_PROCESSES_PER_CORE * usable_cores())
+        io_maximum = max(depth, IO_PROCESSES_PER_CORE * cores)
         rows = ROWS_AHEAD_PER_READER * readers_per_worker
         worker_bytes = PROCESS_WORKER_BYTES + rows * row_bytes
     else:
@@ -301,7 +306,8 @@ def tuner_for(
         worker_bytes = THREAD_WORKER_BYTES + ROWS_AHEAD_PER_READER * row_bytes
     return WorkerTuner(
         start=workers,
-        maximum=usable_cores() if process else 2 * usable_cores(),
+        maximum=cores if process else 2 * cores,
+        cores=cores,
         depth=depth,
         worker_bytes=worker_bytes,
         budget_bytes=max(budget - ring_bytes, 0),

@@ -2,8 +2,9 @@
 
 The `Loader` makes one `Epochs` and hands it to every `Stream` it makes (`iter(loader)`); a
 stream works only through it. `Epochs` owns what outlives one epoch: the plan that draws each
-epoch's batches (`plan`, which `Loader.shard` and `load_state_dict` replace between epochs),
-the `cursor` of where iteration stands, the skip counter, the stats recorder, the worker set
+epoch's batches (`plan`, which `replan` and `load` replace between epochs for `Loader.shard`
+and `load_state_dict`, a loaded state carried over to new shards), the `cursor` of where
+iteration stands, the skip counter, the stats recorder, the worker set
 (`workers`) and, for a streamed shard source, the `spool` that fetches its shards ahead. It
 starts the workers when the first stream begins (or at `with loader:`, `enter`) and closes them
 when the last stream ends unless a `with` block owns them. While a `with` block owns them, an
@@ -22,18 +23,18 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from prefetch._machine import default_workers
 from prefetch._messages import counted
-from prefetch.backends import Backend, BatchOutcome, SampleReader, Skipped, SlotRing
+from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
-from prefetch.plan import Cursor, EpochPlan
+from prefetch.plan import Cursor, EpochPlan, LoaderState, loader_state, resume
 from prefetch.runtime._lookahead import Lookahead, Submitted
-from prefetch.runtime._options import Autotune, LoaderOptions
+from prefetch.runtime._options import LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
+from prefetch.sample import SampleReader, Skipped
 from prefetch.sources import cache_for, encode_labels
 
 # skipped files are reported on the logger users already filter on
@@ -111,6 +112,7 @@ class Epochs:
         self.spool = spool
         self.num_classes = num_classes
         self.cursor = Cursor()
+        self.restored: LoaderState | None = None  # the state loaded, until the plan changes
         self.stats = StatsRecorder()
         self.skips = SkipCounter(options.on_error.max_skipped)
         self._entered = 0
@@ -126,6 +128,28 @@ class Epochs:
     def plan(self, plan: EpochPlan) -> None:
         self._plan = plan
         self.discard_lookahead()
+
+    def replan(self, plan: EpochPlan) -> None:
+        """Plan with `plan` (other shards) from the next iteration on; a loaded state
+        (`load`) continues on it."""
+        epoch, position = self.cursor.next_epoch, self.cursor.next_position
+        if self.restored is not None:
+            plan, position = resume(plan, self.restored)
+        self.plan = plan
+        self.cursor.restore(epoch, position)
+
+    def load(self, state: LoaderState) -> None:
+        """The next iteration continues `state` (`Loader.load_state_dict`), on this plan's
+        shards and batch size, whatever it was taken with (`prefetch.plan.resume`)."""
+        plan, position = resume(self.plan, state)
+        self.plan, self.restored = plan, state
+        self.cursor.restore(state.epoch, position)
+
+    def state(self, held_back: int = 0) -> dict[str, int]:
+        """The state to save (`Loader.state_dict`): the cursor's place and the epoch's global
+        position, less `held_back` batches delivered but not yet taken."""
+        epoch, position = self.cursor.state(len(self.plan), held_back)
+        return loader_state(self.plan, epoch, position)
 
     @property
     def coordinator(self) -> Coordinator:
@@ -167,8 +191,11 @@ class Epochs:
         self.close()
 
     def close(self) -> None:
-        """Stop the fetching and the workers; raise a worker error nobody received. Idempotent."""
-        self.discard_lookahead()
+        """Stop the fetching and the workers; raise a worker error nobody received. Idempotent.
+
+        The batches submitted ahead are cancelled, not drained (shutdown step 3 of
+        `prefetch.backends._lifecycle`): the workers are stopped next."""
+        self.discard_lookahead(drain=False)
         if self.spool is not None:
             self.spool.end()  # its folder goes with the loader (the Loader's finalizer)
         try:
@@ -212,12 +239,13 @@ class Epochs:
                 self._ahead = Lookahead(self.plan, epoch, position, backend, ring)
             self._ahead.extend(room)
 
-    def discard_lookahead(self) -> None:
-        """Cancel the batches submitted ahead, if any, and return their slots."""
+    def discard_lookahead(self, drain: bool = True) -> None:
+        """Cancel the batches submitted ahead, if any, and return their slots (those being
+        decoded drained within `DRAIN_S` with `drain`, while the workers run)."""
         with self._lock:
             ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            ahead.discard(self.workers.owns(ahead.backend))
+            ahead.discard(drain and self.workers.owns(ahead.backend))
 
     def ready_ahead(self) -> int:
         """Batches submitted ahead for the next epoch that are already decoded."""
@@ -272,6 +300,12 @@ class Epochs:
     def describe(self, index: int) -> str:
         """The file (or sample) behind source index `index`, for messages."""
         return self.workers.reader.describe(index)
+
+    def workers_go_on(self) -> bool:
+        """Whether the workers keep running once the calling stream ends (a `with` block owns
+        them, or another stream runs): else its `end()` closes them."""
+        with self._lock:
+            return self._entered > 0 or self._streams > 1
 
     def end(self) -> None:
         """A stream that began has ended: stop fetching its shards; the last stream to end
@@ -355,8 +389,6 @@ def make_epochs(
         remote=options.remote,
         spool_folder=spool.folder if spool else None,
     )
-    asked = options.workers
-    count = default_workers() if asked is None or isinstance(asked, Autotune) else int(asked)
-    workers = Workers(options, reader, count)
+    workers = Workers(options, reader)
     weakref.finalize(owner, close_quietly, workers)
     return Epochs(plan, options, workers, spool, len(class_names))

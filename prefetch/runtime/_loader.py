@@ -35,7 +35,7 @@ from prefetch.backends import ProcessOptions
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder
 from prefetch.io import RemoteOptions
-from prefetch.plan import Augment
+from prefetch.plan import Augment, LoaderState
 from prefetch.runtime._epochs import make_epochs
 from prefetch.runtime._options import (
     MOVED,
@@ -120,9 +120,11 @@ class Loader:
     - `decoder`: how files are decoded: `"auto"` (the `fast` extra's libjpeg-turbo decoder
       when installed, else Pillow), `"pillow"`, `"turbo"`, or your own
       `decoder(path, options) -> array`. Used for file sources only.
-    - `workers`: worker threads or processes: an int >= 1; `None` for one per usable core,
-      less one from 4 cores on (tuned on remote URLs); `"auto"` to grow or shrink the count
-      while it runs, or `Autotune(memory_budget=...)` to do so within that many bytes.
+    - `workers`: worker threads or processes: an int >= 1 (above this rank's cores it warns,
+      `TooManyWorkersWarning`); `None` for one per core of this rank's share of the usable
+      cores (`ranks_per_host`), less one from 4 cores on (tuned on remote URLs); `"auto"` to
+      grow or shrink the count while it runs, or `Autotune(memory_budget=...)` to do so
+      within that many bytes.
     - `depth`: how many decoded batches may wait for the consumer, an int >= 1: the batches
       kept in flight (being decoded or waiting), or more when the workers need more rows to
       all be busy (two per worker).
@@ -139,6 +141,11 @@ class Loader:
       the least recently read evicted first); `None` for those of an
       `ImageFolder(url, remote=...)` source, else the defaults. Its `max_object_bytes` also
       bounds local files read whole.
+    - `ranks_per_host`: the training processes (ranks) on this host, each with its own loader,
+      among which the defaults divide the cores and `/dev/shm` (`workers=None`, the tuner's
+      bounds, `backend="auto"`'s room for batch slots); `None` reads it from the launcher
+      (`PREFETCH_RANKS_PER_HOST`, torchrun's `LOCAL_WORLD_SIZE`, SLURM, Open MPI, MPICH) and
+      from an affinity mask the launcher narrowed (docs/tuning.md, "Many ranks on one host").
 
     A bad value raises ValueError naming the option, the value and what is accepted; a keyword
     that moved into an option object raises TypeError naming its new spelling.
@@ -168,6 +175,7 @@ class Loader:
         backend: str | ProcessOptions = "auto",
         on_error: str | ErrorPolicy = "raise",
         remote: RemoteOptions | None = None,
+        ranks_per_host: int | None = None,
     ) -> None:
         check_group("remote", remote, RemoteOptions, "RemoteOptions(...)")
         check_group("augment", augment, Augment, "Augment(crop=..., flip=..., transform=...)")
@@ -211,6 +219,7 @@ class Loader:
             process=backend if isinstance(backend, ProcessOptions) else ProcessOptions(),
             on_error=policy,
             remote=remote,
+            ranks_per_host=ranks_per_host,
         )
         check_label_mode(self.source, label_mode, self.class_names)
         self._epochs = make_epochs(self, self.source, self.options, decode, self.class_names)
@@ -251,20 +260,25 @@ class Loader:
         return len(self._epochs.plan)
 
     def batch_indices(self, epoch: int) -> list[np.ndarray]:
-        """The source indices of each batch of `epoch` in this shard (derived from seed, epoch).
+        """The source indices of each batch of `epoch` in this shard (derived from seed, epoch;
+        for an epoch resumed from another layout's state, the batches it has left).
 
-        Every shard takes every `num_shards`-th sample of the same epoch permutation, so the
-        shards are disjoint and together cover the epoch.
+        Every shard takes every `num_shards`-th sample of the same epoch permutation, padded
+        so that every shard has `len(loader)` batches (`shard`), so the shards together cover
+        the epoch.
         """
         return self._epochs.plan.batches(epoch)
 
     def shard(self, num_shards: int, shard_index: int) -> None:
         """From now on yield shard `shard_index` of `num_shards` (`loader.options` says which).
 
-        For one input pipeline per process (tf.distribute): each process makes the same Loader
-        and calls `shard` with its own index. Allowed until the loader's first epoch begins
-        (also after `load_state_dict`), or at any time with the values it already has;
-        otherwise RuntimeError. A shuffling loader needs an explicit `seed` for num_shards > 1.
+        One loader per rank: each process makes the same Loader and calls `shard` with its
+        own index (the `prefetch.torch`, `.tf` and `.keras` adapters do it). Every shard gets
+        `ceil(samples / num_shards)` samples, so `len(loader)` batches: the first
+        `-samples % num_shards` of the epoch's order come again at its end (padding, as
+        torch's `DistributedSampler`; no sample is ever left out). Allowed until the first
+        epoch begins (a loaded state then continues on the new shards), or at any time with
+        the values it has; otherwise RuntimeError. Shuffling on num_shards > 1 needs a `seed`.
         """
         num_shards, shard_index = check_shard(num_shards, shard_index)
         options, epochs = self.options, self._epochs
@@ -284,14 +298,14 @@ class Loader:
                     f"shard({num_shards}, {shard_index}) before iterating it"
                 )
             plan = epochs.plan.replace(num_shards=num_shards, shard_index=shard_index)
-            if len(plan) < max(1, epochs.cursor.next_position):
+            if len(plan) == 0:
                 raise ValueError(
                     f"shard {shard_index} of {num_shards} has "
                     f"{counted(plan.shard_size, 'sample')}, {counted(len(plan), 'batch')} of "
-                    f"{options.batch_size}: too few for an epoch (or for the resume position "
-                    f"{epochs.cursor.next_position}); lower batch_size or the number of shards"
+                    f"{options.batch_size}: too few for an epoch; lower batch_size or the "
+                    "number of shards"
                 )
-            epochs.plan = plan
+            epochs.replan(plan)
             self._reconfigure(num_shards=num_shards, shard_index=shard_index)
 
     def _reconfigure(self, **changes: Any) -> None:
@@ -334,30 +348,37 @@ class Loader:
 
     # ---- resume ------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the loader is: {"seed", "epoch", "position"}, position in batches delivered.
+    def state_dict(self, *, held_back: int = 0) -> dict[str, int]:
+        """Where the loader is: a dict of ints (JSON-safe), the same on every rank.
 
-        Taken mid-epoch, it names the epoch in progress; at an epoch's end, the next epoch at
-        position 0. Restore it with `load_state_dict` (in this or a fresh process) and the
-        following batches equal those of an uninterrupted run.
+        `"epoch"` and `"position"` (batches this shard delivered) name the next batch: taken
+        mid-epoch, the epoch in progress; at an epoch's end, the next epoch at position 0.
+        `"samples"` is the epoch's global position (samples all ranks together have read, in
+        lockstep) with `"num_shards"`, `"batch_size"` and the dataset's `"size"`; then
+        `"version"`, `"seed"`. Save one rank's. `load_state_dict` (any process, number of
+        ranks or batch size) continues the epoch exactly.
+
+        - `held_back`: batches delivered that the consumer has not taken yet (an adapter that
+          reads ahead, as `prefetch.torch.DeviceLoader`); the state names the first of them.
         """
-        epoch, position = self._epochs.cursor.state(len(self))
-        return {"seed": self.options.seed, "epoch": epoch, "position": position}
+        return self._epochs.state(held_back)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from `state` (from `state_dict`): the next iteration resumes that epoch."""
-        position = int(state["position"])
-        if not 0 <= position <= len(self):
-            raise ValueError(
-                f"position {position} is outside this loader's epoch of {len(self)} batches; "
-                "was the state saved with another batch_size or dataset?"
-            )
+        """Continue from `state` (from `state_dict`): the next iteration resumes that epoch.
+
+        Taken with other ranks or another batch size, the state continues at its global
+        position: this loader's shard of the rest of that epoch's order (the rest split among
+        the new ranks, padded as `shard` pads), then whole epochs; across the ranks, before and
+        after, every sample of the epoch is read once, besides the padding. A later `shard`
+        re-applies it. `shuffle="batches"` and streamed shard sources continue mid-epoch only
+        on the same ranks and batch size (ValueError naming it otherwise). A version-1 state
+        (`{"seed", "epoch", "position"}`) loads on the layout it was saved with.
+        """
+        restored = LoaderState.of(state)
         with self._lock:
-            seed = int(state["seed"])
-            self._epochs.plan = self._epochs.plan.replace(seed=seed)
-            self._reconfigure(seed=seed)
+            self._epochs.load(restored)
+            self._reconfigure(seed=restored.seed)
             self._seed_is_random = False
-            self._epochs.cursor.restore(int(state["epoch"]), position)
 
     # ---- reporting ---------------------------------------------------------------------
 

@@ -24,12 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
+from prefetch.backends import DRAIN_S, Backend, PendingBatch, SlotRing
 from prefetch.plan import EpochPlan
-
-# How long an ended epoch (or a discarded lookahead) waits, in all, for the batches its workers
-# are still decoding.
-DRAIN_S = 5.0
+from prefetch.sample import BatchTask, Slot
 
 
 class Submitted(NamedTuple):
@@ -41,8 +38,9 @@ class Submitted(NamedTuple):
 
 
 def settle(submitted: Iterable[Submitted], backend: Backend, ring: SlotRing, running: bool) -> None:
-    """Give up `submitted` batches: cancel those still queued, wait for those being decoded
-    within `DRAIN_S` (not at all when `running` is False: no worker writes any more), and
+    """Give up `submitted` batches (shutdown steps 2 and 3 of prefetch.backends._lifecycle):
+    cancel those still queued, wait for those being decoded within `DRAIN_S` (not at all when
+    `running` is False: no worker writes any more, or they are about to be stopped), and
     return their slots to `ring`. A slot a worker may still write is forgotten rather than
     reused, so no worker is killed and no batch is overwritten."""
     submitted = list(submitted)

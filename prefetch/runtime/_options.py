@@ -104,7 +104,8 @@ class Autotune:
     `workers="auto"` is `Autotune()`.
 
     - `memory_budget`: the bytes the workers and batch buffers may use; None for a quarter of
-      the memory available at the start.
+      the memory available at the start, divided among the ranks on the host (the Loader's
+      `ranks_per_host`). The count grows to at most this rank's share of the cores.
     """
 
     memory_budget: int | None = None
@@ -136,12 +137,14 @@ class LoaderOptions:
     - `antialias`: as given.
     - `augment`: an `Augment` (empty when None was given).
     - `decoder`: the decoder given, by name or as a function.
-    - `workers`: an int, None (one per usable core) or an `Autotune` (for "auto").
+    - `workers`: an int, None (one per usable core, less one from 4 cores on) or an
+      `Autotune` (for "auto").
     - `depth`: the most batches in flight.
     - `backend`: "auto", "thread" or "process" (a `ProcessOptions` given is "process").
     - `process`: the `ProcessOptions` of the process backend.
     - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
     - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
+    - `ranks_per_host`: as given (None: read from the launcher, `prefetch._host.local_ranks`).
     - `num_shards`: the number of host shards, set by `Loader.shard`.
     - `shard_index`: this loader's host shard, set by `Loader.shard`.
 
@@ -170,6 +173,7 @@ class LoaderOptions:
     process: ProcessOptions = field(default_factory=ProcessOptions)
     on_error: ErrorPolicy = field(default_factory=ErrorPolicy)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
+    ranks_per_host: int | None = None
     num_shards: int = 1
     shard_index: int = 0
 
@@ -178,6 +182,8 @@ class LoaderOptions:
         positive("depth", self.depth)
         if self.workers is not None and not isinstance(self.workers, Autotune):
             positive("workers", self.workers)
+        if self.ranks_per_host is not None:
+            positive("ranks_per_host", self.ranks_per_host)
         one_of("label_mode", self.label_mode, LABEL_MODES)
         one_of("backend", self.backend, BACKENDS)
         if self.augment.crop is not None:

@@ -48,7 +48,9 @@ class LoaderStats:
       of the batches in flight); near that count means the producers are ahead.
     - `skipped`: samples dropped under `on_error="skip"` (the count is exact).
     - `skipped_paths`: the most recent of their files (at most `SKIPPED_PATHS_KEPT`).
-    - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`).
+    - `backend_reason`: how the backend was chosen (the measurement, for `backend="auto"`),
+      the worker count and the cores it was sized by (this rank's share of the host, and where
+      the ranks came from), and the bytes of batch slots (`prefetch.runtime._choice.decide`).
     - `worker_decisions`: with `workers="auto"`, each change (or hold) of the worker count and
       why.
     - `decoder`: the decoder that ran ("turbo", "pillow", a callable's own name, or with a

@@ -16,10 +16,11 @@ batches (`KEPT_REFERENCED_SLOTS`), further batches are handed out as copies, so 
 number costs memory only (never a slot, a shared-memory segment or its file descriptor).
 
 `close()` (also at exhaustion, on an error, and when the stream is dropped) cancels the batches
-still queued and waits for those being decoded within one deadline (`DRAIN_S`), then returns
-their slots (`settle`, prefetch.runtime._lookahead): a worker is never left writing a slot
-that the ring reuses, and none is killed.
-If no `with` block owns the loader, the last stream to end closes it.
+still queued and, while the workers go on running, waits for those being decoded within one
+deadline (`DRAIN_S`), then returns their slots (`settle`, prefetch.runtime._lookahead): a
+worker is never left writing a slot that the ring reuses, and none is killed.
+If no `with` block owns the loader, the last stream to end closes it, without that wait: the
+workers are stopped (shutdown steps 3 to 5 of `prefetch.backends._lifecycle`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from prefetch.backends import Backend, BatchTask, PendingBatch, Slot, SlotRing
+from prefetch.backends import Backend, PendingBatch, SlotRing
 from prefetch.coordinator import POLL_S
 from prefetch.errors import ClosedError, SampleTimeoutError
 from prefetch.runtime._epochs import Epochs
 from prefetch.runtime._lookahead import Submitted, settle
+from prefetch.sample import BatchTask, Slot
 
 
 class Batch(NamedTuple):
@@ -221,14 +223,16 @@ class Stream:
         raise ClosedError("the loader was closed while a batch was being waited for")
 
     def close(self) -> None:
-        """End the epoch: cancel queued batches, drain the rest within DRAIN_S. Idempotent."""
+        """End the epoch: cancel queued batches, drain the rest within DRAIN_S while the
+        workers go on running. Idempotent."""
         if self._closed:
             return
         self._closed = True
         in_flight, self._in_flight = self._in_flight, deque()
         self._todo.clear()
         if self._backend is not None:
-            running = self._epochs.owns(self._backend)  # else nothing writes any more
+            # else nothing writes any more, or the workers are stopped next (by end())
+            running = self._epochs.owns(self._backend) and self._epochs.workers_go_on()
             settle(in_flight, self._backend, self._ring_of(), running)
         if self.epoch is not None:
             self._epochs.end()

@@ -15,27 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from prefetch._machine import usable_cores
-from prefetch.backends import (
-    ROWS_AHEAD_PER_READER,
-    Backend,
-    SampleReader,
-    SlotLayout,
-    SlotRing,
-    choose_backend,
-    fits_free_space,
-    make_backend,
-    reader_threads,
-    ring_capacity,
-    sweep_stale,
-)
+from prefetch._host import HostShare, host_share
+from prefetch.backends import Backend, SlotRing, make_backend, sweep_stale
 from prefetch.coordinator import Coordinator
-from prefetch.runtime._autoscale import WorkerTuner, connection_cap, tuner_for
-from prefetch.runtime._options import (
-    REMOTE_PROCESSES_PER_CORE,
-    REMOTE_READER_THREADS,
-    LoaderOptions,
-)
+from prefetch.runtime._autoscale import WorkerTuner, tuner_for
+from prefetch.runtime._choice import asked_for, decide, in_flight, planned_workers, ring_bytes
+from prefetch.runtime._options import LoaderOptions
+from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
 
 log = logging.getLogger("prefetch.loader")
@@ -45,25 +31,28 @@ class Workers:
     """Starts, tunes and closes one loader's workers; see the module docstring.
 
     `backend_name` is "thread" or "process" once started ("auto" before), `backend_reason` why,
-    and `count` the current worker count. `tuned` is whether a tuner changes it: for
-    workers="auto", and for the default workers=None when the files are remote URLs, whose
-    reads are mostly waiting (`reads_over_network`); workers then start at more than one per
-    core (`remote_start`).
+    and `count` the current worker count. `share` is this rank's share of the host, which every
+    default is sized by; the count, backend and slot memory are settled in one place,
+    `prefetch.runtime._choice` (`planned_workers` here, `decide` at the first start). `tuned`
+    is whether a tuner changes the count: for workers="auto", and for the default workers=None
+    when the files are remote URLs, whose reads are mostly waiting (`reads_over_network`);
+    workers then start at more than one per core (`remote_start`).
     """
 
-    def __init__(self, options: LoaderOptions, reader: SampleReader, count: int) -> None:
+    def __init__(self, options: LoaderOptions, reader: SampleReader) -> None:
         self.options = options
         self.reader = reader
-        self.count = count
         self.remote = reads_over_network(reader.source)
+        self.share: HostShare = host_share(options.ranks_per_host)
+        self.count = planned_workers(options, self.share, self.remote)
         self.tuned = options.tuned or (options.workers is None and self.remote)
         self.backend_name = options.backend
-        asked = options.backend != "auto"
-        self.backend_reason = f"backend={options.backend!r} was asked for" if asked else ""
+        self.backend_reason = asked_for(options)  # until `decide` at the first start
         self.coordinator = Coordinator()
         self.backend: Backend | None = None
         self.ring: SlotRing | None = None
         self.tuner: WorkerTuner | None = None
+        self._decided = False
         self._lock = threading.Lock()
 
     def start(self, first_batch: np.ndarray) -> tuple[Backend, SlotRing]:
@@ -76,21 +65,21 @@ class Workers:
                 return self.backend, self.ring
             self.coordinator.clear_stop()
             sweep_stale()  # segments of this user's loaders that died
-            if self.backend_name == "auto":
-                choice = choose_backend(self.reader, first_batch, tuned=self.tuned)
-                self.backend_name, self.backend_reason = choice.name, choice.reason
-                ring_bytes = self.ring_bytes()
-                if choice.name == "process" and not fits_free_space(ring_bytes):
-                    self.backend_name = "thread"
-                    self.backend_reason = choice.reason.replace("auto: process", "auto: thread") + (
-                        f"; but the shared-memory folder has less than the "
-                        f"{ring_bytes / 2**20:.0f} MiB free that the process backend's "
-                        "batch slots take (docs/processes.md: /dev/shm)"
-                    )
-                log.info("prefetch %s", choice.reason)
             options = self.options
-            if self.tuned and self.remote and self.tuner is None:
-                self.count = max(self.count, remote_start(self.backend_name == "process"))
+            if not self._decided:  # the first start: settled once, for the loader's life
+                decision = decide(
+                    options,
+                    self.reader,
+                    first_batch,
+                    self.share,
+                    self.count,
+                    tuned=self.tuned,
+                    remote=self.remote,
+                )
+                self.backend_name, self.count = decision.backend, decision.workers
+                self.backend_reason = decision.reason
+                self._decided = True
+                log.info("prefetch %s", decision.reason)
             backend = make_backend(
                 self.backend_name,
                 self.reader,
@@ -113,28 +102,21 @@ class Workers:
                     row_bytes=row_bytes,
                     batch_size=options.batch_size,
                     readers_per_worker=getattr(backend, "threads_per_worker", 1),
+                    cores=self.share.cores,
+                    ranks=self.share.ranks.count,
                 )
             self.backend, self.ring = backend, SlotRing(backend)
             _OPEN.add(self)
             return self.backend, self.ring
 
     def ring_bytes(self) -> int:
-        """The bytes of batch slots the ring may own at once: the loader's memory bound for
-        decoded batches (`ring_capacity(in_flight())` slots of `batch_size` rows)."""
-        layout = SlotLayout(self.options.batch_size, self.reader.options.shape)
-        return ring_capacity(self.in_flight()) * layout.nbytes
+        """The bytes of batch slots the ring may own at once (`_choice.ring_bytes`)."""
+        return ring_bytes(self.options, self.reader, self.backend_name, self.count)
 
     def in_flight(self) -> int:
-        """Batches an epoch keeps submitted: `depth`, and more when the workers need more rows
-        than that to all be busy: `ROWS_AHEAD_PER_READER` rows for every reader (a worker
-        thread, or each reader thread of a worker process), so that dozens of workers, or
-        workers waiting on remote storage, each have a sample to read while the oldest batch's
-        last rows finish. Both backends share every batch's rows among their workers."""
-        depth, options = self.options.depth, self.options
-        readers = self.count
-        if self.backend_name == "process":
-            readers *= reader_threads(options.process, self.reader, options.batch_size)
-        return max(depth, -(-ROWS_AHEAD_PER_READER * readers // options.batch_size))
+        """Batches an epoch keeps submitted (`_choice.in_flight`: `depth`, or more for many
+        workers)."""
+        return in_flight(self.options, self.reader, self.backend_name, self.count)
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""
@@ -160,19 +142,10 @@ class Workers:
             _OPEN.discard(self)
         if backend is None:
             return
-        self.coordinator.request_stop()
-        backend.close()
-        self.coordinator.join(stop_grace_period_secs=1.0, ignore_live_threads=True)
-
-
-def remote_start(process: bool) -> int:
-    """The worker count a tuned loader of remote URLs starts at: `REMOTE_READER_THREADS`
-    threads per core (within `connection_cap`), or `REMOTE_PROCESSES_PER_CORE` processes per
-    core (each reads a batch per reader thread): reads wait, so one per core is too few, and
-    processes started later cost a spawn each while the tuner waits for them."""
-    if process:
-        return REMOTE_PROCESSES_PER_CORE * usable_cores()
-    return min(REMOTE_READER_THREADS * usable_cores(), connection_cap())
+        self.coordinator.request_stop()  # shutdown step 1 (prefetch.backends._lifecycle)
+        backend.close()  # steps 4 to 6: one deadline for all the workers
+        # Step 7: the first undelivered error; no more waiting (the backend's close did).
+        self.coordinator.join(stop_grace_period_secs=0.0, ignore_live_threads=True)
 
 
 def close_quietly(workers: Workers) -> None:

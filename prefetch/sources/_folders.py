@@ -6,35 +6,27 @@ name); it holds `paths` (a `PathArray`: one UTF-8 buffer plus offsets) and `labe
 both in numpy arrays, never Python lists, so that worker processes do not copy them on read;
 the Loader then decodes the files itself, at the target size. `keras_split` is the one
 train/validation split (the Loader's and the Keras drop-in's): Keras's files on each side.
-`index_directory` is the one folder lister (ImageFolder's and the Keras drop-in's): Keras's
-order, rules and path strings, with one `os.walk` per class folder and no per-file path
-arithmetic. Sources and PathArrays are immutable after construction and safe to share between
-threads.
+`ImageFolder` lists with the one folder lister (`prefetch.sources._listing`), whose listings
+are kept for the other ranks of a host and later runs. Sources and PathArrays are immutable
+after construction and safe to share between threads.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
 from prefetch._messages import counted, suggest_keywords
-from prefetch.io import (
-    Location,
-    RemoteOptions,
-    RemoteTree,
-    is_url,
-    local_path,
-    open_image,
-    pack_chunks,
-)
+from prefetch.io import Location, RemoteOptions, is_url, local_path, open_image
 from prefetch.io import PathArray as PathArray
-
-# The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+from prefetch.sources._listing import IMAGE_EXTENSIONS as IMAGE_EXTENSIONS
+from prefetch.sources._listing import ListingReport as ListingReport
+from prefetch.sources._listing import index_directory as index_directory
+from prefetch.sources._listing import list_folder
 
 
 @runtime_checkable
@@ -160,6 +152,14 @@ class ImageFolder(FileList):
     - `on_error`: for a URL `root` listed page by page (http(s)), what a sub-folder whose page
       fails does: `"raise"` an `OSError` naming that page, or `"skip"`: leave it out, with a
       warning on the `prefetch.runtime._loader` logger.
+    - `keep_listing`: where the listing of a local `root` is kept, so that the other ranks of
+      the host and later runs read it instead of listing the folder again: `True` (default)
+      for your cache folder (`$PREFETCH_CACHE_DIR/listings`, else
+      `~/.cache/prefetch/listings`; off when the environment sets `PREFETCH_KEEP_LISTING=0`),
+      a folder of your own (ValueError when another user owns it or may write to it), or
+      `False` to list every time. A kept listing is used only while every folder it walked is
+      unchanged (docs/scale.md); `self.listing` (a `ListingReport`) says whether the files
+      were read from it or listed now, and the `prefetch.loader` logger says so at INFO.
 
     Classes are the sorted names of the subdirectories of `root` (hidden ones, starting with
     ".", are skipped), or the given `class_names` in the given order. Files are found
@@ -174,6 +174,8 @@ class ImageFolder(FileList):
     for a URL (a `Path` otherwise).
     """
 
+    listing: ListingReport
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -182,6 +184,7 @@ class ImageFolder(FileList):
         *,
         remote: RemoteOptions | None = None,
         on_error: str = "raise",
+        keep_listing: bool | str | os.PathLike[str] = True,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be one of ('raise', 'skip'), got {on_error!r}")
@@ -195,17 +198,19 @@ class ImageFolder(FileList):
         if not at_url and not Path(self.root).is_dir():
             raise FileNotFoundError(missing)
         try:
-            paths, labels, class_names = index_directory(
+            listing, self.listing = list_folder(
                 root,
                 class_names=class_names,
                 follow_links=follow_links,
                 remote=remote,
                 on_error=on_error,
+                keep_listing=keep_listing,
             )
         except FileNotFoundError as error:
             if not at_url:
                 raise
             raise FileNotFoundError(f"{missing} ({error})") from error
+        paths, labels, class_names = listing.paths, listing.labels, listing.class_names
         if not class_names:
             raise ValueError(
                 f"no class folders in {str(self.root)!r}: put the images of each class in "
@@ -223,99 +228,6 @@ class ImageFolder(FileList):
             f"ImageFolder({str(self.root)!r}: {counted(len(self), 'file')}, "
             f"{counted(len(self.class_names), 'class')})"
         )
-
-
-def index_directory(
-    directory: str | os.PathLike[str],
-    *,
-    infer_labels: bool = True,
-    class_names: Sequence[str] | None = None,
-    follow_links: bool = False,
-    remote: RemoteOptions | None = None,
-    on_error: str = "raise",
-) -> tuple[PathArray, np.ndarray, list[str]]:
-    """List image files exactly as Keras's `image_dataset_from_directory` does, unshuffled.
-
-    Returns `(paths, labels, class_names)`. With `infer_labels`, the classes are the sorted
-    non-hidden subfolders of `directory` (symlinks to folders count), or `class_names` in their
-    order, which must all be such subfolders (else Keras's ValueError); `labels` (int32) index
-    them. Otherwise every image under `directory` is listed with label 0 and `class_names` is
-    empty. Each class folder is walked with `os.walk` (into linked folders only with
-    `follow_links`), folders in sorted path order, files sorted within each, hidden ones
-    included, extensions compared lower-cased. A path is `os.path.join(folder, name)` of the
-    walk from `os.path.join(directory, class)` with `directory` as given (not normalised): the
-    string Keras puts in `file_paths` for the same argument. A missing `directory` raises
-    `os.listdir`'s own OSError when labels are inferred, as in Keras.
-
-    A URL `directory` (`is_url`) is listed once with the filesystem's bulk listing
-    (`RemoteTree`, bounded by `remote`; with `on_error="skip"` a failing sub-folder
-    page is left out) and then walked by the same code, giving URL paths; a missing one
-    raises FileNotFoundError naming it. A `file://` directory is listed as the local path.
-    """
-    top = os.fspath(directory)
-    tree: Any = _LOCAL_TREE
-    if is_url(top):
-        tree = RemoteTree(top, options=remote, skip_errors=on_error == "skip")
-    if not is_url(top):
-        top = local_path(top)
-    if infer_labels:
-        subdirs = [
-            name
-            for name in sorted(tree.listdir(top))
-            if tree.isdir(os.path.join(top, name)) and not name.startswith(".")
-        ]
-        if class_names is not None:
-            if not set(class_names).issubset(set(subdirs)):
-                missing = [name for name in class_names if name not in subdirs]
-                raise ValueError(
-                    "The `class_names` passed did not match the names of the subdirectories "
-                    f"of the target directory. Expected: {subdirs} (or a subset of it), but "
-                    f"received: class_names={class_names}. {missing} are not subfolders of "
-                    f"{top!r}; pass some of its subfolders, or class_names=None for all"
-                )
-            subdirs = list(class_names)
-    else:
-        subdirs = [""]
-    # As Keras: a class given twice is listed twice, with the index of its last mention.
-    class_indices = dict(zip(subdirs, range(len(subdirs)), strict=True))
-    counts: list[int] = []
-
-    def listed() -> Iterator[list[str]]:
-        for subdir in subdirs:
-            found = _walk_images(os.path.join(top, subdir), follow_links, tree.walk)
-            counts.append(len(found))
-            yield found
-
-    paths = pack_chunks(listed())
-    labels = np.repeat(
-        np.array([class_indices[name] for name in subdirs], dtype=np.int32),
-        np.array(counts, dtype=np.int64),
-    )
-    return paths, labels, subdirs if infer_labels else []
-
-
-class _LocalTree:
-    """The local filesystem, with the methods of `RemoteTree` that the lister uses."""
-
-    listdir = staticmethod(os.listdir)
-    isdir = staticmethod(os.path.isdir)
-    walk = staticmethod(os.walk)
-
-
-_LOCAL_TREE = _LocalTree()
-
-
-def _walk_images(folder: str, follow_links: bool, walk: Any = os.walk) -> list[str]:
-    """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
-    found: list[str] = []
-    for root, _, filenames in sorted(
-        walk(folder, followlinks=follow_links), key=lambda entry: entry[0]
-    ):
-        prefix = os.path.join(root, "")  # os.path.join(root, name) == prefix + name
-        found.extend(
-            [prefix + name for name in sorted(filenames) if name.lower().endswith(IMAGE_EXTENSIONS)]
-        )
-    return found
 
 
 def is_file_source(source: object) -> TypeGuard[FileList]:

@@ -5,9 +5,14 @@ Pillow. The fakes wrap the default decoder to sleep or raise at chosen files (a 
 the path; for a shard's sample, in its `str`: shard, member key, offset); they are plain
 picklable classes, so they work in thread and process workers alike. `serve_folder`
 (prefetch.testing.server) serves a folder over loopback HTTP with injected latency and faults;
-`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would.
+`serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would;
+`prefetch.testing.corpus` writes a seeded corpus of mutated JPEGs for differential tests of the
+decoders. `fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process
+of its own); `run_together` runs the ranks of a job as processes on loopback.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
-live in _fakes.py, the model and checks in _helpers.py.
+live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
+and scan bombs, and the tricks that hide a size from a header walk), `corpus` (the mutated JPEG
+corpus), `rewrites` (files rewritten in place while read), `shards`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from __future__ import annotations
 from prefetch.testing._fakes import (
     CrashingDecoder,
     FailingDecoder,
+    FileLimitDecoder,
     GilHoldingTransform,
+    HangingDecoder,
     PlainReadDecoder,
     RecordingDecoder,
     RendezvousDecoder,
@@ -33,6 +40,8 @@ from prefetch.testing._images import (
     write_image_folder,
     write_odd_images,
 )
+from prefetch.testing._jax import BackendStarted, fake_jax
+from prefetch.testing._processes import free_ports, log_tails, run_together
 from prefetch.testing.bombs import (
     PILLOW_DEFAULT_MAX_PIXELS,
     write_decompression_bomb,
@@ -45,9 +54,12 @@ __all__ = [
     "BAD_FILE_KINDS",
     "PILLOW_DEFAULT_MAX_PIXELS",
     "SHAPES",
+    "BackendStarted",
     "CrashingDecoder",
     "FailingDecoder",
+    "FileLimitDecoder",
     "GilHoldingTransform",
+    "HangingDecoder",
     "OddImage",
     "PlainReadDecoder",
     "RecordingDecoder",
@@ -57,9 +69,13 @@ __all__ = [
     "SlowDecoder",
     "assert_same_batches",
     "draw_shape",
+    "fake_jax",
+    "free_ports",
     "index_page",
+    "log_tails",
     "random_flip_and_noise",
     "redirect",
+    "run_together",
     "serve_folder",
     "serve_hostile",
     "small_cnn",

@@ -1,11 +1,14 @@
 """Fault-injecting decoders and transforms: they wrap the default decoder to sleep, fail,
-kill their worker or wait for each other at chosen files (a `marker` in the path). Plain
-picklable classes, so they work in thread and process workers alike."""
+kill their worker, hang, run their worker out of open files or wait for each other at chosen
+files (a `marker` in the path). Plain picklable classes, so they work in thread and process
+workers alike (those that kill, hang or limit their process: process workers only)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import resource
+import signal
 import threading
 import time
 
@@ -68,20 +71,75 @@ class FailingDecoder:
 
 
 class CrashingDecoder:
-    """The default decoder, killing its worker process (`os._exit`) at any path with `marker`.
+    """The default decoder, killing its worker process (`os._exit(exit_code)`) at any path with
+    `marker`; with `signum` (say `signal.SIGSEGV`, a decoder's segfault) by that signal instead.
 
     With `once_flag` (a file path), it crashes only the first time: it creates the file before
     dying, so the restarted worker decodes the file normally. Use with backend="process".
     """
 
-    def __init__(self, marker: str, once_flag: str | None = None, exit_code: int = 13) -> None:
+    def __init__(
+        self,
+        marker: str,
+        once_flag: str | None = None,
+        exit_code: int = 13,
+        signum: int | None = None,
+    ) -> None:
         self.marker = marker
         self.once_flag = once_flag
         self.exit_code = exit_code
+        self.signum = signum
 
     def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         if self.marker in str(path) and _first_time(self.once_flag):
+            if self.signum is not None:
+                os.kill(os.getpid(), self.signum)
             os._exit(self.exit_code)
+        return get_decoder("auto")(path, options)
+
+
+class HangingDecoder:
+    """A decoder that never returns: a read from a dead network mount, a decoder in an endless
+    loop. Each call first notes its arrival (a file named after its process and thread in the
+    folder `arrivals`; `arrived()` counts them), then sleeps for good, so its worker never
+    reads the `Stop` it is sent at close. With `ignore_sigterm`, its process ignores SIGTERM
+    too (set before the arrival is noted), so only SIGKILL ends it. Use with backend="process"
+    (a thread that hangs is never stopped), and one reader thread per worker process."""
+
+    def __init__(self, arrivals: str | os.PathLike[str], ignore_sigterm: bool = False) -> None:
+        self.arrivals = os.fspath(arrivals)
+        self.ignore_sigterm = ignore_sigterm
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
+        if self.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(os.path.join(self.arrivals, f"{os.getpid()}-{threading.get_ident()}"), "a"):
+            pass
+        while True:
+            time.sleep(1.0)
+
+    def arrived(self) -> int:
+        """How many calls have begun (and hang) so far."""
+        return len(os.listdir(self.arrivals))
+
+
+class FileLimitDecoder:
+    """The default decoder, in a worker process whose open-file limit (`RLIMIT_NOFILE`, soft
+    and hard) it lowers as the worker starts (`prepare`) to leave room for one more file: the
+    next file descriptor the worker is sent (a batch slot's) finds none, and the kernel drops
+    it, as in a worker started under too low a `ulimit -n`. Use with backend="process" only: a
+    thread worker would lower the limit of the loader's own process."""
+
+    releases_gil = True
+
+    def prepare(self) -> None:
+        """Lower this process's open-file limit to one above its lowest free descriptor (a
+        new descriptor takes the lowest free number, which must be under the limit)."""
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free + 1, lowest_free + 1))
+
+    def __call__(self, path: Location, options: DecodeOptions) -> np.ndarray:
         return get_decoder("auto")(path, options)
 
 

@@ -6,6 +6,12 @@ under Pillow's refusal, over prefetch's `DEFAULT_MAX_PIXELS`); `claim_size` rewr
 frame header to claim another size (a decoder that trusts the header allocates for it);
 `write_scan_bomb` a progressive JPEG of more scans than `prefetch.io.MAX_JPEG_SCANS`
 (prefetch refuses it before any decoder runs). All are valid enough for a decoder to start.
+
+Tricks that hide a file's size from a header walk that stops looking (issue 40.3), each of
+which `prefetch.io.check_image_bytes` sees through: `hide_frame` puts comment segments or 0xFF
+fill bytes before a JPEG's frame, `add_frame` a second frame header claiming another size (libjpeg
+refuses it, Pillow allocates for the last), `write_two_header_png` a PNG with a 1x1 IHDR before
+its real one (Pillow keeps the last).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from prefetch.io import MAX_JPEG_SCANS
+from prefetch.testing import _jpeg_segments as jpeg
 
 # Pillow's default `Image.MAX_IMAGE_PIXELS`. `Image.open` raises DecompressionBombError above
 # twice this. Spawned worker processes start with the default whatever the parent set.
@@ -103,14 +110,42 @@ def write_flat_png(path: str | os.PathLike[str], size: tuple[int, int] = (13_000
 def claim_size(data: bytes, size: tuple[int, int]) -> bytes:
     """The JPEG `data` with its frame (SOF) header rewritten to claim `size` (width, height,
     each under 65,536): what libjpeg allocates for is the claim, not the data."""
-    position = 2
-    while True:
-        position = data.index(b"\xff", position)
-        marker = data[position + 1]
-        if marker in range(0xC0, 0xD0) and marker not in (0xC4, 0xC8, 0xCC):
-            width, height = size
-            return data[: position + 5] + struct.pack(">HH", height, width) + data[position + 9 :]
-        if marker == 0xD8 or marker == 0xFF:
-            position += 1 if marker == 0xFF else 2
-            continue
-        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return jpeg.claim_size(data, *size)
+
+
+def hide_frame(data: bytes, count: int = 300, padding: str = "comments") -> bytes:
+    """The JPEG `data` with `count` comment segments (`padding="comments"`) or 0xFF fill bytes
+    (`"fill"`) before its frame header: libjpeg and Pillow still find the frame, a walk that
+    gives up after fewer markers does not (and so passes a file of any size)."""
+    if padding == "comments":
+        blob = jpeg.comments(count, b"x")
+    elif padding == "fill":
+        blob = b"\xff" * count
+    else:
+        raise ValueError(f"padding must be 'comments' or 'fill', got {padding!r}")
+    return jpeg.insert_before(data, jpeg.frame(data), blob)
+
+
+def add_frame(data: bytes, size: tuple[int, int] = (13_000, 13_000), first: bool = False) -> bytes:
+    """The JPEG `data` with a second frame header claiming `size` (width, height) after its
+    own (`first=True`: before it), both before the first scan. libjpeg refuses a second frame;
+    Pillow allocates for the last one."""
+    own = jpeg.frame(data)
+    width, height = size
+    header = data[own.start : own.end]
+    extra = header[:5] + struct.pack(">HH", height, width) + header[9:]
+    at = own.start if first else own.end
+    return data[:at] + extra + data[at:]
+
+
+def write_two_header_png(
+    path: str | os.PathLike[str], size: tuple[int, int] = (13_000, 13_000)
+) -> Path:
+    """Write `write_flat_png(path, size)` with an IHDR of 1x1 before its own: a walk that reads
+    the first IHDR sees one pixel; Pillow keeps the last and decodes all of `size` (13,000 x
+    13,000: 481 KB on disk, 1.7 GB decoded)."""
+    path = write_flat_png(path, size)
+    data = path.read_bytes()
+    tiny = _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+    path.write_bytes(data[:8] + tiny + data[8:])
+    return path

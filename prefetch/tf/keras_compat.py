@@ -122,7 +122,8 @@ def image_dataset_from_directory(
     - `data_format`: `"channels_last"` or `"channels_first"`; None for Keras's setting.
     - `format`: `"tf"` (a `tf.data.Dataset`); Keras's `"grain"` is refused.
     - `verbose`: print Keras's messages (files found, files used for each subset).
-    - `workers`: the worker count of the loader behind each dataset (`None`: one per core).
+    - `workers`: the worker count of the loader behind each dataset (`None`: one per usable
+      core, less one from 4 cores on).
     - `backend`: the loader's backend: `"thread"` (the default here), `"process"` or
       `"auto"`.
     - `remote`: for an fsspec URL, the `prefetch.RemoteOptions` of the listing and the reads

@@ -176,17 +176,9 @@ class DeviceLoader:
 
     def state_dict(self) -> dict[str, int]:
         """The loader's `state_dict()`, counting the batches handed out, not those read ahead."""
-        state = self.loader.state_dict()
         stream = self._stream
-        if stream is not None and stream.epoch is not None:
-            position = stream.position - (1 if self._ahead else 0)
-            if position < len(self.loader):
-                return {
-                    "seed": self.loader.options.seed,
-                    "epoch": stream.epoch,
-                    "position": position,
-                }
-        return state
+        reading = stream is not None and stream.epoch is not None
+        return self.loader.state_dict(held_back=1 if reading and self._ahead else 0)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """The loader's `load_state_dict(state)`: the next iteration resumes there."""

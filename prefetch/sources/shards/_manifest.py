@@ -8,7 +8,8 @@ the writer's options. While a write is being committed the same file says `"comp
 and lists the renames still to do, so that an interrupted write is never read as a set.
 
 Here: the manifest's layout (`Manifest`, read and written), its names, finding the manifest
-beside a list of shards (`read_manifest`), and `classes.txt` (`class_names_beside`). What a
+beside a list of shards (`read_manifest`; `read_manifests` for shards of several folders or
+prefixes: each group's own), and `classes.txt` (`class_names_beside`). What a
 manifest makes of a folder, and the checks of a set against it, are in
 `prefetch.sources.shards._set`. Everything here is a pure function of the bytes read; nothing
 is kept between calls.
@@ -200,6 +201,25 @@ def read_manifest(shards: Sequence[str], format: str) -> tuple[Manifest, str] | 
     except (FileNotFoundError, PermissionError):  # none (a store may answer 403 for none)
         return None
     return Manifest.from_bytes(data, place), place
+
+
+def read_manifests(shards: Sequence[str], format: str) -> list[tuple[Manifest, str, list[str]]]:
+    """For shards of several folders or prefixes: each group's manifest (the shards of one
+    folder and one prefix of the writer's names, beside the manifest of that prefix), where
+    it is, and the group's shards in their order; groups without a manifest are left out, as
+    are shards without the writer's names. A manifest that cannot be read is an error naming
+    it (`read_manifest`)."""
+    groups: dict[str, list[str]] = {}
+    for shard in shards:
+        place = _beside(shard, format)
+        if place is not None:
+            groups.setdefault(place, []).append(shard)
+    found = []
+    for members in groups.values():
+        manifest = read_manifest(members, format)
+        if manifest is not None:
+            found.append((*manifest, members))
+    return found
 
 
 def manifests_of(names: Sequence[str], format: str) -> list[str]:

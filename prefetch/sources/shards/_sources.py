@@ -87,22 +87,21 @@ class ShardSource(FileList):
             self.streaming = at_url if streaming is None else bool(streaming)
             self.shuffle_buffer = shuffle_buffer
             if found.chosen is not None:
-                manifest: tuple[shard_manifest.Manifest, str] | None = (
-                    found.chosen.manifest,
-                    found.chosen.where,
-                )
-            else:
-                manifest = shard_manifest.read_manifest(self.shards, spec.format)
-                if manifest is not None:
-                    shard_set.check_shards(*manifest, self.shards, found.selects)
-            if manifest is not None:
-                shard_set.check_sizes(*manifest, self.shards)  # before any is read
-                shard_set.check_class_names(*manifest)
+                sets = [(found.chosen.manifest, found.chosen.where, self.shards)]
+            else:  # a list, braces, a pattern across folders: each set's shards, its manifest
+                sets = shard_manifest.read_manifests(self.shards, spec.format)
+                for manifest, where, members in sets:
+                    shard_set.check_shards(manifest, where, members, found.selects)
+            for manifest, where, members in sets:
+                shard_set.check_sizes(manifest, where, members)  # before any is read
+                shard_set.check_class_names(manifest, where)
             indexes = _index_all(self.shards, spec, check_urls=not self.streaming)
-            if manifest is not None:
-                _check_against(manifest, self.shards, indexes, spec)
-            if class_names is None and manifest is not None:
-                class_names = list(manifest[0].class_names)
+            by_shard = dict(zip(self.shards, indexes, strict=True))
+            for manifest, where, members in sets:
+                listed = [by_shard[shard] for shard in members]
+                _check_against((manifest, where), members, listed, spec)
+            if class_names is None and sets:
+                class_names = _class_names_of(sets)
             if class_names is None:
                 class_names = class_names_beside(self.shards[0])
         counts = np.array([len(index) for index in indexes], np.int64)
@@ -315,6 +314,22 @@ def _check_against(
     counts = [len(index) for index in indexes] if same_counting else None
     sizes = [index.size for index in indexes]
     shard_set.check_indexes(*manifest, shards, sizes, counts)
+
+
+def _class_names_of(sets: list[tuple[shard_manifest.Manifest, str, list[str]]]) -> list[str]:
+    """The class names the manifests of `sets` agree on; ValueError naming two that do not
+    (a label would name one class in one set and another in the other)."""
+    first, where = sets[0][0], sets[0][1]
+    for manifest, other, _ in sets[1:]:
+        if manifest.class_names != first.class_names:
+            these, those = list(first.class_names), list(manifest.class_names)
+            raise ValueError(
+                f"{where!r} and {other!r} name other classes ({shard_manifest.shown(these)} "
+                f"and {shard_manifest.shown(those)}): a label would mean one class in one set "
+                "and another in the other. Read the sets apart, or pass class_names= to read "
+                "them as one"
+            )
+    return list(first.class_names)
 
 
 def _member_table(shards: list[str], indexes: list[ShardIndex], format: str) -> MemberTable:

@@ -15,9 +15,9 @@ from prefetch.tools.shards._command import add_shards_parser
 from prefetch.tools.shards._fit_crop import DEFAULT_QUALITY, fit_image, fitted_size
 from prefetch.tools.shards._names import CLASSES_FILE, DEFAULT_PREFIX, shard_name, shard_pattern
 from prefetch.tools.shards._out_folder import FolderBusyError, OutFolder
-from prefetch.tools.shards._pass import Progress
+from prefetch.tools.shards._pass import SHARDS_PER_WORKER, Progress
 from prefetch.tools.shards._progress import ProgressLine, describe
-from prefetch.tools.shards._writer import FORMATS, SHARDS_PER_WORKER, write_shards
+from prefetch.tools.shards._writer import FORMATS, write_shards
 
 __all__ = [
     "CLASSES_FILE",

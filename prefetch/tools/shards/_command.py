@@ -1,11 +1,13 @@
 """`prefetch shards`: its arguments, and running it (`_writer` writes).
 
 `add_shards_parser(subparsers)` registers the subcommand and its actions: `write`
-(`handler=run_shards_write`: a progress line on stderr (`_progress`; none
-with --quiet), a line per shard with --verbose, then a summary naming the files skipped and the
-Python lines that read the shards back) and `verify` (`handler=run_shards_verify`: each manifest
-in OUT against its set, with every check a reader makes and then each shard's SHA-256; exit
-status 1 on any difference).
+(`handler=run_shards_write`: at once a line on stderr saying what it lists, then how many files
+it checks, then a progress line (`_progress`; none of these with --quiet), a line per shard
+with --verbose, then a summary naming the files skipped and the Python lines that read the
+shards back (`read_back`)) and `verify` (`handler=run_shards_verify`, `_verify_command`: each
+manifest in OUT against its set, with every check a reader makes and then each shard's
+SHA-256; exit status 1 on any difference). A refusal at run time is one line on stderr, exit
+status 2 (`_verify_command.refuse`); a mistake in the command line gets argparse's usage.
 """
 
 from __future__ import annotations
@@ -17,22 +19,15 @@ import time
 
 from prefetch._messages import counted
 from prefetch.runtime import usable_cores
-from prefetch.sources.shards import (
-    MAX_MANIFEST_BYTES,
-    Manifest,
-    is_manifest_name,
-    manifests_of,
-    read_manifest,
-    reproducible,
-)
-from prefetch.sources.shards import verify as verify_manifest
+from prefetch.sources.shards import read_manifest, reproducible
 from prefetch.tools._command_args import positive_int
 from prefetch.tools.shards._fit_crop import DEFAULT_QUALITY, quality_problem
-from prefetch.tools.shards._names import DEFAULT_PREFIX, shard_pattern
-from prefetch.tools.shards._out_folder import OutFolder
+from prefetch.tools.shards._job import ALREADY_COMPLETE
+from prefetch.tools.shards._names import DEFAULT_PREFIX, check_prefix, shard_pattern
 from prefetch.tools.shards._progress import ProgressLine
 from prefetch.tools.shards._resume import progress_name
 from prefetch.tools.shards._set import CLASSES_FILE, classes_text
+from prefetch.tools.shards._verify_command import refuse, run_shards_verify, said
 from prefetch.tools.shards._writer import FORMATS, write_shards
 
 # `prefetch shards write` defaults.
@@ -107,6 +102,7 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     write.add_argument(
         "--prefix",
+        type=_prefix,
         default=DEFAULT_PREFIX,
         help=f"start of the shard file names (default {DEFAULT_PREFIX})",
     )
@@ -182,10 +178,13 @@ def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_shards_write(args: argparse.Namespace) -> int:
-    """`prefetch shards write`: write the shards with a progress line, then the summary."""
+    """`prefetch shards write`: say what it lists at once, write the shards with a progress
+    line, then the summary. A refusal at run time (OUT holds a set, another writer holds its
+    lock, every file skipped, `--strict` refusing a file) is one line on stderr, exit status 2."""
     parser: argparse.ArgumentParser = args.parser
     skipped: list[tuple[str, str]] = []
     line = None if args.quiet else ProgressLine(sys.stderr)
+    complete: list[str] = []
 
     def report(path: str, samples: int, size: int) -> None:
         if args.verbose:
@@ -194,6 +193,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
             print(f"{path}  {counted(samples, 'sample')}  {size / 1e6:.1f} MB", flush=True)
 
     def note(text: str) -> None:
+        if text.startswith(ALREADY_COMPLETE):
+            complete.append(text)
         if line is not None:
             line.interrupt()
         print(text, flush=True)
@@ -207,6 +208,8 @@ def run_shards_write(args: argparse.Namespace) -> int:
     quality = DEFAULT_QUALITY if args.fit_crop_quality is None else args.fit_crop_quality
     workers = usable_cores() if args.workers is None else args.workers
     started = time.monotonic()
+    if line is not None:
+        line.say(f"listing {args.folder} (one subfolder per class) ...")
     try:
         paths = write_shards(
             args.folder,
@@ -225,11 +228,12 @@ def run_shards_write(args: argparse.Namespace) -> int:
             on_skip=lambda path, reason: skipped.append((path, reason)),
             on_progress=None if line is None else line.update,
             on_note=note,
+            on_status=None if line is None else line.say,
         )
     except (ValueError, OSError) as error:
         if line is not None:
             line.interrupt()
-        parser.error(str(error))
+        return refuse(args, said(error))
     except BaseException:
         if line is not None:
             line.interrupt()
@@ -248,17 +252,18 @@ def run_shards_write(args: argparse.Namespace) -> int:
     entries = written[0].shards if written is not None else ()
     samples = sum(entry.samples for entry in entries)
     size = sum(entry.size for entry in entries)
-    print(
-        f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
-        f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
-        f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
-    )
+    if not complete:
+        print(
+            f"wrote {counted(samples, 'sample')} in {counted(len(paths), args.format + ' shard')} "
+            f"({size / 1e6:.1f} MB) and their manifest to {args.out} in {elapsed:.1f} s "
+            f"({counted(workers, 'worker')})" + (f", skipped {len(skipped)}:" if skipped else "")
+        )
     if written is not None and classes_text(written[0].class_names) is None:
         print(
             f"  {CLASSES_FILE} not written: a class name holds a line break (the "
             "manifest names the classes; the sources read them from it)"
         )
-    if written is not None and args.fit_crop is not None:
+    if written is not None and args.fit_crop is not None and not complete:
         resized = written[0].options.get("fit_crop", {}).get("resized", 0)
         print(
             f"  --fit-crop {args.fit_crop}: {resized} images re-encoded smaller (lossy, JPEG "
@@ -268,77 +273,41 @@ def run_shards_write(args: argparse.Namespace) -> int:
         print(f"  skipped {path}: {reproducible(reason)}")
     if len(skipped) > _SKIPS_SHOWN:
         print(f"  and {len(skipped) - _SKIPS_SHOWN} more (all are listed in the manifest)")
-    pattern = os.path.join(args.out, shard_pattern(args.format, args.prefix))
-    source = "TarSource" if args.format == "tar" else "TFRecordSource"
-    print("read them back with:")
-    print("  import prefetch")
-    print(
-        f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
-        "image_size=(224, 224))"
-    )
+    for text in read_back(args.out, args.format, args.prefix, args.fit_crop):
+        print(text)
     return 0
 
 
-def run_shards_verify(args: argparse.Namespace) -> int:
-    """`prefetch shards verify`: each manifest's shards against their sizes and SHA-256."""
-    parser: argparse.ArgumentParser = args.parser
-    if not os.path.isdir(args.out):
-        parser.error(f"{args.out!r} is not a folder")
+def read_back(out: str, format: str, prefix: str, fit_crop: int | None) -> list[str]:
+    """The summary's lines that show how to read the shards back: with `fit_crop`, at that
+    size with the RandomResizedCrop the shards were fitted to (the windows of a larger size
+    would be scaled up); otherwise at a size to choose (224 shown)."""
+    pattern = os.path.join(out, shard_pattern(format, prefix))
+    source = "TarSource" if format == "tar" else "TFRecordSource"
+    lines = ["read them back with:", "  import prefetch"]
+    if fit_crop is None:
+        lines.append(
+            f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
+            "image_size=(224, 224))  # the size your model takes"
+        )
+        return lines
+    lines += [
+        f"  # --fit-crop {fit_crop}: every RandomResizedCrop window (its default scale and ratio) "
+        f"holds at least {fit_crop}x{fit_crop} pixels: train at image_size {fit_crop} or less",
+        f"  loader = prefetch.Loader(prefetch.{source}({pattern!r}), batch_size=32, "
+        f"image_size=({fit_crop}, {fit_crop}), "
+        "augment=prefetch.Augment(prefetch.RandomResizedCrop(), flip=True))",
+    ]
+    return lines
+
+
+def _prefix(text: str) -> str:
+    """Parse --prefix: the start of a file name (`check_prefix`)."""
     try:
-        failed, found = _verify_all(args.out)
-    except OSError as error:
-        parser.error(str(error))
-    if not found:
-        alone = (
-            f" ({CLASSES_FILE} alone is not one)"
-            if os.path.exists(os.path.join(args.out, CLASSES_FILE))
-            else ""
-        )
-        parser.error(
-            f"no manifest in {args.out!r}{alone}: write the shards with `prefetch shards "
-            "write` to get one"
-        )
-    return 1 if failed else 0
-
-
-def _verify_all(folder: str) -> tuple[bool, int]:
-    """Verify every manifest in `folder`, printing one line each (and one per problem);
-    return (whether one failed, how many manifests there are)."""
-    failed = False
-    found = 0
-    with OutFolder(folder) as out:
-        names = sorted(out.names())
-        for format in ("tar", "tfrecord"):
-            several = manifests_of(names, format)
-            if len(several) > 1:
-                print(
-                    f"{folder}: {len(several)} manifests of {format} shards "
-                    f"({', '.join(several)}): a reader refuses a folder of two sets"
-                )
-                failed = True
-        for name in names:
-            if not is_manifest_name(name):
-                continue
-            found += 1
-            try:
-                data = out.read_small(name, MAX_MANIFEST_BYTES)
-                manifest = Manifest.from_bytes(data or b"", out.where(name))
-            except (ValueError, OSError) as error:
-                print(f"{out.where(name)}: {error}")
-                failed = True
-                continue
-            if not manifest.complete:
-                print(f"{out.where(name)}: an interrupted write (run the write again)")
-                failed = True
-                continue
-            problems = verify_manifest(folder, manifest, names)
-            for problem in problems:
-                print(f"{out.where(problem)}")  # "<shard>: what differs"
-            failed = failed or bool(problems)
-            if not problems:
-                samples = sum(entry.samples for entry in manifest.shards)
-                print(f"{out.where(name)}: {len(manifest.shards)} shards, {samples} samples: OK")
-    return failed, found
+        check_prefix(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _jpeg_quality(text: str) -> int:

@@ -4,18 +4,25 @@
 patterns); `check_prefix` refuses a prefix that is not a file name's start. Before a write,
 `refuse_existing` refuses a folder that holds these names (without `overwrite`),
 `earlier_write` finishes an interrupted commit of this set, `already_written` tells that the
-set in place is the one an interrupted run of the same plan wrote, and `remove_strays` removes
+set in place is the one a run (finished, or interrupted after its shards) of the same plan
+wrote, and `remove_strays` removes
 the temporary files a killed run left of this set's names. Used by `_writer`,
 under the output folder's lock.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable
 
-from prefetch.sources.shards import manifest_name, parse_class_names
+from prefetch.sources.shards import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    manifest_name,
+    parse_class_names,
+)
 from prefetch.tools.shards import _set as shard_set
 from prefetch.tools.shards._out_folder import TEMPORARY_SUFFIX, TOKEN_BYTES, OutFolder
 from prefetch.tools.shards._resume import Journal, Plan, progress_name, written_by
@@ -110,28 +117,34 @@ def earlier_write(out: OutFolder, format: str, prefix: str, overwrite: bool) -> 
     )
 
 
-def already_written(out: OutFolder, plan: Plan, journal: Journal) -> bool:
-    """Whether the complete set in `out` is the one an interrupted run of `plan` wrote (it was
-    put in place, or finished by `_earlier_write`, before its progress journal was removed);
-    the journal is removed then."""
+def already_written(out: OutFolder, plan: Plan, journal: Journal) -> str | None:
+    """Whether the complete set in `out` is the one `plan` writes, by its journal (`_resume`):
+    "complete" when a run of it finished (the journal, marked complete, names the manifest in
+    place by its SHA-256), "finished" when an interrupted run of it was put in place (or
+    finished by `earlier_write`) before its journal was marked (it is marked now), None when
+    the set in place (if any) is not known to be it."""
+    name = manifest_name(plan.options["format"], plan.options["prefix"])
     try:
-        manifest = shard_set.read_manifest(out, plan.options["format"], plan.options["prefix"])
+        data = out.read_small(name, MAX_MANIFEST_BYTES)
+        manifest = None if data is None else Manifest.from_bytes(data, out.where(name))
     except (ValueError, OSError):
-        return False  # not a manifest we can read: `overwrite` replaces it
-    if manifest is None or not manifest.complete:
-        return False
+        return None  # not a manifest we can read: `overwrite` replaces it
+    if data is None or manifest is None or not manifest.complete:
+        return None
     recorded = written_by(out, journal.name, plan)
     if recorded is None:
-        return False
-    shards = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
-    recorded = sorted(recorded, key=lambda shard: shard.index)  # workers finish in any order
-    if [(d.name, d.size, d.samples, d.sha256) for d in recorded] != shards:
-        return False
+        return None
+    shards, complete = recorded
+    if complete is not None:
+        return "complete" if complete == hashlib.sha256(data).hexdigest() else None
+    entries = [(entry.name, entry.size, entry.samples, entry.sha256) for entry in manifest.shards]
+    shards = sorted(shards, key=lambda shard: shard.index)  # workers finish in any order
+    if [(d.name, d.size, d.samples, d.sha256) for d in shards] != entries:
+        return None
     if list(plan.shards) != [entry.name for entry in manifest.shards]:
-        return False
-    journal.remove()
-    out.sync()
-    return True
+        return None
+    journal.settle(plan, data)
+    return "finished"
 
 
 def remove_strays(

@@ -10,7 +10,9 @@ read from the folder (`read_small`) are opened without following a link and with
 (a FIFO does not hang), must be regular files, and are capped in size. Not thread-safe: one
 writer uses one `OutFolder`, and closes it (a context manager). `lock()` takes the folder's
 exclusive lock (`flock` on the descriptor, so on the folder itself, never through a link),
-held until `close()`: a second writer is refused at once (`FolderBusyError`).
+held until `close()`: a second writer is refused at once (`FolderBusyError`). The folders it
+created for `path` are remembered: `remove_created()` removes those still empty (a write that
+left nothing leaves no folder either).
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ class OutFolder:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.fd = -1
         if os.path.lexists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"output {path!r} is a file: give a folder for the shards")
+        self.created = _missing_folders(path)  # deepest first
         os.makedirs(path, exist_ok=True)
         try:
             self.fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
@@ -67,6 +71,7 @@ class OutFolder:
         folder = cls.__new__(cls)
         folder.path = path
         folder.fd = descriptor
+        folder.created = []
         return folder
 
     def __enter__(self) -> OutFolder:
@@ -85,6 +90,16 @@ class OutFolder:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def remove_created(self) -> None:
+        """Remove the folders this `OutFolder` created for its path (deepest first) while
+        they are empty; the first that is not stays, with the folders above it."""
+        for folder in self.created:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return
+        self.created = []
 
     def lock(self) -> None:
         """Take the folder's exclusive lock until `close()`; `FolderBusyError` at once when
@@ -253,6 +268,19 @@ class OutFolder:
             f"cannot write {what} {self.where(name)!r} at byte {offset} (temporary file "
             f"{temporary!r}): {error.strerror}{advice}",
         )
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of `path` (itself, then its parents) that do not exist yet, deepest first."""
+    missing = []
+    here = os.path.abspath(path)
+    while not os.path.lexists(here):
+        missing.append(here)
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    return missing
 
 
 def _write_all(handle: int, chunk: bytes) -> None:

@@ -1,8 +1,10 @@
 """One write's passage through its shards: the counts it reports, and a shard's bytes.
 
 `Writing` holds a write's state across its shards (the `Progress` it reports after each chunk
-of samples, the skips, `strict`); `ShardInProgress` is one shard written by the writer's own
-process from its samples' answers (`_work`), chunk by chunk, as its bytes
+of samples, the skips, `strict`); `write_remaining` writes the shards left to write, whole
+shards by the worker processes (`Preparer.write`) when there are at least `SHARDS_PER_WORKER`
+per worker, else one at a time by this process from the answers the workers give for their
+samples (`Preparer.map`); `ShardInProgress` is such a shard, chunk by chunk, as its bytes
 are asked for; `shard_chunks` lays those bytes out (`_layout`).
 """
 
@@ -13,9 +15,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from prefetch.tools.shards._layout import Sample, relative_to, sample_bytes, shard_end
+from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._resume import Done
 from prefetch.tools.shards._samples import Answer, Skip
-from prefetch.tools.shards._work import CHUNK_SAMPLES, ShardWritten, strict_refusal
+from prefetch.tools.shards._work import (
+    CHUNK_SAMPLES,
+    Preparer,
+    ShardTask,
+    ShardWritten,
+    strict_refusal,
+)
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.
@@ -27,6 +36,52 @@ ProgressCallback = Callable[["Progress"], None]
 NoteCallback = Callable[[str], None]
 
 
+# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
+# many per worker are left to write; fewer, and the samples of each shard are shared among the
+# workers instead (one shard written at a time, in order, by this process). With whole shards
+# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
+# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
+# with dozens of workers re-encoding.
+SHARDS_PER_WORKER = 4
+
+
+def write_remaining(
+    preparer: Preparer,
+    out: OutFolder,
+    writing: Writing,
+    shards: dict[int, tuple[str, range]],
+    record: Callable[[Done], None],
+) -> None:
+    """Write `shards` (index: its name and sample numbers) into `out` under temporary names,
+    calling `record` with each as it is finished (module docstring: by whom)."""
+    workers = preparer.workers
+    if workers > 1 and len(shards) >= SHARDS_PER_WORKER * workers:
+        tasks = (
+            ShardTask(
+                index,
+                name,
+                [writing.sample(number) for number in numbers],
+                writing.format,
+                writing.top,
+                writing.strict,
+            )
+            for index, (name, numbers) in shards.items()
+        )
+        for by_worker in preparer.write(tasks, out, writing.advance):
+            record(writing.finished(by_worker, shards[by_worker.shard][0]))
+        return
+    chunks = (
+        [writing.sample(number) for number in part]
+        for _, numbers in shards.values()
+        for part in chunked(numbers)
+    )
+    answers = preparer.map(chunks)
+    for index, (name, numbers) in shards.items():
+        shard = writing.shard(index, name, numbers, answers)
+        written = out.write_temporary(name, shard.chunks(), "shard")
+        record(shard.done(written.temporary, written.size, written.sha256))
+
+
 def chunked(numbers: range) -> Iterator[range]:
     """`numbers` (one shard's samples) in chunks of `CHUNK_SAMPLES`, the work sent at once."""
     for start in range(numbers.start, numbers.stop, CHUNK_SAMPLES):
@@ -36,7 +91,9 @@ def chunked(numbers: range) -> Iterator[range]:
 class Progress(NamedTuple):
     """How far a write is: `done` of `total` samples handled (written or skipped; `resumed`
     of them by the interrupted run this one continues), `skipped` of them skipped, `bytes` of
-    images written by this run, in `elapsed_s` seconds since it began writing."""
+    images written by this run, `elapsed_s` seconds since the write began (its listing and
+    planning included), `writing_s` of them since it began writing images (the rates are
+    per second of those; None: the same as `elapsed_s`)."""
 
     done: int
     total: int
@@ -44,6 +101,7 @@ class Progress(NamedTuple):
     skipped: int
     bytes: int
     elapsed_s: float
+    writing_s: float | None = None
 
 
 class Writing:
@@ -58,6 +116,7 @@ class Writing:
         sample: Callable[[int], Sample],
         strict: bool,
         done: list[Done],
+        began: float,
         on_skip: SkipCallback | None,
         on_progress: ProgressCallback | None,
     ) -> None:
@@ -69,8 +128,9 @@ class Writing:
         self.on_progress = on_progress
         resumed = sum(shard.samples + len(shard.skipped) for shard in done)
         skipped = sum(len(shard.skipped) for shard in done)
-        self.progress = Progress(resumed, total, resumed, skipped, 0, 0.0)
-        self.start = time.monotonic()
+        self.began = began  # the write's start (time.monotonic), its planning included
+        self.start = time.monotonic()  # the writing's start
+        self.progress = Progress(resumed, total, resumed, skipped, 0, self.start - began, 0.0)
 
     def shard(
         self, index: int, name: str, numbers: range, answers: Iterator[list[Answer]]
@@ -100,13 +160,15 @@ class Writing:
 
     def advance(self, samples: int, skipped: int, size: int) -> None:
         last = self.progress
+        now = time.monotonic()
         self.progress = Progress(
             last.done + samples,
             last.total,
             last.resumed,
             last.skipped + skipped,
             last.bytes + size,
-            time.monotonic() - self.start,
+            now - self.began,
+            now - self.start,
         )
         if self.on_progress is not None:
             self.on_progress(self.progress)

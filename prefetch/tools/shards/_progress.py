@@ -2,8 +2,11 @@
 
 `ProgressLine(stream)` is given the writer's `Progress` after each chunk of samples
 (`update`) and shows: images done of the total (with the share), images/s and MB/s of this run
-(images resumed from an interrupted run are counted as done, not in the rates), files skipped,
-the time elapsed and the time left at this run's rate. On a terminal it redraws one line in
+(images resumed from an interrupted run are counted as done, not in the rates; the rates are
+per second of writing, the listing and planning before it left out), files skipped, the time
+elapsed since the write began (its planning included) and the time left at this run's rate.
+`say(text)` prints a line of its own (the planning's lines), flushed at once, also where the
+stream is a pipe. On a terminal it redraws one line in
 place (a carriage return), at most every `TERMINAL_INTERVAL_S`; elsewhere (a log file, a
 pipe) it prints the same text as a line of its own every `PLAIN_INTERVAL_S`. `finish` draws
 the last state (unless it is shown already) and ends the line. Written by hand rather than
@@ -32,7 +35,8 @@ def describe(progress: Progress) -> str:
     share = progress.done / progress.total if progress.total else 1.0
     fresh = progress.done - progress.resumed
     elapsed = progress.elapsed_s
-    rate = fresh / elapsed if elapsed > 0 else 0.0
+    writing = elapsed if progress.writing_s is None else progress.writing_s
+    rate = fresh / writing if writing > 0 else 0.0
     remaining = progress.total - progress.done
     if remaining == 0:
         left = "0:00:00"
@@ -43,7 +47,7 @@ def describe(progress: Progress) -> str:
     resumed = f" ({progress.resumed:,} resumed)" if progress.resumed else ""
     return (
         f"{progress.done:,}/{progress.total:,} images ({share:.0%}){resumed}  "
-        f"{rate:.1f} images/s  {progress.bytes / 1e6 / elapsed if elapsed > 0 else 0.0:.1f} MB/s  "
+        f"{rate:.1f} images/s  {progress.bytes / 1e6 / writing if writing > 0 else 0.0:.1f} MB/s  "
         f"skipped {progress.skipped:,}  elapsed {_clock(elapsed)}  left {left}"
     )
 
@@ -81,6 +85,12 @@ class ProgressLine:
         if now - self._shown_at >= self.interval_s:
             self._shown_at = now
             self._show(progress)
+
+    def say(self, text: str) -> None:
+        """Print `text` as a line of its own (after ending a line drawn in place), flushed."""
+        self.interrupt()
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def interrupt(self) -> None:
         """End a line drawn in place, so that other output starts on a line of its own."""

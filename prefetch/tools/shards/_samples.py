@@ -12,6 +12,7 @@ do not depend on the number of workers (`_work` runs it in them).
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -84,17 +85,19 @@ def image_problem(data: bytes, name: str = "<image>") -> str | None:
     except Image.DecompressionBombError as error:
         return f"decompression bomb ({error})"
     except Exception as error:  # Pillow raises many kinds for a file that is not an image
-        return f"not an image ({type(error).__name__}: {_without_address(str(error))})"
+        return f"not an image ({type(error).__name__}: {_named(str(error), name)})"
     if width < 1 or height < 1:
         return f"an image of {width}x{height} pixels"
     return None
 
 
-def _without_address(text: str) -> str:
-    """`text` with Pillow's `<_io.BytesIO object at 0x...>` said as "the bytes" (a memory
-    address would make the manifest differ from run to run)."""
+def _named(text: str, name: str) -> str:
+    """`text` with Pillow's `<_io.BytesIO object at 0x...>` (it was given bytes, not the file)
+    said as the file's name, `'cat_001.jpg'`: its base name, the same wherever the folder is,
+    so the same files give the same manifest."""
     start = text.find("<_io.BytesIO object at 0x")
     if start < 0:
         return text
     end = text.find(">", start)
-    return text[:start] + "the file's bytes" + (text[end + 1 :] if end >= 0 else "")
+    shown = repr(os.path.basename(name.rstrip("/")))
+    return text[:start] + shown + (text[end + 1 :] if end >= 0 else "")

@@ -1,8 +1,7 @@
 """The worker processes of `prefetch shards write`, which share out its per-sample work.
 
 `Preparer(workers, options)` runs `prepare` (`_samples`) on chunks of
-samples: in the calling thread for one worker, else in `workers` spawned worker processes (the
-loader's start-up rules: `prefetch.backends.main_script_hidden`, spawn, never fork).
+samples: in the calling thread for one worker, else in `workers` spawned worker processes.
 `write(tasks, out, on_progress)` has the workers write whole shards instead (`write_shard`: each
 image prepared, framed by `_layout`, hashed and written to a temporary file
 of `out`, whose folder descriptor is passed to each worker over its pipe), yielding each
@@ -10,28 +9,44 @@ of `out`, whose folder descriptor is passed to each worker over its pipe), yield
 `map(chunks)` yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER`
 chunks per worker are sent or held unyielded at any time, so the parent holds at most `workers *
 CHUNKS_PER_WORKER` chunks of encoded images (the memory bound; docs/shards.md gives it in
-bytes). Worker processes ignore SIGINT (Ctrl-C reaches the parent only), exit when their parent
-dies (end of file on their pipe or their parent pid gone), and answer an error with its type and
-traceback (raised in the parent; a worker that dies is a `ChildProcessError` naming its exit
-code). `close()` (idempotent; a context manager) stops and joins them, terminating any that do
-not exit within `GRACE_S`. One thread uses a `Preparer`.
+bytes). Workers answer an error with its type and traceback (raised in the parent; a worker
+that dies is a `ChildProcessError` naming its exit code or signal). One thread uses a
+`Preparer`.
+
+The workers live as the loader's do, on the same code (`prefetch.backends._lifecycle`, whose
+note gives the order): started by `start_worker` (spawn, the main script hidden, SIGINT
+ignored, out of open files a quiet exit that `_died` explains), stopped by the same `Stop`
+message, checking `parent_alive` while they wait and between two images of a shard, and
+`close()` (idempotent; a context manager) is `stop_processes`: one deadline for all of them,
+then SIGTERM, then SIGKILL. What differs is only what a worker does: it answers chunks and
+writes shards instead of filling batch slots, so it has its own messages and loop (`_Worker`),
+and it maps no shared memory.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
-import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import send_handle
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
-from prefetch.backends import main_script_hidden, rebuild_error, with_traceback_text
+from prefetch.backends import (
+    EXIT_OUT_OF_FILES,
+    FileNeeds,
+    Stop,
+    exit_code,
+    exit_reason,
+    parent_alive,
+    rebuild_error,
+    receive_descriptor,
+    start_worker,
+    stop_processes,
+    with_traceback_text,
+    worker_context,
+)
 from prefetch.coordinator import POLL_S
 from prefetch.tools.shards._layout import Sample, sample_bytes, shard_end
 from prefetch.tools.shards._out_folder import OutFolder
@@ -49,8 +64,6 @@ CHUNKS_PER_WORKER = 2
 SHARDS_AT_ONCE = 1
 # Samples between two progress messages of a worker that writes a whole shard.
 PROGRESS_SAMPLES = 64
-# Seconds a worker process is given to exit after it is asked to, before it is terminated.
-GRACE_S = 2.0
 
 
 class ShardTask(NamedTuple):
@@ -94,19 +107,15 @@ class Preparer:
         self._processes: list[BaseProcess] = []
         self._connections: list[Connection] = []
         if workers > 1:
-            context = multiprocessing.get_context("spawn")
+            context = worker_context("spawn")
+            files = _files(workers)
             try:
-                for _ in range(workers):
-                    parent_end, child_end = context.Pipe()
-                    process = context.Process(
-                        target=_serve,
-                        args=(child_end, options, os.getpid()),
-                        name="prefetch-shard-writer",
-                        daemon=True,
-                    )
-                    with main_script_hidden():
-                        process.start()
-                    child_end.close()
+                files.check()
+                for index in range(workers):
+                    with files.said():
+                        process, parent_end = start_worker(
+                            context, _serve, (options,), f"prefetch-shard-writer-{index}"
+                        )
                     self._processes.append(process)
                     self._connections.append(parent_end)
             except BaseException:
@@ -223,27 +232,29 @@ class Preparer:
 
     def _died(self, index: int) -> NoReturn:
         process = self._processes[index]
-        process.join(GRACE_S)
+        code = exit_code(process)
+        if code == EXIT_OUT_OF_FILES:
+            raise _files(self.workers).worker_ran_out(process.name, process.pid)
+        killer = ", often the kernel's out-of-memory killer" if code == -9 else ""
         raise ChildProcessError(
-            f"shard writer worker process {index} (pid {process.pid}) died with exit code "
-            f"{process.exitcode} (a negative code is the signal that ended it: -9 is often the "
-            "kernel's out-of-memory killer); write again with fewer --workers, or --workers 1 to "
+            f"shard writer worker process {index} (pid {process.pid}) died with "
+            f"{exit_reason(code)}{killer}; write again with fewer --workers, or --workers 1 to "
             "work in this process"
         )
 
     def close(self) -> None:
-        """Stop the worker processes and wait for them (terminated after `GRACE_S`)."""
-        for connection in self._connections:
-            with contextlib.suppress(OSError, ValueError):
-                connection.send(None)
-            connection.close()  # a worker sending an answer nobody will read stops at once
-        for process in self._processes:
-            process.join(GRACE_S)
-            if process.is_alive():
-                process.terminate()
-                process.join(GRACE_S)
+        """Stop the worker processes: one deadline for all, then SIGTERM, then SIGKILL
+        (`stop_processes`)."""
+        workers = list(zip(self._processes, self._connections, strict=True))
         self._processes = []
         self._connections = []
+        stop_processes(workers)
+
+
+def _files(workers: int) -> FileNeeds:
+    """What the writer's worker processes take of this process's open files."""
+    what = f"prefetch shards write --workers {workers}"
+    return FileNeeds(workers, 0, what, "write with fewer --workers")
 
 
 class _Stopped(Exception):
@@ -261,7 +272,7 @@ class _Worker:
         self.folder: OutFolder | None = None
 
     def next_message(self) -> Any:
-        """The next message; None to stop (asked, or the parent is gone)."""
+        """The next message; `Stop` when asked to stop or the parent is gone."""
         if self.kept:
             return self.kept.popleft()
         while True:
@@ -269,9 +280,9 @@ class _Worker:
                 if self.connection.poll(POLL_S):
                     return self.connection.recv()
             except (EOFError, OSError):
-                return None
-            if os.getppid() != self.parent:
-                return None
+                return Stop()
+            if not parent_alive(self.parent):
+                return Stop()
 
     def check_stop(self) -> None:
         """Between samples of a shard: raise `_Stopped` when the parent asks to stop or is
@@ -279,12 +290,12 @@ class _Worker:
         try:
             while self.connection.poll(0):
                 message = self.connection.recv()
-                if message is None:
+                if isinstance(message, Stop):
                     raise _Stopped
                 self.kept.append(message)
         except (EOFError, OSError):
             raise _Stopped from None
-        if os.getppid() != self.parent:
+        if not parent_alive(self.parent):
             raise _Stopped
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -296,13 +307,13 @@ class _Worker:
     def serve(self) -> None:
         while True:
             message = self.next_message()
-            if message is None:
+            if isinstance(message, Stop):
                 return
             kind = message[0]
             if kind == "folder":
                 if self.folder is not None:
                     self.folder.close()
-                descriptor = recv_handle(self.connection)
+                descriptor = receive_descriptor(self.connection)
                 self.folder = OutFolder.from_descriptor(descriptor, message[1])
             elif kind == "chunk":
                 _, chunk, samples = message
@@ -324,10 +335,9 @@ class _Worker:
                 self.send(answer)
 
 
-def _serve(connection: Connection, options: Options, parent: int) -> None:
-    """A worker process: answer chunks and write shards until told to stop or the parent is
-    gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _serve(connection: Connection, parent: int, options: Options) -> None:
+    """A worker process (`start_worker`'s target): answer chunks and write shards until told
+    to stop or the parent is gone."""
     worker = _Worker(connection, options, parent)
     try:
         worker.serve()

@@ -40,51 +40,28 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from typing import Any
 
 import numpy as np
 
 from prefetch._messages import counted
+from prefetch.io import is_url
 from prefetch.sources import ImageFolder
-from prefetch.sources.shards import (
-    Manifest,
-    ShardEntry,
-    index_shard,
-)
+from prefetch.sources.shards import index_shard
 from prefetch.tools.shards import _fit_crop as fitting
-from prefetch.tools.shards import _set as shard_set
-from prefetch.tools.shards._layout import (
-    Sample,
-    extension_of,
-)
-from prefetch.tools.shards._names import (
-    DEFAULT_PREFIX,
-    already_written,
-    check_prefix,
-    earlier_write,
-    matching_shards,
-    refuse_existing,
-    remove_strays,
-    shard_name,
-)
+from prefetch.tools.shards._job import Job, planner, silent, write_into
+from prefetch.tools.shards._listing import ListingDigest
+from prefetch.tools.shards._names import DEFAULT_PREFIX, check_prefix, shard_name
 from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._pass import (
     NoteCallback,
     ProgressCallback,
     ShardCallback,
     SkipCallback,
-    Writing,
-    chunked,
-)
-from prefetch.tools.shards._resume import (
-    Done,
-    Journal,
-    Plan,
-    listing_digest,
-    progress_name,
-    resumable,
 )
 from prefetch.tools.shards._samples import Options
-from prefetch.tools.shards._work import Preparer, ShardTask
+from prefetch.tools.shards._work import Preparer
 
 # The shard formats `write_shards` writes, by `format` name.
 FORMATS = ("tar", "tfrecord")
@@ -108,6 +85,7 @@ def write_shards(
     on_skip: SkipCallback | None = None,
     on_progress: ProgressCallback | None = None,
     on_note: NoteCallback | None = None,
+    on_status: NoteCallback | None = None,
 ) -> list[str]:
     """Write the images of `folder` into shards in `out`; return the shard paths, in order.
 
@@ -152,19 +130,31 @@ def write_shards(
     - `on_skip`: called as `on_skip(path, reason)` for each file skipped.
     - `on_progress`: called with a `Progress` after each chunk of samples is written.
     - `on_note`: called with a line for a person: that the write resumes an interrupted one,
-      or why it starts over.
+      or why it starts over, or that the set in place is already the one asked for (the line
+      starts with `ALREADY_COMPLETE`).
+    - `on_status`: called with a line for a person about the planning, as soon as it is
+      known: how many files and shards, once the folder is listed; that the files are being
+      checked against an earlier run's journal (the command prints these on stderr).
 
-    An interrupted or failed write (Ctrl-C, a full disk) leaves the earlier complete set, or
-    none; the shards it finished stay under hidden temporary names with a progress journal
-    (`_resume`), and the same call again continues from them, checked
-    against the plan (names, sample counts, SHA-256), giving the bytes an uninterrupted write
-    gives; another input or other options start over. A crash while the set is put in place
-    is finished by the next write (the module docstring), which then does what it was asked.
-    After the set is in place each shard's offset index is written beside it
-    (`prefetch.sources.shards._index.index_shard`). Raises `FileNotFoundError` for a missing
-    `folder`, `ValueError` for a folder without images or a bad option, and `FileExistsError`
-    as said; a read error names the file, a write error the shard, the byte offset and the
-    temporary file.
+    The first images are written as soon as the folder is listed: the fingerprint of the
+    listing that a rerun compares (`_listing.ListingDigest`: a `stat` a file) is computed
+    beside the writing, and waited for before a rerun compares it, and before the commit (the
+    shards finished before it is ready are journaled once it is). An interrupted or failed
+    write (Ctrl-C, a full disk) leaves the earlier complete set, or none; the shards it
+    finished stay under hidden temporary names with a progress journal (`_resume`), and the
+    same call again continues from them, checked against the plan (names, sample counts,
+    SHA-256), giving the bytes an uninterrupted write gives; another input or other options
+    start over. The same call after a complete write of the same files and options does
+    nothing and says so (`on_note`; its journal stays, marked complete), unless `overwrite`.
+    A crash while the set is put in place is finished by the next write (the module
+    docstring), which then does what it was asked. After the set is in place each shard's
+    offset index is written beside it (`prefetch.sources.shards._index.index_shard`). Raises
+    `FileNotFoundError` for a missing `folder`, `ValueError` for a folder without images, one
+    whose every file is skipped (nothing is written: a reader refuses a set without samples)
+    or a bad option, and `FileExistsError` as said; a read error names the file, a write
+    error the shard, the byte offset and the temporary file. A write that fails or is
+    interrupted before it finished a shard leaves nothing: the folders it created for `out`
+    are removed when empty.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -175,155 +165,63 @@ def write_shards(
     fitting.check_options(fit_crop, fit_crop_quality)
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     check_prefix(prefix)
+    began = time.monotonic()
+    status = on_status if on_status is not None else silent
     # Started first: the worker processes start up (import) while the folder is listed.
     preparer = Preparer(workers, Options(fit_crop, fit_crop_quality))
+    digest: ListingDigest | None = None
     try:
         source = ImageFolder(folder)
         top = os.fspath(folder)
-        size = len(source)
-        order = np.random.default_rng(seed).permutation(size) if shuffle else np.arange(size)
-        count = math.ceil(len(order) / shard_size)
+        order = np.random.default_rng(seed).permutation(len(source)) if shuffle else None
+        count = math.ceil(len(source) / shard_size)
         names = [shard_name(format, prefix, index, count) for index in range(count)]
-        class_names = tuple(source.class_names)
-        note = on_note if on_note is not None else (lambda line: None)
-
-        def sample(number: int) -> Sample:
-            index = int(order[number])
-            return Sample(number, str(source.paths[index]), int(source.labels[index]))
-
-        plan = Plan(
-            options={
-                "format": format,
-                "prefix": prefix,
-                "shard_size": shard_size,
-                "seed": seed,
-                "shuffle": shuffle,
-                "strict": strict,
-                "fit_crop": fit_crop,
-                "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
-            },
-            files=len(order),
-            listing=listing_digest((item.path, item.label) for item in map(sample, range(size))),
-            shards=tuple(names),
+        status(
+            f"{len(source):,} files in {counted(len(source.class_names), 'class')}: checking "
+            f"each one's header and writing them into {counted(count, format + ' shard')} of "
+            f"{shard_size:,} in {os.fspath(out)} ({counted(workers, 'worker')})"
         )
-        with OutFolder(os.fspath(out)) as place:
-            place.lock()
-            abandoned = earlier_write(place, format, prefix, overwrite)
-            journal = Journal(place, progress_name(format, prefix))
-            if already_written(place, plan, journal):
-                note("the interrupted run had written every shard: its set is now in place")
-                remove_strays(place, names, prefix, format, keep=set())
-                paths = [place.where(name) for name in names]
-            else:
-                existing = matching_shards(place.names(), format, prefix)
-                if not overwrite:
-                    refuse_existing(place, format, prefix, existing, class_names)
-                done, why = resumable(place, journal.name, plan, shard_set.is_temporary)
-                if why is not None:
-                    note(f"starting over: {why} since the interrupted run")
-                elif done:
-                    kept = sum(shard.samples + len(shard.skipped) for shard in done)
-                    note(
-                        f"resuming: the interrupted run wrote {counted(len(done), 'shard')} of "
-                        f"{count:,} ({kept:,} of {len(order):,} images), checked against the plan"
-                    )
-                keep = {shard.temporary for shard in done} | set(abandoned)
-                remove_strays(place, names, prefix, format, keep=keep)
-                journal.start(plan, done)
-                writing = Writing(
-                    format=format,
-                    top=top,
-                    total=len(order),
-                    sample=sample,
-                    strict=strict,
-                    done=done,
-                    on_skip=on_skip,
-                    on_progress=on_progress,
-                )
-                numbers = [
-                    range(index * shard_size, min((index + 1) * shard_size, len(order)))
-                    for index in range(count)
-                ]
-                finished_already = {shard.index for shard in done}
-                remaining = [index for index in range(count) if index not in finished_already]
-
-                def record(finished: Done) -> None:
-                    journal.append(finished)
-                    done.append(finished)
-                    if on_shard is not None:
-                        path = place.where(finished.name)
-                        on_shard(path, finished.samples, finished.size)
-
-                try:
-                    if workers > 1 and len(remaining) >= SHARDS_PER_WORKER * workers:
-                        tasks = (
-                            ShardTask(
-                                index,
-                                names[index],
-                                [sample(number) for number in numbers[index]],
-                                format,
-                                top,
-                                strict,
-                            )
-                            for index in remaining
-                        )
-                        for by_worker in preparer.write(tasks, place, writing.advance):
-                            record(writing.finished(by_worker, names[by_worker.shard]))
-                    else:
-                        chunks = (
-                            [sample(number) for number in part]
-                            for index in remaining
-                            for part in chunked(numbers[index])
-                        )
-                        answers = preparer.map(chunks)
-                        for index in remaining:
-                            shard = writing.shard(index, names[index], numbers[index], answers)
-                            written = place.write_temporary(names[index], shard.chunks(), "shard")
-                            record(shard.done(written.temporary, written.size, written.sha256))
-                    preparer.close()  # the workers are done: they need not wait for the commit
-                except BaseException:
-                    if not done:
-                        journal.remove()
-                    raise
-                done.sort(key=lambda shard: shard.index)
-                manifest = Manifest(
-                    format=format,
-                    prefix=prefix,
-                    shards=tuple(
-                        ShardEntry(shard.name, shard.size, shard.samples, shard.sha256)
-                        for shard in done
-                    ),
-                    class_names=class_names,
-                    image_extensions=tuple(sorted({extension_of(p) for p in source.paths})),
-                    options={
-                        "shard_size": shard_size,
-                        "seed": seed,
-                        "shuffle": shuffle,
-                        "strict": strict,
-                        **fitting.recorded(
-                            fit_crop, fit_crop_quality, sum(shard.resized for shard in done)
-                        ),
-                    },
-                    skipped=tuple(pair for shard in done for pair in shard.skipped),
-                )
-                for temporary in abandoned:
-                    place.remove(temporary)
-                moves = [(shard.temporary, shard.name) for shard in done]
-                shard_set.commit(place, manifest, moves, sorted(set(existing) - set(names)))
-                journal.remove()
-                place.sync()
-                paths = [place.where(name) for name in names]
+        # Its stat calls run beside the writing: waited for only when the plan is needed.
+        digest = ListingDigest(source.paths, source.labels, local=not is_url(top))
+        options: dict[str, Any] = {
+            "format": format,
+            "prefix": prefix,
+            "shard_size": shard_size,
+            "seed": seed,
+            "shuffle": shuffle,
+            "strict": strict,
+            "fit_crop": fit_crop,
+            "fit_crop_quality": fit_crop_quality if fit_crop is not None else None,
+        }
+        job = Job(
+            source=source,
+            top=top,
+            order=order,
+            names=names,
+            options=options,
+            plan=planner(options, len(source), digest, tuple(names)),
+            plan_ready=digest.ready,
+            overwrite=overwrite,
+            began=began,
+            on_shard=on_shard,
+            on_skip=on_skip,
+            on_progress=on_progress,
+            note=on_note or silent,
+            status=status,
+        )
+        place = OutFolder(os.fspath(out))
+        try:
+            with place:
+                place.lock()
+                paths = write_into(place, job, preparer)
+        except BaseException:
+            preparer.close()  # its workers remove the shards they were writing
+            place.remove_created()  # the folders it made for OUT, when they are still empty
+            raise
     finally:
+        if digest is not None:
+            digest.close()
         preparer.close()
     for path in paths:
         index_shard(path)
     return paths
-
-
-# Whole shards are given to the workers (each writes, and hashes, its own) when at least this
-# many per worker are left to write; fewer, and the samples of each shard are shared among the
-# workers instead (one shard written at a time, in order, by this process). With whole shards
-# the last round leaves workers idle as the last shards finish: at 4 rounds or more that is a
-# small share of the run, and sharing samples (whose writer costs about 1 ms an image) keeps up
-# with dozens of workers re-encoding.
-SHARDS_PER_WORKER = 4

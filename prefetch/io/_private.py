@@ -1,10 +1,12 @@
-"""The checks of a cache folder: the user's own, and nobody else's to swap.
+"""A folder of the user's own, checked through the descriptor that is then used.
 
-`open_checked(path)` opens the folder (O_NOFOLLOW: a symlink is refused) and checks it through
-that descriptor: a folder, owned by the current user, not writable by group or others, and no
-folder above it that lets another user rename it (writable by others without the sticky bit,
-or owned by another user than you or root). Errors are ValueError naming the folder and the
-fix. Used by `prefetch.io._cache.ObjectCache`; stateless.
+`open_private_folder(path, name)` opens `path` as a directory descriptor, never through a link
+at its end (O_NOFOLLOW), and refuses it (ValueError naming the folder, what is wrong and the
+fix) when another user owns it, its group or other users may write to it, or a folder above it
+lets another user swap it (writable by group or others without the sticky bit, or owned by
+another user than you or root). Files are then opened and renamed relative to that descriptor,
+so a folder swapped after the check is never used. The object cache (`cache_dir`) and the kept
+folder listings (`prefetch.sources._kept_listing`) keep their files in such folders.
 """
 
 from __future__ import annotations
@@ -18,72 +20,72 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def open_checked(path: str) -> int:
+def open_private_folder(path: str, name: str) -> int:
     """A descriptor of the folder `path` (not through a symlink at its end), after checking it
-    and the folders above it through descriptors; ValueError naming what is wrong and the
-    fix."""
+    and the folders above it through descriptors; ValueError naming it as `name` (the option
+    that gave it: "cache_dir"), what is wrong and the fix. The caller closes it."""
     try:
         handle = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
     except OSError as error:
         if error.errno == errno.ELOOP or os.path.islink(path):
             raise ValueError(
-                f"cache_dir {path!r} is a symbolic link: give the folder it points to, which "
+                f"{name} {path!r} is a symbolic link: give the folder it points to, which "
                 "must be your own"
             ) from error
         if error.errno == errno.ENOTDIR:
             raise ValueError(
-                f"cache_dir {path!r} is not a folder: give a folder of your own"
+                f"{name} {path!r} is not a folder: give a folder of your own"
             ) from error
         raise
     try:
-        _check_folder(path, os.fstat(handle))
-        _check_parents(path, handle)
+        _check_folder(path, name, os.fstat(handle))
+        _check_parents(path, name, handle)
     except BaseException:
         os.close(handle)
         raise
     return handle
 
 
-def _check_folder(path: str, info: os.stat_result) -> None:
+def _check_folder(path: str, name: str, info: os.stat_result) -> None:
     me = os.geteuid()
     if not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"cache_dir {path!r} is not a folder: give a folder of your own")
+        raise ValueError(f"{name} {path!r} is not a folder: give a folder of your own")
     if info.st_uid != me:
         raise ValueError(
-            f"cache_dir {path!r} belongs to user {info.st_uid}, not to you "
-            f"({me}): its copies could be swapped; give a folder of your own"
+            f"{name} {path!r} belongs to user {info.st_uid}, not to you "
+            f"({me}): its files could be swapped; give a folder of your own"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ValueError(
-            f"cache_dir {path!r} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
-            f"its copies could be swapped; chmod 700 {path!r}, or give another folder"
+            f"{name} {path!r} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
+            f"its files could be swapped; chmod 700 {path!r}, or give another folder"
         )
 
 
-def _check_parents(path: str, handle: int) -> None:
+def _check_parents(path: str, name: str, handle: int) -> None:
     """Refuse `path` when a folder above it (reached by ".." from `handle`, named by the real
     path) lets another user rename it: writable by group or others without the sticky bit
     (/tmp has it), or owned by another user than you or root."""
     me = os.geteuid()
-    name = os.path.realpath(path)
+    above = os.path.realpath(path)
     current = os.open("..", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=handle)
     try:
         below = os.fstat(handle)
         while True:
-            name = os.path.dirname(name)
+            above = os.path.dirname(above)
             info = os.fstat(current)
             if info.st_uid not in (me, 0):
                 raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which belongs to user "
+                    f"{name} {path!r} is inside {above!r}, which belongs to user "
                     f"{info.st_uid}: that user could swap it; give a folder whose parents are "
                     "yours or root's"
                 )
             shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
             if shared and not info.st_mode & stat.S_ISVTX:
                 raise ValueError(
-                    f"cache_dir {path!r} is inside {name!r}, which others may write to (mode "
+                    f"{name} {path!r} is inside {above!r}, which others may write to (mode "
                     f"{stat.S_IMODE(info.st_mode):o}, no sticky bit): they could swap the "
-                    f"folder; chmod o-w,g-w {name!r} (or +t), or give another folder"
+                    f"folder; chmod o-w,g-w {above!r} (or +t), or give another folder"
                 )
             if (info.st_dev, info.st_ino) == (below.st_dev, below.st_ino):
                 return  # "/" is its own parent

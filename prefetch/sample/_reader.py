@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.backends._base import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.decode import (
     DecodeOptions,
     Decoder,
@@ -44,12 +43,13 @@ from prefetch.io import (
     using,
 )
 from prefetch.plan import Augment
+from prefetch.sample._task import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
 from prefetch.sources import check_label, is_file_source
 
-# Rows per call of the compiled chunk decoder: it holds every file of its rows and every
-# window in memory at once (32 camera-sized JPEGs of 5 MB: about 180 MB), and each call costs
-# some Python under the GIL (measured under load: 57 us held a sample at 32 rows a call, 47 at
-# a whole part of 128 a call, 75 at 16).
+# Rows per call of the compiled chunk decoder (`decode_chunk`, which holds at most
+# `CHUNK_BYTES` of their files and windows at once, in bytes whatever the rows), and each call
+# costs some Python under the GIL (measured under load: 57 us held a sample at 32 rows a call,
+# 47 at a whole part of 128 a call, 75 at 16).
 CHUNK_ROWS = 32
 
 # What a sample's read is doing (`_Step.name`), so that an error's note names what failed.

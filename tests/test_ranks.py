@@ -1,0 +1,338 @@
+"""A host shared by its ranks (issue 41.1): each rank's defaults take its share, not the host.
+
+The detection (`prefetch._host`) is read from the variables a launcher sets, passed in as a
+mapping; the cores of hosts this machine is not (16, 112) are passed in as counts; the real
+path runs in a subprocess under torchrun's variables and a narrowed affinity mask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prefetch
+from prefetch._host import UNKNOWN, cgroup_cores, cpu_list_size, host_share, local_ranks
+from prefetch.backends import ShmRoom
+from prefetch.runtime import LoaderOptions
+from prefetch.runtime import _choice as choice
+from prefetch.runtime._autoscale import tuner_for
+from prefetch.sample import SampleReader
+from prefetch.testing import write_image_folder
+
+pytestmark = pytest.mark.timeout(60)
+
+SMALL = (16, 16)
+TORCHRUN_8 = {"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "3", "RANK": "11", "WORLD_SIZE": "16"}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return write_image_folder(
+        tmp_path / "images", class_names=("a", "b"), per_class=4, size=(24, 24)
+    )
+
+
+# ---- which variables say how many ranks share the host, in which order ----------------
+
+
+def test_without_a_launcher_one_rank_is_assumed_and_said() -> None:
+    ranks = local_ranks(environ={"RANK": "3", "WORLD_SIZE": "8"})  # global ranks say nothing
+    assert (ranks.count, ranks.rank, ranks.source) == (1, None, UNKNOWN) and not ranks.known
+
+
+def test_each_launchers_count_and_local_rank_are_read() -> None:
+    cases = {
+        "torchrun": ({"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "5"}, 8, 5),
+        "SLURM": ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_LOCALID": "2"}, 4, 2),
+        "Open MPI": ({"OMPI_COMM_WORLD_LOCAL_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, 6, 1),
+        "MPICH / Intel MPI": ({"MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "0"}, 2, 0),
+    }
+    for launcher, (environ, count, rank) in cases.items():
+        ranks = local_ranks(environ=environ)
+        assert (ranks.count, ranks.rank) == (count, rank), launcher
+        assert ranks.source.endswith(f"({launcher})") and ranks.known
+
+
+def test_the_first_variable_set_wins_in_the_documented_order() -> None:
+    environ = {
+        "PREFETCH_RANKS_PER_HOST": "3",
+        "LOCAL_WORLD_SIZE": "8",
+        "SLURM_STEP_TASKS_PER_NODE": "4",
+        "SLURM_TASKS_PER_NODE": "7",
+        "SLURM_LOCALID": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "6",
+        "MPI_LOCALNRANKS": "2",
+    }
+    assert local_ranks(5, environ).source == "ranks_per_host=5"  # the Loader's keyword first
+    order = ["PREFETCH_RANKS_PER_HOST=3", "LOCAL_WORLD_SIZE=8 (torchrun)"]
+    order += ["SLURM_STEP_TASKS_PER_NODE=4 (SLURM)", "SLURM_TASKS_PER_NODE=7 (SLURM)"]
+    order += ["OMPI_COMM_WORLD_LOCAL_SIZE=6 (Open MPI)", "MPI_LOCALNRANKS=2 (MPICH / Intel MPI)"]
+    for source in order:
+        assert local_ranks(environ=environ).source == source
+        del environ[source.split("=")[0]]
+    assert local_ranks(environ=environ).source == UNKNOWN
+
+
+def test_slurm_counts_only_inside_an_srun_task_and_per_node() -> None:
+    job = {"SLURM_TASKS_PER_NODE": "8", "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "7"}
+    assert local_ranks(environ=job).count == 1  # a batch script's own process: one process
+    task = {**job, "SLURM_LOCALID": "3"}
+    assert (local_ranks(environ=task).count, local_ranks(environ=task).rank) == (8, 3)
+    uneven = {"SLURM_STEP_TASKS_PER_NODE": "4(x3),2", "SLURM_LOCALID": "0"}
+    assert local_ranks(environ={**uneven, "SLURM_NODEID": "3"}).count == 2  # this node's entry
+    assert local_ranks(environ={**uneven, "SLURM_NODEID": "1"}).count == 4
+    assert local_ranks(environ=uneven).count == 4  # node unknown: the largest
+
+
+def test_a_malformed_launcher_variable_is_passed_over_but_ours_is_refused(folder: Path) -> None:
+    ranks = local_ranks(environ={"LOCAL_WORLD_SIZE": "eight", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert ranks.count == 4 and "Open MPI" in ranks.source
+    assert local_ranks(environ={"LOCAL_WORLD_SIZE": "0"}).count == 1
+    with pytest.raises(ValueError, match="PREFETCH_RANKS_PER_HOST must be a whole number"):
+        local_ranks(environ={"PREFETCH_RANKS_PER_HOST": "many"})
+    with pytest.raises(ValueError, match="ranks_per_host must be an int >= 1, got 0"):
+        local_ranks(0, {})
+    with pytest.raises(ValueError, match="ranks_per_host must be an int >= 1, got 0"):
+        prefetch.Loader(folder, ranks_per_host=0)
+
+
+# ---- each rank's cores, on hosts this machine is not -----------------------------------
+
+
+def test_eight_torchrun_ranks_on_a_112_core_host_take_14_cores_and_13_workers_each() -> None:
+    share = host_share(environ=TORCHRUN_8, affinity=112, pool=112)
+    assert (share.cores, share.bound) == (14, False)
+    assert prefetch.runtime.default_workers(share.cores) == 13  # one core for the training loop
+    assert share.describe() == (
+        "14 cores: the host's 112 among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))"
+    )
+
+
+def test_a_mask_the_launcher_bound_is_the_ranks_share_and_is_not_divided_again() -> None:
+    bound = host_share(environ=TORCHRUN_8, affinity=14, pool=112)  # srun --cpu-bind, per rank
+    assert (bound.cores, bound.bound) == (14, True)
+    assert "affinity mask, which the launcher bound to 14 of the host's 112" in bound.describe()
+    shared = host_share(environ=TORCHRUN_8, affinity=16, pool=112)  # `taskset -c 0-15 torchrun`
+    assert (shared.cores, shared.bound) == (2, False)  # 8 x 16 > 112: one mask for all ranks
+    container = host_share(environ={"LOCAL_WORLD_SIZE": "4"}, affinity=16, pool=16)
+    assert container.cores == 4  # a container's 16 cores (its cpuset) among 4 ranks
+    alone = host_share(environ={}, affinity=6, pool=16)  # `taskset -c 0-5 python train.py`
+    assert (alone.cores, alone.bound) == (6, True)
+
+
+def test_eight_ranks_on_a_16_core_host_take_at_most_two_cores_each() -> None:
+    for affinity in (16, 2):  # all cores, or bound two by two
+        share = host_share(environ=TORCHRUN_8, affinity=affinity, pool=16)
+        assert share.cores == 2
+        assert prefetch.runtime.default_workers(share.cores) == 2
+    assert host_share(environ={"LOCAL_WORLD_SIZE": "32"}, affinity=16, pool=16).cores == 1
+
+
+def reading(files: dict[str, str]) -> Callable[[str], str]:
+    """A `read(path)` of these files only (others: FileNotFoundError, as on a host)."""
+
+    def read(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(path)
+        return files[path]
+
+    return read
+
+
+def test_the_cpuset_cgroup_is_the_hosts_pool_for_cgroup_v2_and_v1() -> None:
+    v2 = {
+        "/proc/self/cgroup": "0::/job_7/step_0\n",
+        "/sys/fs/cgroup/job_7/step_0/cpuset.cpus.effective": "0-13,56-69\n",
+    }
+    assert cgroup_cores(reading(v2)) == 28
+    v1 = {
+        "/proc/self/cgroup": "4:memory:/x\n3:cpuset,cpu:/docker/abc\n0::/\n",
+        "/sys/fs/cgroup/cpuset/docker/abc/cpuset.effective_cpus": "0-3",
+    }
+    assert cgroup_cores(reading(v1)) == 4
+    own_root = {  # a container that sees the host's path but has its own cgroup mounted
+        "/proc/self/cgroup": "0::/docker/abc\n",
+        "/sys/fs/cgroup/cpuset.cpus.effective": "0-7",
+    }
+    assert cgroup_cores(reading(own_root)) == 8
+    assert cgroup_cores(reading({})) is None
+    assert cgroup_cores(reading({"/proc/self/cgroup": "0::/\n"})) is None
+    assert cpu_list_size("0-3,8-11,16\n") == 9
+
+
+# ---- what 8 ranks on a 112-core host start, in one decision ----------------------------
+
+
+NO_BATCH = np.zeros(0, np.int64)  # what backend="auto" measures: nothing, for files
+
+
+def reader_of(folder: Path, batch_size: int) -> tuple[LoaderOptions, SampleReader]:
+    """A loader's options and its reader (made, never started)."""
+    loader = prefetch.Loader(folder, batch_size=batch_size, image_size=SMALL, seed=0)
+    return loader.options, loader._epochs.workers.reader
+
+
+def test_eight_ranks_on_112_cores_start_13_processes_and_231_mb_of_slots_each(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model in docs/tuning.md: batch 256 at 224x224, depth 2, 8 torchrun ranks on a
+    112-core host with a 504 GiB /dev/shm: each rank 13 worker processes, in flight
+    max(2, 2 rows x 13 / 256) = 2 batches, a ring of 2 + 4 kept = 6 slots of 256 rows of
+    224 x 224 x 3 + 4 (label) + 8 (start time) bytes = 231,229,440 bytes."""
+    _, small = reader_of(folder, batch_size=256)
+    options = LoaderOptions(batch_size=256, image_size=(224, 224))
+    reader = replace(small, options=options.decode)
+    share = host_share(environ=TORCHRUN_8, affinity=112, pool=112)
+    room = ShmRoom(504 * 2**30, 500 * 2**30, 8, "/dev/shm")
+    monkeypatch.setattr(choice, "shm_room", lambda ranks: room if ranks == 8 else None)
+
+    planned = choice.planned_workers(options, share, remote=False)
+    decision = choice.decide(options, reader, NO_BATCH, share, planned, tuned=False, remote=False)
+
+    assert (decision.backend, decision.workers) == ("process", 13)
+    assert decision.ring_bytes == 6 * 256 * (224 * 224 * 3 + 4 + 8) == 231_229_440
+    assert "13 workers, one per core of 14 cores: the host's 112 among 8 ranks" in decision.reason
+    assert "(LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training thread" in decision.reason
+    assert "batch slots 221 MiB of " in decision.reason
+    assert "this rank's share 63.0 GiB: 504.0 GiB among 8 ranks" in decision.reason
+    assert decision.reason.endswith(
+        "(LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training thread; batch slots 221 MiB "
+        "of /dev/shm (this rank's share 63.0 GiB: 504.0 GiB among 8 ranks, 500.0 GiB free)"
+    )  # docs/tuning.md quotes this text
+    # 8 x 13 = 104 worker processes and 8 training loops: the host's 112 cores, not 8 x 111.
+    assert 8 * (decision.workers + 1) == 112
+    # At batch 32, the ring before (111 workers: 7 batches in flight) and now (13: 2 in flight).
+    options = LoaderOptions(batch_size=32, image_size=(224, 224))
+    reader = replace(small, options=options.decode)
+    slot = 32 * (224 * 224 * 3 + 4 + 8)
+    assert choice.ring_bytes(options, reader, "process", 111) == 11 * slot == 52_990_080
+    assert choice.ring_bytes(options, reader, "process", 13) == 6 * slot == 28_903_680
+
+
+def test_slots_that_fit_the_folder_but_not_this_ranks_share_of_it_go_to_threads(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options, reader = reader_of(folder, batch_size=8)
+    share = host_share(environ=TORCHRUN_8, affinity=16, pool=16)
+    need = choice.ring_bytes(options, reader, "process", 2)
+    total = 8 * need - 8  # the whole folder holds the slots; an eighth of it does not
+    monkeypatch.setattr(choice, "shm_room", lambda ranks: ShmRoom(total, total, ranks))
+
+    decision = choice.decide(options, reader, NO_BATCH, share, 2, tuned=False, remote=False)
+
+    assert decision.backend == "thread"
+    assert decision.reason.startswith("auto: thread (files are decoded in worker processes")
+    assert "but the process backend's batch slots take" in decision.reason
+    assert "among 8 ranks" in decision.reason and decision.reason.endswith("in RAM")
+    alone = host_share(environ={}, affinity=16, pool=16)
+    kept = choice.decide(options, reader, NO_BATCH, alone, 2, tuned=False, remote=False)
+    assert kept.backend == "process"
+
+
+def test_the_tuner_grows_within_the_ranks_cores_and_its_part_of_the_memory() -> None:
+    processes = tuner_for(
+        process=True, workers=2, depth=2, ring_bytes=0, memory_budget=2**40, cores=14
+    )
+    threads = tuner_for(
+        process=False, workers=2, depth=2, ring_bytes=0, memory_budget=2**40, cores=14
+    )
+    assert (processes.maximum, threads.maximum) == (14, 28)
+
+
+# ---- a worker count above the cores is said once ----------------------------------------
+
+
+def test_workers_above_the_cores_warn_once_with_the_counts_and_the_fix(folder: Path) -> None:
+    cores = prefetch.runtime.usable_cores()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            prefetch.Loader(folder, image_size=SMALL, workers=cores + 1, ranks_per_host=1)
+        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=1)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    warning = caught[0]
+    assert issubclass(warning.category, prefetch.TooManyWorkersWarning)
+    assert warning.filename == __file__  # the user's line, not prefetch's
+    message = str(warning.message)
+    assert f"workers={cores + 1} on {cores} usable cores (ranks_per_host=1)" in message
+    assert f"pass at most workers={cores}" in message and "Leave workers unset" in message
+
+
+def test_ranks_times_workers_above_the_hosts_cores_warns_with_both_counts(folder: Path) -> None:
+    cores = prefetch.runtime.usable_cores()
+    with pytest.warns(prefetch.TooManyWorkersWarning) as caught:
+        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=2 * cores)
+    message = str(caught[0].message)
+    assert f"workers={cores} on each of {2 * cores} ranks (ranks_per_host={2 * cores})" in message
+    assert f"is {2 * cores * cores} workers for this host's {cores} cores" in message
+
+
+def test_remote_workers_wait_on_the_network_and_are_not_warned_about() -> None:
+    share = host_share(environ={}, affinity=2, pool=2)
+    options = LoaderOptions(workers=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert choice.planned_workers(options, share, remote=True) == 64
+    with pytest.warns(prefetch.TooManyWorkersWarning):
+        choice.planned_workers(options, share, remote=False)
+
+
+# ---- the real path: torchrun's variables and a narrowed mask, in a subprocess -----------
+
+RANK = """
+import json, os, sys, warnings
+import prefetch
+if len(sys.argv) > 2:
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(sys.argv[2])]))
+loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=16, seed=0)
+planned = loader.workers
+with loader:
+    images = sum(len(batch.images) for batch in loader)
+stats = loader.stats()
+print(json.dumps({"planned": planned, "workers": stats.workers, "images": images,
+                  "backend": stats.backend, "reason": stats.backend_reason}))
+"""
+
+
+def run_rank(folder: Path, environ: dict[str, str], *mask: int) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN_8}
+    done = subprocess.run(
+        [sys.executable, "-c", RANK, str(folder), *map(str, mask)],
+        env={**clean, **environ},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.timeout(120)  # two interpreters, each spawning a worker process on 2 busy cores
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux's affinity calls and two cores to narrow to one",
+)
+def test_a_default_loader_under_torchrun_takes_at_most_its_share(folder: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    # 8 ranks on this host: each its share, at least 1 core (here 2 // 8 -> 1).
+    crowded = run_rank(folder, TORCHRUN_8)
+    assert crowded["planned"] == crowded["workers"] == max(1, cores // 8)
+    assert crowded["images"] == 8 and crowded["backend"] == "process"
+    assert f"the host's {cores} among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))" in str(
+        crowded["reason"]
+    )
+    # A mask the launcher narrowed to one core: that core is the rank's share, not divided.
+    bound = run_rank(folder, {"LOCAL_WORLD_SIZE": str(cores), "LOCAL_RANK": "0"}, 1)
+    assert bound["planned"] == bound["workers"] == 1
+    assert "affinity mask, which the launcher bound to 1 of the host's" in str(bound["reason"])
