@@ -81,6 +81,7 @@ def test_files_without_huffman_tables_after_optimized_ones_give_the_per_sample_r
         np.testing.assert_array_equal(got_images, want_images)
 
 
+@pytest.mark.compiled
 def test_a_file_decodes_the_same_alone_first_or_after_any_other(alternating: Path) -> None:
     """decode_chunk of every ordered pair and of shuffled whole chunks: each file's row is its
     window decoded alone."""
