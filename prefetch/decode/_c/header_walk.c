@@ -58,11 +58,6 @@ void walk_jpeg_header(const unsigned char *data, size_t size, unsigned long max_
             return;
         }
         out->segments++;
-        /* int.from_bytes(data[start + 2 : start + 4], "big"): what there is of the length */
-        size_t length = 0;
-        for (size_t i = start + 2; i < start + 4 && i < size; i++) {
-            length = length << 8 | data[i];
-        }
         if (is_frame(marker)) {
             out->frames++;
             if (out->frame == 0) {
@@ -78,6 +73,10 @@ void walk_jpeg_header(const unsigned char *data, size_t size, unsigned long max_
                 }
             }
         }
-        position = start + 2 + (length > 2 ? length : 2);
+        if (start + 4 > size) { /* its length is cut off: nothing follows */
+            return;
+        }
+        size_t length = (size_t)data[start + 2] << 8 | data[start + 3];
+        position = start + 2 + (length > 2 ? length : 2); /* as libjpeg skips a segment */
     }
 }
