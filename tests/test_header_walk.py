@@ -218,6 +218,31 @@ def test_the_chunk_path_leaves_every_trick_to_the_per_sample_path(
     assert done.tolist() == [False] * len(paths) + [True]
 
 
+@pytest.mark.compiled
+def test_both_paths_pass_a_header_at_the_cap_and_refuse_one_past_it(tmp_path: Path) -> None:
+    """MAX_HEADER_SEGMENTS segments before the first scan pass the check and the chunk path;
+    one more is refused by the check, and the chunk path leaves it (fail closed, both alike)."""
+    data = jpeg()
+    own = walk_jpeg(data).segments
+    paths = []
+    for extra, refused in ((0, False), (1, True)):
+        padded = hide_frame(data, MAX_HEADER_SEGMENTS - own + extra)
+        assert walk_jpeg(padded).segments == MAX_HEADER_SEGMENTS + extra
+        if refused:
+            with pytest.raises(Image.DecompressionBombError, match="MAX_HEADER_SEGMENTS"):
+                check_image_bytes(padded, "past.jpg")
+        else:
+            check_image_bytes(padded, "at.jpg")
+        paths.append(tmp_path / f"{extra}.jpg")
+        paths[-1].write_bytes(padded)
+    options = DecodeOptions(32)
+    images = np.zeros((2, *options.shape), np.uint8)
+    done, _ = window_decode.decode_chunk(
+        [str(p) for p in paths], [0, 1], [0, 1], 0, 0, RandomResizedCrop(), False, options, images
+    )
+    assert done.tolist() == [True, False]
+
+
 # ---------------------------------------------------------------- the loader and the writer
 
 # Runs in a child under an address-space limit: read ROOT with max_pixels=1,000,000, skipping;
