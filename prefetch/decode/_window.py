@@ -351,7 +351,8 @@ def _pillow_window(
 
 def _jpeg_header(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a JPEG libjpeg-turbo decodes to RGB and gray as Pillow does, or None
-    (CMYK/YCCK, over Pillow's pixel limit, or a header it cannot read)."""
+    (CMYK/YCCK, over Pillow's pixel limit, or a header it cannot read). C twin: the libjpeg
+    header check of `plan_window` in prefetch/decode/_c/chunk.c; change both."""
     try:
         if _jpegwindow is not None:
             width, height, _, space = _jpegwindow.header(data)

@@ -24,7 +24,8 @@ pixels than the `max_pixels` given (the `Loader`'s `ErrorPolicy(max_pixels=...)`
 13,000 PNG is 189 KB on disk and 3.5 GB in memory once decoded. So is a file whose size
 decoders disagree on (two frames, two IHDRs) and one whose header is longer than any image's
 (`MAX_HEADER_SEGMENTS`). The compiled chunk path applies the same rules with the walk's C twin
-(prefetch/decode/_c/header_walk.c). Pure functions of the bytes, thread-safe.
+(`plan_window` in prefetch/decode/_c/chunk.c, with header_walk.c): a change to these rules is a
+change there. Pure functions of the bytes, thread-safe.
 """
 
 from __future__ import annotations

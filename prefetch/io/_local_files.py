@@ -88,7 +88,7 @@ def read_capped(handle: int, path: str, cap: int) -> bytes:
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     """What tells a file's versions apart, as the shard index compares them: size,
-    modification and change times, inode."""
+    modification and change times, inode. C twin: `same_file` in prefetch/decode/_c/chunk.c."""
     return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino
 
 

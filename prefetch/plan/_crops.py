@@ -230,5 +230,5 @@ class Augment:
 
     def flipped(self, rng: np.random.Generator) -> bool:
         """Whether this sample is flipped (draw after the crop's window). C twin: the
-        T_FLIPPED draw of `plan_sample` in prefetch/decode/_c/chunk.c."""
+        T_FLIPPED draw of `plan_window` in prefetch/decode/_c/chunk.c."""
         return bool(self.flip) and bool(rng.random() < 0.5)

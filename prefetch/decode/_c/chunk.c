@@ -63,7 +63,7 @@ static int same_file(const struct stat *a, const struct stat *b) {
 /* Reads the open file (`info`: its fstat when opened) whole into a new buffer in *data, and
  * closes it: 0, or -1 when it is not the file `info` describes any more (it grew, shrank or
  * was rewritten while read: its bytes may be half old and half new), with *data still to be
- * freed. */
+ * freed. The rest of read_capped (prefetch/io/_local_files.py), its twin. */
 static int read_file(int handle, const struct stat *info, unsigned char **data) {
     size_t size = (size_t)info->st_size;
     *data = malloc(size + 1);
@@ -87,10 +87,11 @@ static int read_file(int handle, const struct stat *info, unsigned char **data) 
 
 /* Plans the window of a sample whose file is read: walks its header as
  * prefetch.io.check_image_bytes does (header_walk.c: one frame, at most max_segments segments, a
- * sequential Huffman frame of at most max_pixels and Pillow's limit), reads it with libjpeg (the
- * same size, a colour space libjpeg-turbo decodes as Pillow does), draws its box and flip, and
- * picks the DCT scale and the window. Returns DONE, or FALLBACK for anything else: the caller
- * then reads that sample itself, and says what is wrong with it. */
+ * sequential Huffman frame of at most max_pixels and Pillow's limit), reads it with libjpeg as
+ * _jpeg_header in prefetch/decode/_window.py does (the same size, a colour space libjpeg-turbo
+ * decodes as Pillow does), draws its box and flip, and picks the DCT scale and the window.
+ * Returns DONE, or FALLBACK for anything else: the caller then reads that sample itself, and
+ * says what is wrong with it. */
 static int plan_window(sample_t *sample, const chunk_options *options) {
     const unsigned char *data = sample->data;
     size_t size = sample->size;
