@@ -164,7 +164,8 @@ def decode_chunk(
     usual way, which names what is wrong), and the seconds spent on each. `started` (the
     slot's float64 column) holds each sample's `time.monotonic()` while it is read. Needs
     `chunk_available(crop, options, "turbo")`. Holds at most `CHUNK_BYTES` of files and windows
-    at once (one file alone where it is larger): a chunk of larger files takes several calls."""
+    at once, plus one window (one file alone where it is larger): a chunk of larger files takes
+    several calls."""
     assert _jpegwindow is not None
     local = [os.fsencode(p) if "\x00" not in p else b"" for p in paths]  # C strings end at NUL
     if isinstance(crop, RandomResizedCrop):

@@ -168,12 +168,12 @@ static PyObject *draws(PyObject *self, PyObject *args) {
  * one sample. `table` is int64 (len(paths), 6): status (DONE; FALLBACK: the caller reads that
  * sample itself; LATER: not reached), the offset of the window's pixels in `windows`, its
  * height and width, flipped, and the nanoseconds spent on it. `handled` samples, the first, are
- * DONE or FALLBACK: the call holds at most `max_held` bytes of files and windows at once (one
- * file alone where it is larger), and leaves the rest to the caller's next call. `started` (a
- * float64 array with a row per slot row, or None) holds each sample's time.monotonic() while
- * its file is read or its window decoded (0 after), for the loader's sample_timeout_s. Two
- * stretches without the GIL: read and plan the samples (plan_samples), then decode their
- * windows into one buffer (decode_samples). */
+ * DONE or FALLBACK: the call holds at most `max_held` bytes of files and windows at once, plus
+ * the last file's window (one file alone where it is larger), and leaves the rest to the
+ * caller's next call. `started` (a float64 array with a row per slot row, or None) holds each
+ * sample's time.monotonic() while its file is read or its window decoded (0 after), for the
+ * loader's sample_timeout_s. Two stretches without the GIL: read and plan the samples
+ * (plan_samples), then decode their windows into one buffer (decode_samples). */
 static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     PyObject *paths, *indices, *positions, *started_object;
     chunk_options options;

@@ -47,8 +47,9 @@ typedef struct {
 } chunk_options;
 
 /* The first of decode_chunk's two stretches: reads the samples' files in order and plans
- * their windows (or marks them FALLBACK), holding at most options->max_held bytes of files and
- * windows, or one file and its window where that alone is more: the samples past that are left
+ * their windows (or marks them FALLBACK). It reads a file only while the files and windows it
+ * holds stay within options->max_held with it (the first file always), so it holds at most
+ * max(max_held, the first file) plus the last file's window; the samples past that are left
  * (LATER). Sets *planned to the samples handled; returns the bytes of their planned windows. */
 size_t plan_samples(sample_t *samples, size_t n, const chunk_options *options, size_t *planned);
 
