@@ -19,7 +19,7 @@ ARGS ?=
 # for the flat layout pyproject.toml declares (`package-dir = {"" = "."}`), so no editable_mode
 # is set here: `editable_mode=compat`, which did it before, "is transitional and will be
 # removed" (issue 35.6). The flat layout stays (no src/ folder: decided in issue 26).
-# The compiled window decoder's sources (their list is setup.py's JPEGWINDOW_SOURCES and _HEADERS).
+# The compiled window decoder's sources: every file of _c/ (setup.py lists the ones it builds).
 JPEGWINDOW_FILES := $(wildcard prefetch/decode/_c/*.c prefetch/decode/_c/*.h)
 
 $(VENV)/.installed: pyproject.toml setup.py $(JPEGWINDOW_FILES)

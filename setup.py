@@ -8,8 +8,8 @@ are decoded by the fallbacks in prefetch.decode._window (slower, the same crop b
 the test suite fails without it (tests/conftest.py says why).
 
 `JPEGWINDOW_SOURCES` and `JPEGWINDOW_HEADERS` are the one list of its files: the Makefile's
-targets read them from here (`python setup.py` is not run for that: importing this file does not
-call setup()).
+`sanitize` target builds it through this file (`setup.py build_ext`), and its install target is
+remade when any file of prefetch/decode/_c/ changes.
 """
 
 from setuptools import Extension, setup
@@ -46,5 +46,4 @@ JPEGWINDOW = Extension(
     optional=True,
 )
 
-if __name__ == "__main__":  # how pip, setuptools' build backend and `python setup.py` run it
-    setup(ext_modules=[JPEGWINDOW])
+setup(ext_modules=[JPEGWINDOW])
