@@ -2,10 +2,12 @@
 (one call of the compiled window decoder per task, holding at most `CHUNK_BYTES` of files and
 windows: issue 40.4) and the per-sample path (a `transform` forces it), alternated in one run.
 
-    python benchmarks/chunk_memory.py [--files 32] [--mb 64] [--root /tmp/chunk-memory]
+    python benchmarks/chunk_memory.py [--files 32] [--mb 64] [--root FOLDER]
 
 Writes `--files` JPEGs (a 640x480 photo each, followed by zeros up to `--mb` MB: valid files
-whose bytes are mostly padding; sparse on disk), then reads them once per row, each row in a
+whose bytes are mostly padding; sparse on disk) into `--root` (kept, and reused by a later run;
+by default a private temporary folder, removed at the end), then reads them once per row, each
+row in a
 fresh process: one epoch of `Loader(batch_size=files, workers=1, RandomResizedCrop to 224)`,
 thread and process backends. Prints, per row, the peak RSS (MB) of the process that decodes
 (the loader's own with threads, its worker's with processes), and that peak over the
@@ -21,8 +23,10 @@ import io
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +57,14 @@ def write_files(root: Path, files: int, megabytes: int) -> None:
     rng = np.random.default_rng(0)
     for number in range(files):
         path = folder / f"{number:03d}.jpg"
-        if path.exists() and path.stat().st_size == megabytes << 20:
-            continue
         buffer = io.BytesIO()
         pixels = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        if path.exists():  # written by an earlier run (the pixels drawn all the same)
+            if path.stat().st_size != megabytes << 20:
+                raise SystemExit(f"{path} is not {megabytes} MB: remove it, or pick another --root")
+            continue
         Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-        with open(path, "wb") as out:
+        with open(path, "xb") as out:  # never through a link left in the folder
             out.write(buffer.getvalue())
             out.truncate(megabytes << 20)  # zeros, sparse
 
@@ -83,13 +89,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=32, help="files (one batch, one task)")
     parser.add_argument("--mb", type=int, default=64, help="each file's size in MB")
-    parser.add_argument("--root", default="/tmp/chunk-memory", help="where the files are written")
+    parser.add_argument(
+        "--root", help="where the files are written (default: a private temporary folder)"
+    )
     parser.add_argument("--child", nargs=2, metavar=("BACKEND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.root, args.child[0], args.child[1], args.files)
         return
-    write_files(Path(args.root), args.files, args.mb)
+    temporary = args.root is None
+    if temporary:
+        args.root = tempfile.mkdtemp(prefix="chunk-memory-")
+    try:
+        write_files(Path(args.root), args.files, args.mb)
+        run_rows(args)
+    finally:
+        if temporary:
+            shutil.rmtree(args.root, ignore_errors=True)
+
+
+def run_rows(args: argparse.Namespace) -> None:
+    """Print the table: each row measured in a child process."""
     print(
         f"{args.files} files of {args.mb} MB (a 640x480 JPEG and zeros), one epoch, 1 worker, "
         f"RandomResizedCrop to 224; CHUNK_BYTES = {_window.CHUNK_BYTES >> 20} MiB"
