@@ -131,9 +131,7 @@ def add_frame(data: bytes, size: tuple[int, int] = (13_000, 13_000), first: bool
     own (`first=True`: before it), both before the first scan. libjpeg refuses a second frame;
     Pillow allocates for the last one."""
     own = jpeg.frame(data)
-    width, height = size
-    header = data[own.start : own.end]
-    extra = header[:5] + struct.pack(">HH", height, width) + header[9:]
+    extra = jpeg.claim_size(data[own.start : own.end], *size)
     at = own.start if first else own.end
     return data[:at] + extra + data[at:]
 
