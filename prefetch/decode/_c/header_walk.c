@@ -10,7 +10,9 @@
  * 0x00 (a stuffed zero), 0x01 (TEM) or 0xD0-0xD8 (RSTn, SOI), which have no length and are
  * passed over (_NEXT_MARKER in the Python twin); every other marker's segment is skipped by its
  * length as libjpeg skips it (a length under 2 skips nothing past the length itself). memchr
- * finds each 0xFF: linear in the bytes walked. */
+ * finds each 0xFF: linear in the bytes walked. A walk that counts max_segments + 1 segments
+ * stops there and the file is refused, not passed (plan_window in chunk.c leaves it to the
+ * per-sample path, whose check_image_bytes raises): no run of segments hides a frame. */
 #include "header_walk.h"
 
 #include <string.h>

@@ -15,7 +15,8 @@ typedef struct {
 } jpeg_walk;
 
 /* Walks the JPEG in data[0, size) (which starts with SOI) from its start to its first scan,
- * its end or max_segments + 1 segments, as walk_jpeg does. */
+ * its end or max_segments + 1 segments, as walk_jpeg does; more than max_segments is a refusal
+ * for the caller to make. */
 void walk_jpeg_header(const unsigned char *data, size_t size, unsigned long max_segments,
                       jpeg_walk *out);
 
