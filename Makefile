@@ -49,15 +49,19 @@ docs: $(VENV)/.installed
 
 # The compiled decoder built with AddressSanitizer and UBSan into a copy of the package
 # (SANITIZE_DIR: the checkout's own build is never replaced), from the C sources setup.py lists
-# (no file name here), then tests/test_differential.py with SANITIZE_COUNT corpus files run
-# against the copy. Python is not built with ASan, so libasan is preloaded and leak checks are
-# off (Python's own allocations live to exit). Worker processes inherit all of it. ASan writes
+# (no file name here), then SANITIZE_TESTS run against the copy: tests/test_differential.py with
+# SANITIZE_COUNT corpus files, and the header walk's C twin against walk_jpeg on 3,000 mutated
+# headers (header_walk.c reads every file's bytes before libjpeg does). Python is not built
+# with ASan, so libasan is preloaded and leak checks are off (Python's own allocations live to
+# exit). Worker processes inherit all of it. ASan writes
 # its reports to SANITIZE_DIR/reports (a file per process); UBSan's go to stderr (gcc's UBSan
 # inside a preloaded ASan ignores log_path), so pytest runs uncaptured (-s) into
 # SANITIZE_DIR/pytest.log and its "runtime error:" lines are counted too. Fails on a failed test
 # or on any report.
 SANITIZE_DIR ?= build/sanitize
 SANITIZE_COUNT ?= 3000
+SANITIZE_TESTS ?= tests/test_differential.py \
+	tests/test_header_walk.py::test_the_c_walk_reports_what_the_python_walk_reports
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g
 SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PREFETCH_CORPUS_COUNT=$(SANITIZE_COUNT) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
@@ -74,7 +78,7 @@ sanitize: $(VENV)/.installed
 	cd $(SANITIZE_DIR) && $(SANITIZE_ENV) $(abspath $(PY)) -c "import os, prefetch.decode._jpegwindow \
 		as built; assert built.__file__.startswith(os.getcwd()), built.__file__; print(built.__file__)"
 	cd $(SANITIZE_DIR) && { $(SANITIZE_ENV) $(abspath $(PY)) -m pytest -q -s -p no:cacheprovider \
-		$(CURDIR)/tests/test_differential.py $(ARGS) 2>&1; echo $$? > status; } | tee pytest.log; \
+		$(addprefix $(CURDIR)/,$(SANITIZE_TESTS)) $(ARGS) 2>&1; echo $$? > status; } | tee pytest.log; \
 		cat reports/* 2>/dev/null; \
 		reports=$$(( $$(ls reports | wc -l) + $$(grep -c "runtime error:" pytest.log) )); \
 		echo "make sanitize: $(SANITIZE_COUNT) corpus files, pytest exit status $$(cat status)," \
