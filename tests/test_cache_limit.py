@@ -287,7 +287,7 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
         url = base + path[1:]
         start_and_kill(url, cache_dir, marker, lambda: path in requests)  # while fetching
     name = ObjectCache(str(cache_dir), 0, 0).name_for(url)
-    assert sorted(os.listdir(cache_dir)) == [".ledger", f".lock-{name.split('.')[0]}"]
+    assert sorted(os.listdir(cache_dir)) == [".ledger", f".lock-{name.split('.')[0]}", ".users"]
     assert_lock_free(cache_dir, name)  # the lock file it held is left, but not held
     cache = ObjectCache.open(cache_dir)
     with serve_folder(tmp_path, requests=requests) as base:
@@ -299,7 +299,7 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
         assert f".partial-{name}" in left
         assert_lock_free(cache_dir, name)
         ObjectCache.open(cache_dir)  # removes what a killed process left
-        assert sorted(os.listdir(cache_dir)) == [".ledger"]
+        assert sorted(os.listdir(cache_dir)) == [".ledger", ".users"]
         image, kept = cache.decoded(url, decode)
     assert not kept and requests.count(path) == 3
     np.testing.assert_array_equal(image, decode(str(train / "b" / "b_0001.jpg")))
@@ -373,7 +373,7 @@ def test_an_object_larger_than_the_limit_is_read_but_not_kept(
             assert data == bytes([7]) * 1000 and not kept
     assert "does not fit cache_limit=500" in caplog.text
     assert caplog.text.count("does not fit") == 1
-    assert os.listdir(cache.folder) == [".ledger"] and cache.used_bytes() == 0
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"] and cache.used_bytes() == 0
 
 
 def test_cache_limit_is_a_number_of_bytes_for_a_cache_dir(tmp_path: Path) -> None:

@@ -12,6 +12,10 @@ made on the host. In the folder, all 0600 and reached through its descriptor:
   done; a waiter that then holds an unlinked file opens the new one. The kernel releases the
   lock of a killed process; its file and partial copy are removed by the next holder, or by
   the sweep of the next `CacheFolder.open`.
+- `.users`: each process that uses the folder holds a shared flock on it (`CacheFolder`); one
+  that can take it exclusive is alone (it sweeps and recounts). A file of the folder that only
+  you may open, not the folder itself: another user who may read the folder (a 0755 one)
+  could hold the folder's own flock, making every process wait for it and none ever alone.
 - `.ledger`: a header (the bytes of copies and of copies being written, the eviction queue's
   head and length) and the eviction queue (the oldest copies when it was filled, covering
   `limit / QUEUE_SHARE` bytes). Read and changed under its flock and, within a process, a
@@ -45,6 +49,7 @@ import time
 from collections.abc import Iterator
 
 LEDGER = ".ledger"
+USERS = ".users"
 LOCK_PREFIX = ".lock-"
 PARTIAL_PREFIX = ".partial-"
 # The ledger's header (magic, bytes used, queue head, queue length) and one queued copy
@@ -95,6 +100,19 @@ def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
             return False
         time.sleep(min(pause, left))
         pause = min(2 * pause, POLL_MAX_S)
+
+
+def open_own(handle: int, name: str) -> int:
+    """A descriptor (read and write) of the bookkeeping file `name` (`LEDGER`, `USERS`) in the
+    folder `handle`, created 0600 when missing, never through a link or blocking; OSError
+    when it is not a regular file of yours. The caller closes it."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=handle)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, "a file of the cache folder is not a file of yours", name)
+    return fd
 
 
 def key_of(name: str) -> str:
@@ -176,12 +194,7 @@ class Ledger:
         self.evicted_bytes = 0
         self._dir = handle
         self._lock = threading.Lock()
-        flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
-        self._fd = os.open(LEDGER, flags, 0o600, dir_fd=handle)
-        info = os.fstat(self._fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            os.close(self._fd)
-            raise OSError(errno.EPERM, "the cache's ledger is not a file of yours", LEDGER)
+        self._fd = open_own(handle, LEDGER)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
