@@ -7,6 +7,8 @@ lets another user swap it (writable by group or others without the sticky bit, o
 another user than you or root). Files are then opened and renamed relative to that descriptor,
 so a folder swapped after the check is never used. The object cache (`cache_dir`) and the kept
 folder listings (`prefetch.sources._kept_listing`) keep their files in such folders.
+`user_cache_folder(name)` is where prefetch keeps such a folder when none is given (the kept
+listings, the indexes of shards in read-only folders and of URLs).
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ import stat
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def user_cache_folder(name: str) -> str:
+    """The folder `name` of prefetch's files in your cache: `$PREFETCH_CACHE_DIR/<name>`,
+    else `$XDG_CACHE_HOME/prefetch/<name>`, else `~/.cache/prefetch/<name>` (not created)."""
+    root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
+    )
+    return os.path.join(root, name)
 
 
 def open_private_folder(path: str, name: str) -> int:

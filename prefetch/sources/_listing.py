@@ -34,6 +34,7 @@ from prefetch.io import (
     local_path,
     open_private_folder,
     pack_chunks,
+    user_cache_folder,
 )
 from prefetch.sources._kept_listing import load_or_list
 from prefetch.sources._listing_file import LISTING_VERSION, Listing, stamp
@@ -149,15 +150,12 @@ def list_folder(
 def listing_place(keep_listing: bool | str | os.PathLike[str]) -> tuple[str, bool] | None:
     """Where listings are kept for `keep_listing`, and whether the caller named the folder:
     None for False (and for True when `PREFETCH_KEEP_LISTING=0`); for True
-    `$PREFETCH_CACHE_DIR/listings`, else `$XDG_CACHE_HOME/prefetch/listings`, else
-    `~/.cache/prefetch/listings`; a path is that folder. TypeError for anything else."""
+    `user_cache_folder("listings")` (`$PREFETCH_CACHE_DIR/listings`, else
+    `~/.cache/prefetch/listings`); a path is that folder. TypeError for anything else."""
     if keep_listing is True:
         if os.environ.get(KEEP_LISTING_ENV, "").strip() == "0":
             return None
-        root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
-        )
-        return os.path.join(root, "listings"), False
+        return user_cache_folder("listings"), False
     if keep_listing is False:
         return None
     if not isinstance(keep_listing, (str, os.PathLike)):
