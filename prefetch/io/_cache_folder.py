@@ -30,7 +30,6 @@ from prefetch.io._cache_ledger import (
     PARTIAL_PREFIX,
     USERS,
     Ledger,
-    flock_within,
     is_key,
     key_of,
     lock_object,
@@ -38,7 +37,7 @@ from prefetch.io._cache_ledger import (
     pin,
     unlock_object,
 )
-from prefetch.io._private import open_private_folder
+from prefetch.io._private import flock_within, open_private_folder
 from prefetch.io._remote_options import active_options
 from prefetch.io._retries import READ_RETRIES
 

@@ -48,6 +48,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from prefetch.io._private import flock_within
+
 LEDGER = ".ledger"
 USERS = ".users"
 LOCK_PREFIX = ".lock-"
@@ -70,10 +72,6 @@ QUEUE_SHARE = 8
 QUEUE_MAX = 65536
 # Records read from the queue at a time.
 QUEUE_BATCH = 256
-# A flock is polled (LOCK_NB) after POLL_FIRST_S, doubling up to POLL_MAX_S: a wait for another
-# process's download wakes within 20 ms of its end. MosaicML Streaming polls every 7 ms.
-POLL_FIRST_S = 0.0005
-POLL_MAX_S = 0.02
 # The longest wait for the ledger: it is held for microseconds, and for a scan of the folder
 # (about 2 us a copy) once per eighth of the limit evicted.
 LEDGER_WAIT_S = 60.0
@@ -82,24 +80,6 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _READ = os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
 _LOCK = os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
-
-
-def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
-    """Take the flock `operation` (LOCK_SH or LOCK_EX) on `fd`, polling for at most
-    `timeout_s` seconds (0: one try); whether it was taken."""
-    deadline = time.monotonic() + timeout_s
-    pause = POLL_FIRST_S
-    while True:
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(pause, left))
-        pause = min(2 * pause, POLL_MAX_S)
 
 
 def open_own(handle: int, name: str) -> int:
