@@ -358,6 +358,18 @@ def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
     assert (tmp_path / "cache" / "notes.txt").read_text() == "mine"
 
 
+def test_a_copy_of_a_url_with_an_unusual_extension_is_counted_and_evicted_as_any(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    cache = ObjectCache.open(tmp_path / "cache", limit=1000 + 200)
+    odd, plain = memory_objects("photo.jpé", 1000), memory_objects("plain.bin", 1000)
+    assert cache.decoded(odd, read_bytes) == (bytes([9]) * 1000, False)  # 9: the names' length
+    assert cache.decoded(plain, read_bytes) == (bytes([9]) * 1000, False)
+    assert cache.decoded(plain, read_bytes)[1] is True  # kept: the other one was evicted
+    assert not os.path.exists(cache.path_for(odd))
+    assert cache.take_counts().evictions == 1
+
+
 def test_an_object_larger_than_the_limit_is_read_but_not_kept(
     tmp_path: Path,
     memory_objects: Callable[[str, int], str],

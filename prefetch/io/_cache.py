@@ -44,7 +44,14 @@ from typing import TypeVar
 
 from prefetch.io._cache_folder import CacheCounts as CacheCounts
 from prefetch.io._cache_folder import CacheFolder, wait_s
-from prefetch.io._cache_ledger import PARTIAL_PREFIX, key_of, lock_object, pin, unlock_object
+from prefetch.io._cache_ledger import (
+    PARTIAL_PREFIX,
+    is_copy_name,
+    key_of,
+    lock_object,
+    pin,
+    unlock_object,
+)
 from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")
@@ -71,9 +78,11 @@ class ObjectCache(CacheFolder):
     """
 
     def name_for(self, url: str) -> str:
-        """The file name of the copy of `url` in the folder."""
+        """The file name of the copy of `url` in the folder: a key, and the URL's extension
+        when the ledger counts such a name (`is_copy_name`: not ".jpé"), else none."""
         key = hashlib.sha256(url.encode("utf-8")).hexdigest()[:KEY_CHARS]
-        return key + _suffix(url)
+        name = key + _suffix(url)
+        return name if is_copy_name(name) else key
 
     def path_for(self, url: str) -> str:
         """Where the copy of `url` is kept (whether or not it is there yet), by the folder's

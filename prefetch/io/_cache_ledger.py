@@ -102,6 +102,12 @@ def key_of(name: str) -> str:
     return name.split(".", 1)[0]
 
 
+def is_copy_name(name: str) -> bool:
+    """Whether `name` is a copy's name (a key and an extension of printable ASCII, at most 48
+    characters): the names the ledger counts from the files and evicts."""
+    return len(name) <= _NAME_MAX and _COPY.fullmatch(name) is not None
+
+
 def is_key(text: str) -> bool:
     """Whether `text` is an object's key (the name of its lock and copies, less extensions)."""
     return _KEY.fullmatch(text) is not None
@@ -317,7 +323,7 @@ class Ledger:
                 name = entry.name
                 partial = partials and name.startswith(PARTIAL_PREFIX)
                 copy = name[len(PARTIAL_PREFIX) :] if partial else name
-                if len(copy) > _NAME_MAX or not _COPY.fullmatch(copy):
+                if not is_copy_name(copy):
                     continue  # bookkeeping, or not a copy (a file of yours stays)
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)
