@@ -388,6 +388,19 @@ def test_an_object_larger_than_the_limit_is_read_but_not_kept(
     assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"] and cache.used_bytes() == 0
 
 
+def test_an_object_larger_than_the_limit_evicts_no_copy(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    cache = ObjectCache.open(tmp_path / "cache", limit=3 * 1000 + 200)
+    kept = [memory_objects(f"{name}.bin", 1000) for name in "abc"]
+    for url in kept:
+        cache.decoded(url, read_bytes)
+    huge = memory_objects("huge.bin", 5000)
+    assert cache.decoded(huge, read_bytes)[1] is False
+    assert [cache.decoded(url, read_bytes)[1] for url in kept] == [True, True, True]
+    assert cache.take_counts().evictions == 0 and cache.used_bytes() == 3000
+
+
 def test_cache_limit_is_a_number_of_bytes_for_a_cache_dir(tmp_path: Path) -> None:
     for bad in (0, -1, 1.5, "10GB", True):
         with pytest.raises(ValueError, match=r"cache_limit must be a number of bytes >= 1"):

@@ -201,13 +201,16 @@ class Ledger:
     def reserve(self, size: int) -> bool:
         """Count `size` more bytes (a copy about to be written), after evicting the least
         recently used copies when the folder would pass the limit; False (nothing counted)
-        when even that leaves no room. Copies are taken from the eviction queue under the
+        when even that leaves no room (at once, evicting nothing, for a copy larger than the
+        limit). Copies are taken from the eviction queue under the
         ledger's locks and removed after they are released (still counted until then, so
         nobody counts their room twice): the serial step is the queue's, not the unlinks'."""
         if self.limit is None:
             with self._held() as header:
                 header[_USED] += size
             return True
+        if size + _HEADER.size > self.limit:
+            return False  # not even alone in the folder: nothing is evicted for it
         goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
         while True:
             with self._held() as header:
