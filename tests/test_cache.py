@@ -8,6 +8,7 @@ reads the copies is that the store is gone by then: the objects deleted, the ser
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import os
@@ -22,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import prefetch.io._cache
 from prefetch import ImageFolder, Loader, LoaderStats, RemoteOptions
+from prefetch.io import read_location
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -205,6 +208,22 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     os.utime(old, (0, 0))
     ObjectCache.open(cache.folder)
     assert not old.exists() and recent.exists()
+
+
+def test_a_copy_that_cannot_be_written_is_decoded_from_the_bytes_fetched_not_fetched_again(
+    local_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(handle: int, name: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    monkeypatch.setattr(prefetch.io._cache, "_write", full_disk)  # the fault: a full disk
+    cache = ObjectCache.open(tmp_path / "cache")
+    requests: list[str] = []
+    with serve_folder(local_root, requests=requests) as base:
+        data, kept = cache.decoded(base + "a/a_0000.jpg", read_location)  # a path or the URL
+    assert data == (local_root / "a" / "a_0000.jpg").read_bytes() and not kept
+    assert requests == ["/a/a_0000.jpg"]  # once: the bytes read were decoded
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"] and cache.used_bytes() == 0
 
 
 # Run in a child: RLIMIT_FSIZE (with SIGXFSZ ignored) makes every write past 100 bytes fail with
