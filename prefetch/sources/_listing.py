@@ -298,17 +298,17 @@ def _stamping_walk(
 
 
 class _LocalTree:
-    """The local filesystem, with the methods of `RemoteTree` that the lister uses."""
+    """The local filesystem, with the methods of `RemoteTree` that the lister uses (its walk
+    is `_stamping_walk`)."""
 
     listdir = staticmethod(os.listdir)
     isdir = staticmethod(os.path.isdir)
-    walk = staticmethod(os.walk)
 
 
 _LOCAL_TREE = _LocalTree()
 
 
-def _walk_images(folder: str, follow_links: bool, walk: Any = os.walk) -> list[str]:
+def _walk_images(folder: str, follow_links: bool, walk: Any) -> list[str]:
     """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
     found: list[str] = []
     for root, _, filenames in sorted(
