@@ -7,11 +7,11 @@ the first thing `prefetch/__init__` runs, sets `sys.excepthook` so that a Keyboa
 that ends the process prints `prefetch: interrupted` instead of a traceback, when (and only
 when) this process is the command: `python -m prefetch` (while `-m` locates its module,
 `sys.argv[0]` is "-m" and `sys.orig_argv` names it) or the console script (`sys.argv[0]`
-named `prefetch`). Python then ends the process as killed by SIGINT (exit
-status 130 in a shell, as `main` returns). Any other error goes to the previous hook, and
-`prefetch.cli.main` puts it back as it starts (`restore_excepthook`). A program that imports
-prefetch is not touched. Python's own start-up before the package is imported (tens of
-milliseconds) is out of any module's reach.
+named `prefetch`). Python then ends the process as killed by SIGINT (exit status 130 in a
+shell, as `main` returns). Any other error goes to the previous hook, and `prefetch.cli.main`
+puts it back as it starts (`restore_excepthook`). A program that imports prefetch is not
+touched (nor one that emptied, removed or replaced `sys.argv`). Python's own start-up before
+the package is imported (tens of milliseconds) is out of any module's reach.
 """
 
 from __future__ import annotations
@@ -25,17 +25,26 @@ _previous: list[object] = []
 
 def hush_interrupt() -> None:
     """Set the hook (module docstring) when this process is the `prefetch` command."""
-    if (_module_run() == "prefetch" or os.path.basename(sys.argv[0]) == "prefetch") and not (
-        _previous
-    ):
+    if not _previous and _is_command():
         _previous.append(sys.excepthook)
         sys.excepthook = _interrupted
 
 
-def _module_run() -> str | None:
-    """The module `python -m` is locating now (`sys.argv[0]` is "-m" until it is found): the
-    one after Python's first `-m` (`-m prefetch` or `-mprefetch`); None otherwise."""
-    if sys.argv[:1] != ["-m"]:
+def _is_command() -> bool:
+    """Whether this process is the `prefetch` command (module docstring). A program that
+    emptied, removed or replaced `sys.argv` (an embedding application) is not."""
+    argv = getattr(sys, "argv", None)
+    first = argv[0] if isinstance(argv, list) and argv else None
+    if not isinstance(first, str):
+        return False
+    return _module_run(first) == "prefetch" or os.path.basename(first) == "prefetch"
+
+
+def _module_run(first: str) -> str | None:
+    """The module `python -m` is locating now (`sys.argv[0]`, `first`, is "-m" until it is
+    found): the one after Python's first `-m` (`-m prefetch` or `-mprefetch`); None
+    otherwise."""
+    if first != "-m":
         return None
     arguments = sys.orig_argv[1:]
     for position, argument in enumerate(arguments):

@@ -8,8 +8,12 @@ reads the copies is that the store is gone by then: the objects deleted, the ser
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import gc
 import os
 import stat
+import struct
 import subprocess
 import sys
 import uuid
@@ -19,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import prefetch.io._cache
 from prefetch import ImageFolder, Loader, LoaderStats, RemoteOptions
+from prefetch.io import read_location
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 
@@ -66,7 +72,8 @@ def epochs(
 
 
 def kept_copies(folder: str | os.PathLike[str]) -> list[Path]:
-    """The copies in a cache folder (not its bookkeeping: `.ledger`, `.lock-*`, `.partial-*`)."""
+    """The copies in a cache folder (not its bookkeeping: `.ledger`, `.users`, `.lock-*`,
+    `.partial-*`)."""
     return sorted(path for path in Path(folder).iterdir() if not path.name.startswith("."))
 
 
@@ -103,7 +110,8 @@ def test_a_thread_loader_reads_each_object_once_then_from_its_private_copy(
     assert {copy.suffix for copy in copies} == {".jpg", ".png"}
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
     assert {stat.S_IMODE(item.stat().st_mode) for item in cache_dir.iterdir()} == {0o600}
-    assert {item.name for item in cache_dir.iterdir()} - {c.name for c in copies} == {".ledger"}
+    bookkeeping = {item.name for item in cache_dir.iterdir()} - {c.name for c in copies}
+    assert bookkeeping == {".ledger", ".users"}
 
 
 @pytest.mark.timeout(120)  # spawns worker processes, twice
@@ -155,6 +163,28 @@ def test_a_bad_cache_dir_is_refused_naming_the_folder_and_the_fix(
             Loader(memory_root, image_size=SIZE, remote=RemoteOptions(cache_dir=theirs))
 
 
+def test_a_process_that_locks_the_folder_itself_does_not_keep_a_cache_from_its_recount(
+    tmp_path: Path,
+) -> None:
+    """Another user may open a cache_dir that others may read (0755, mkdir's default) and
+    flock it: the lock its users hold is that of its `.users` file (0600), never the folder's,
+    so such a lock neither delays a process nor keeps the lone one from recounting."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    folder.chmod(0o755)
+    cache = ObjectCache.open(folder)
+    del cache
+    gc.collect()  # its descriptors closed: no process uses the folder
+    ledger = folder / ".ledger"  # a killed process's reservation: 1000 bytes no file holds
+    ledger.write_bytes(struct.pack("<8sqqq", b"pfcache1", 1000, 0, 0))
+    neighbour = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(neighbour, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert ObjectCache.open(folder).used_bytes() == 0  # alone: counted from the files
+    finally:
+        os.close(neighbour)
+
+
 def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     memory_root: str, tmp_path: Path
 ) -> None:
@@ -169,7 +199,8 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     assert [copy.name for copy in kept_copies(cache.folder)] == [
         os.path.basename(cache.path_for(url))
     ]
-    assert sorted(os.listdir(cache.folder)) == [".ledger", os.path.basename(cache.path_for(url))]
+    copy = os.path.basename(cache.path_for(url))
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users", copy]
     # a worker killed mid-write leaves a partial copy: an old one is removed at the next open
     old, recent = Path(cache.folder, ".partial-old"), Path(cache.folder, ".partial-recent")
     old.write_bytes(b"half a jpeg")
@@ -177,6 +208,22 @@ def test_copies_are_named_by_url_and_a_failed_read_leaves_nothing(
     os.utime(old, (0, 0))
     ObjectCache.open(cache.folder)
     assert not old.exists() and recent.exists()
+
+
+def test_a_copy_that_cannot_be_written_is_decoded_from_the_bytes_fetched_not_fetched_again(
+    local_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(handle: int, name: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    monkeypatch.setattr(prefetch.io._cache, "_write", full_disk)  # the fault: a full disk
+    cache = ObjectCache.open(tmp_path / "cache")
+    requests: list[str] = []
+    with serve_folder(local_root, requests=requests) as base:
+        data, kept = cache.decoded(base + "a/a_0000.jpg", read_location)  # a path or the URL
+    assert data == (local_root / "a" / "a_0000.jpg").read_bytes() and not kept
+    assert requests == ["/a/a_0000.jpg"]  # once: the bytes read were decoded
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"] and cache.used_bytes() == 0
 
 
 # Run in a child: RLIMIT_FSIZE (with SIGXFSZ ignored) makes every write past 100 bytes fail with
@@ -220,4 +267,4 @@ def test_a_cache_that_cannot_be_written_reads_from_storage_and_says_so_once(
     assert "same pixels" in run.stdout
     assert run.stderr.count("cannot write to cache_dir") == 1
     assert "reading from storage instead" in run.stderr
-    assert os.listdir(cache_dir) == [".ledger"]  # no partial copies left behind
+    assert sorted(os.listdir(cache_dir)) == [".ledger", ".users"]  # no partial copies left

@@ -287,7 +287,7 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
         url = base + path[1:]
         start_and_kill(url, cache_dir, marker, lambda: path in requests)  # while fetching
     name = ObjectCache(str(cache_dir), 0, 0).name_for(url)
-    assert sorted(os.listdir(cache_dir)) == [".ledger", f".lock-{name.split('.')[0]}"]
+    assert sorted(os.listdir(cache_dir)) == [".ledger", f".lock-{name.split('.')[0]}", ".users"]
     assert_lock_free(cache_dir, name)  # the lock file it held is left, but not held
     cache = ObjectCache.open(cache_dir)
     with serve_folder(tmp_path, requests=requests) as base:
@@ -299,7 +299,7 @@ def test_a_process_killed_mid_fetch_leaves_no_copy_and_no_held_lock(tmp_path: Pa
         assert f".partial-{name}" in left
         assert_lock_free(cache_dir, name)
         ObjectCache.open(cache_dir)  # removes what a killed process left
-        assert sorted(os.listdir(cache_dir)) == [".ledger"]
+        assert sorted(os.listdir(cache_dir)) == [".ledger", ".users"]
         image, kept = cache.decoded(url, decode)
     assert not kept and requests.count(path) == 3
     np.testing.assert_array_equal(image, decode(str(train / "b" / "b_0001.jpg")))
@@ -358,6 +358,18 @@ def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
     assert (tmp_path / "cache" / "notes.txt").read_text() == "mine"
 
 
+def test_a_copy_of_a_url_with_an_unusual_extension_is_counted_and_evicted_as_any(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    cache = ObjectCache.open(tmp_path / "cache", limit=1000 + 200)
+    odd, plain = memory_objects("photo.jpé", 1000), memory_objects("plain.bin", 1000)
+    assert cache.decoded(odd, read_bytes) == (bytes([9]) * 1000, False)  # 9: the names' length
+    assert cache.decoded(plain, read_bytes) == (bytes([9]) * 1000, False)
+    assert cache.decoded(plain, read_bytes)[1] is True  # kept: the other one was evicted
+    assert not os.path.exists(cache.path_for(odd))
+    assert cache.take_counts().evictions == 1
+
+
 def test_an_object_larger_than_the_limit_is_read_but_not_kept(
     tmp_path: Path,
     memory_objects: Callable[[str, int], str],
@@ -373,7 +385,20 @@ def test_an_object_larger_than_the_limit_is_read_but_not_kept(
             assert data == bytes([7]) * 1000 and not kept
     assert "does not fit cache_limit=500" in caplog.text
     assert caplog.text.count("does not fit") == 1
-    assert os.listdir(cache.folder) == [".ledger"] and cache.used_bytes() == 0
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"] and cache.used_bytes() == 0
+
+
+def test_an_object_larger_than_the_limit_evicts_no_copy(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    cache = ObjectCache.open(tmp_path / "cache", limit=3 * 1000 + 200)
+    kept = [memory_objects(f"{name}.bin", 1000) for name in "abc"]
+    for url in kept:
+        cache.decoded(url, read_bytes)
+    huge = memory_objects("huge.bin", 5000)
+    assert cache.decoded(huge, read_bytes)[1] is False
+    assert [cache.decoded(url, read_bytes)[1] for url in kept] == [True, True, True]
+    assert cache.take_counts().evictions == 0 and cache.used_bytes() == 3000
 
 
 def test_cache_limit_is_a_number_of_bytes_for_a_cache_dir(tmp_path: Path) -> None:

@@ -604,7 +604,7 @@ def test_a_whole_body_without_content_length_is_decoded_but_not_kept(
             assert not kept
             np.testing.assert_array_equal(image, decode_image_bytes(data, tmp_path))
         assert server.requests == ["/a.jpg", "/a.jpg"]
-    assert os.listdir(cache.folder) == [".ledger"]
+    assert sorted(os.listdir(cache.folder)) == [".ledger", ".users"]
     assert caplog.text.count("without a Content-Length") == 1
 
 

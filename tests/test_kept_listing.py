@@ -10,6 +10,7 @@ its own script) and killed with SIGKILL. Files and folders of another user are m
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import mmap
@@ -25,6 +26,7 @@ import psutil
 import pytest
 
 from prefetch.sources import ImageFolder, index_directory
+from prefetch.sources import _kept_listing as kept_listing
 from prefetch.sources._listing_file import RACY_NS, SUFFIX
 from prefetch.testing import write_image_folder
 
@@ -226,6 +228,31 @@ def test_a_lister_killed_holding_the_lock_does_not_block_the_next(
     assert mapped(folder) and not mapped(ImageFolder(tree, keep_listing=False))
     assert not list(kept.glob(".partial-*")), "the killed lister's partial file is left"
     assert listed(tree, kept).listing.read is True
+
+
+def test_a_lister_that_holds_the_lock_too_long_is_said_then_listed_without(
+    tree: Path, kept: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder stopped (Ctrl-Z) with the lock: the waiter names it after LOCK_SAY_S, and after
+    LOCK_WAIT_S lists for itself without keeping (shortened here)."""
+    monkeypatch.setattr(kept_listing, "LOCK_SAY_S", 0.05)
+    monkeypatch.setattr(kept_listing, "LOCK_WAIT_S", 0.2)
+    listed(tree, kept)  # the lock file is made
+    (lock,) = kept.glob("*.lock")
+    os.utime(tree / "a")  # the kept listing no longer serves: the lock is needed
+    holder = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        os.pwrite(holder, b"4242\n", 0)
+        with caplog.at_level(logging.INFO, "prefetch.loader"):
+            folder = listed(tree, kept)
+    finally:
+        os.close(holder)
+
+    assert folder.listing.read is False and folder.listing.file is None
+    said = [record.getMessage() for record in caplog.records]
+    assert any("waiting for process 4242 to list" in line for line in said), said
+    assert any("for process 4242 listing into" in line for line in said), said
 
 
 def add_file(tree: Path) -> None:

@@ -13,7 +13,8 @@ The bottom layer of prefetch: it imports nothing above it (only `prefetch.errors
 - retries of transient failures and errors that name the path or URL;
 - listing a remote folder once (`RemoteTree`), the local copies of remote objects
   (`ObjectCache`, bounded by `cache_limit` and shared by the processes of a host), and the
-  checks of a folder of the user's own that such files are kept in (`open_private_folder`).
+  checks of a folder of the user's own that such files are kept in (`open_private_folder`,
+  `user_cache_folder`, and `flock_within` for the locks of its files).
 
 Contract: a `str` location is always a path or URL (`is_url` tells them apart; `file://` is a
 path), never parsed for more; nothing here blocks past a `RemoteOptions` deadline or reads
@@ -58,7 +59,7 @@ from prefetch.io._locations import (
     spooled_name,
 )
 from prefetch.io._paths import PathArray, pack_chunks
-from prefetch.io._private import open_private_folder
+from prefetch.io._private import flock_within, open_private_folder, user_cache_folder
 from prefetch.io._records import (
     RECORD_OVERHEAD,
     corrupt_shard,
@@ -102,6 +103,7 @@ __all__ = [
     "corrupt_shard",
     "download",
     "filesystem_for",
+    "flock_within",
     "frame_record",
     "image_pixels",
     "is_url",
@@ -125,6 +127,7 @@ __all__ = [
     "spooled",
     "spooled_name",
     "url_scheme",
+    "user_cache_folder",
     "using",
     "walk_jpeg",
     "walk_png",

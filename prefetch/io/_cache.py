@@ -25,10 +25,11 @@ refused when another user owns it or others may write to it, or when a folder ab
 another user swap it. Copies are opened and renamed relative to that descriptor and handed to
 decoders through it (/proc/self/fd on Linux), so a folder swapped after the check is never
 read. Copies are 0600. When a copy cannot be written (a full disk, a quota, a file-size limit),
-the sample is read from storage as without a cache, and the first such failure in each process
-is logged. What a killed process leaves (a partial copy, a lock file) is removed by the next
-process that fetches the object, or by the next `open`; a process that opens the folder alone
-recounts its bytes from the files. See docs/remote.md, "Reading each object once".
+the sample is read as without a cache (the bytes already fetched are decoded from a private
+temporary file, not fetched again), and the first such failure in each process is logged.
+What a killed process leaves (a partial copy, a lock file) is removed by the next process that
+fetches the object, or by the next `open`; a process that opens the folder alone recounts its
+bytes from the files. See docs/remote.md, "Reading each object once".
 """
 
 from __future__ import annotations
@@ -44,7 +45,14 @@ from typing import TypeVar
 
 from prefetch.io._cache_folder import CacheCounts as CacheCounts
 from prefetch.io._cache_folder import CacheFolder, wait_s
-from prefetch.io._cache_ledger import PARTIAL_PREFIX, key_of, lock_object, pin, unlock_object
+from prefetch.io._cache_ledger import (
+    PARTIAL_PREFIX,
+    is_copy_name,
+    key_of,
+    lock_object,
+    pin,
+    unlock_object,
+)
 from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")
@@ -71,9 +79,11 @@ class ObjectCache(CacheFolder):
     """
 
     def name_for(self, url: str) -> str:
-        """The file name of the copy of `url` in the folder."""
+        """The file name of the copy of `url` in the folder: a key, and the URL's extension
+        when the ledger counts such a name (`is_copy_name`: not ".jpé"), else none."""
         key = hashlib.sha256(url.encode("utf-8")).hexdigest()[:KEY_CHARS]
-        return key + _suffix(url)
+        name = key + _suffix(url)
+        return name if is_copy_name(name) else key
 
     def path_for(self, url: str) -> str:
         """Where the copy of `url` is kept (whether or not it is there yet), by the folder's
@@ -114,7 +124,8 @@ class ObjectCache(CacheFolder):
         try:
             lock = lock_object(handle, key, wait_s())
         except OSError as error:  # no lock file can be made (a quota of files)
-            return self._cannot_write(error, url, decode), False
+            self._cannot_write(error)
+            return decode(url), False
         if lock is None:
             _warn_once(
                 "wait",
@@ -162,7 +173,8 @@ class ObjectCache(CacheFolder):
         try:
             reserved = ledger.reserve(len(data))
         except OSError as error:
-            return self._cannot_write(error, url, decode)
+            self._cannot_write(error)
+            return _decode_outside(data, _suffix(url), decode, url)
         if not reserved:
             _warn_once(
                 "room",
@@ -178,8 +190,9 @@ class ObjectCache(CacheFolder):
         try:
             try:
                 _write(handle, partial, data)
-            except OSError as error:
-                return self._cannot_write(error, url, decode)
+            except OSError as error:  # the bytes read are decoded, not read again
+                self._cannot_write(error)
+                return _decode_outside(data, _suffix(url), decode, url)
             value = decode(self._through(handle, partial))
             os.replace(partial, name, src_dir_fd=handle, dst_dir_fd=handle)
             kept = True
@@ -192,7 +205,7 @@ class ObjectCache(CacheFolder):
                     os.unlink(partial, dir_fd=handle)
                 ledger.release(len(data))
 
-    def _cannot_write(self, error: OSError, url: str, decode: Callable[[str], T]) -> T:
+    def _cannot_write(self, error: OSError) -> None:
         _warn_once(
             "write",
             "prefetch: cannot write to cache_dir %r (%s): reading from storage instead, as "
@@ -200,7 +213,6 @@ class ObjectCache(CacheFolder):
             self.folder,
             error,
         )
-        return decode(url)
 
     def local_copy(self, url: str) -> tuple[str, bool]:
         """`(path, kept)`: a local path (by the folder's path) with the bytes of `url`, and
@@ -225,14 +237,17 @@ def _write(handle: int, name: str, data: bytes) -> None:
 
 def _decode_outside(data: bytes, suffix: str, decode: Callable[[str], T], url: str) -> T:
     """`decode` run on a private temporary file (outside the folder) holding `data`, removed
-    after; when none can be written, `decode(url)` (read from the store again)."""
+    after; when none can be written (a full disk), `decode(url)` (read from the store again)."""
     try:
         output, path = tempfile.mkstemp(prefix="prefetch-object-", suffix=suffix)
     except OSError:
         return decode(url)
     try:
-        with os.fdopen(output, "wb") as file:
-            file.write(data)
+        try:
+            with os.fdopen(output, "wb") as file:
+                file.write(data)
+        except OSError:
+            return decode(url)
         return decode(path)
     finally:
         with contextlib.suppress(OSError):

@@ -5,10 +5,11 @@ and holds it by a descriptor, in each process that uses it (a pickled `CacheFold
 again, and refuses another folder found at its path); every file in it is reached through that
 descriptor. Processes share the folder by the rules of `prefetch.io._cache_ledger` (a ledger of
 its bytes, a lock per object, pins, eviction of the least recently read copies): each holds a
-shared flock on the folder while it uses it, so `open` can tell when it is alone, and then
-recounts the folder's bytes from its files. `open` removes what killed processes left (partial
-copies and lock files whose object's lock is free). `pinned_copy` keeps a named copy (a shard
-of the spool); `ObjectCache` (`prefetch.io._cache`) keeps copies of URLs. Thread-safe.
+shared flock on the folder's `.users` file while it uses it, so `open` can tell when it is
+alone, and then recounts the folder's bytes from its files. `open` removes what killed
+processes left (partial copies and lock files whose object's lock is free). `pinned_copy`
+keeps a named copy (a shard of the spool); `ObjectCache` (`prefetch.io._cache`) keeps copies
+of URLs. Thread-safe.
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ from prefetch.io._cache_ledger import (
     LEDGER_WAIT_S,
     LOCK_PREFIX,
     PARTIAL_PREFIX,
+    USERS,
     Ledger,
-    flock_within,
     is_key,
     key_of,
     lock_object,
+    open_own,
     pin,
     unlock_object,
 )
-from prefetch.io._private import open_private_folder
+from prefetch.io._private import flock_within, open_private_folder
 from prefetch.io._remote_options import active_options
 from prefetch.io._retries import READ_RETRIES
 
@@ -112,26 +114,29 @@ class CacheFolder:
         handle = open_private_folder(path, "cache_dir")
         info = os.fstat(handle)
         cache = cls(path, info.st_dev, info.st_ino, limit)
-        alone = flock_within(handle, fcntl.LOCK_EX, 0)  # no other process uses the folder
-        cache._adopt(handle, alone)
+        users = _users_of(handle)
+        alone = flock_within(users, fcntl.LOCK_EX, 0)  # no other process uses the folder
+        cache._adopt(handle, users, alone)
         cache._sweep(alone)
         if alone:
-            fcntl.flock(handle, fcntl.LOCK_SH)  # others may use it now
+            fcntl.flock(users, fcntl.LOCK_SH)  # others may use it now
         return cache
 
-    def _adopt(self, handle: int, alone: bool = False) -> None:
-        """Use the folder by `handle` in this process: its ledger, and a shared flock on it,
-        held while the process uses the folder (`open` takes it exclusive when no other process
-        holds it: `alone`, it sweeps and recounts before others may use the folder)."""
+    def _adopt(self, handle: int, users: int, alone: bool = False) -> None:
+        """Use the folder by `handle` in this process: its ledger, and a shared flock on its
+        `.users` file (`users`), held while the process uses the folder (`open` takes it
+        exclusive when no other process holds it: `alone`, it sweeps and recounts before
+        others may use the folder)."""
         try:
             if not alone:
-                flock_within(handle, fcntl.LOCK_SH, LEDGER_WAIT_S)  # after another's sweep
+                flock_within(users, fcntl.LOCK_SH, LEDGER_WAIT_S)  # after another's sweep
             ledger = Ledger(handle, self.limit)
         except BaseException:
+            os.close(users)
             os.close(handle)
             raise
         self._fd, self._ledger, self._pid = handle, ledger, os.getpid()
-        weakref.finalize(self, _close, handle, ledger)
+        weakref.finalize(self, _close, handle, users, ledger)
 
     def _dir(self) -> int:
         """The descriptor of the folder in this process (opened and checked on first use in a
@@ -146,7 +151,7 @@ class CacheFolder:
                         f"cache_dir {self.folder!r} was replaced by another folder after the "
                         "loader checked it: its copies could be anyone's; give the folder again"
                     )
-                self._adopt(handle)
+                self._adopt(handle, _users_of(handle))
             assert self._fd is not None
             return self._fd
 
@@ -285,7 +290,18 @@ def wait_s() -> float:
     return (active_options().request_timeout_s + 1.0) * (READ_RETRIES + 1) + 60.0
 
 
-def _close(handle: int, ledger: Ledger) -> None:
-    ledger.close()
-    with contextlib.suppress(OSError):
+def _users_of(handle: int) -> int:
+    """A descriptor of the folder's `.users` file (`open_own`); the folder is closed when
+    there is none."""
+    try:
+        return open_own(handle, USERS)
+    except BaseException:
         os.close(handle)
+        raise
+
+
+def _close(handle: int, users: int, ledger: Ledger) -> None:
+    ledger.close()
+    for fd in (users, handle):
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -12,6 +12,10 @@ made on the host. In the folder, all 0600 and reached through its descriptor:
   done; a waiter that then holds an unlinked file opens the new one. The kernel releases the
   lock of a killed process; its file and partial copy are removed by the next holder, or by
   the sweep of the next `CacheFolder.open`.
+- `.users`: each process that uses the folder holds a shared flock on it (`CacheFolder`); one
+  that can take it exclusive is alone (it sweeps and recounts). A file of the folder that only
+  you may open, not the folder itself: another user who may read the folder (a 0755 one)
+  could hold the folder's own flock, making every process wait for it and none ever alone.
 - `.ledger`: a header (the bytes of copies and of copies being written, the eviction queue's
   head and length) and the eviction queue (the oldest copies when it was filled, covering
   `limit / QUEUE_SHARE` bytes). Read and changed under its flock and, within a process, a
@@ -44,7 +48,10 @@ import threading
 import time
 from collections.abc import Iterator
 
+from prefetch.io._private import flock_within
+
 LEDGER = ".ledger"
+USERS = ".users"
 LOCK_PREFIX = ".lock-"
 PARTIAL_PREFIX = ".partial-"
 # The ledger's header (magic, bytes used, queue head, queue length) and one queued copy
@@ -65,10 +72,6 @@ QUEUE_SHARE = 8
 QUEUE_MAX = 65536
 # Records read from the queue at a time.
 QUEUE_BATCH = 256
-# A flock is polled (LOCK_NB) after POLL_FIRST_S, doubling up to POLL_MAX_S: a wait for another
-# process's download wakes within 20 ms of its end. MosaicML Streaming polls every 7 ms.
-POLL_FIRST_S = 0.0005
-POLL_MAX_S = 0.02
 # The longest wait for the ledger: it is held for microseconds, and for a scan of the folder
 # (about 2 us a copy) once per eighth of the limit evicted.
 LEDGER_WAIT_S = 60.0
@@ -79,22 +82,17 @@ _READ = os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
 _LOCK = os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
 
 
-def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
-    """Take the flock `operation` (LOCK_SH or LOCK_EX) on `fd`, polling for at most
-    `timeout_s` seconds (0: one try); whether it was taken."""
-    deadline = time.monotonic() + timeout_s
-    pause = POLL_FIRST_S
-    while True:
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(pause, left))
-        pause = min(2 * pause, POLL_MAX_S)
+def open_own(handle: int, name: str) -> int:
+    """A descriptor (read and write) of the bookkeeping file `name` (`LEDGER`, `USERS`) in the
+    folder `handle`, created 0600 when missing, never through a link or blocking; OSError
+    when it is not a regular file of yours. The caller closes it."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=handle)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, "a file of the cache folder is not a file of yours", name)
+    return fd
 
 
 def key_of(name: str) -> str:
@@ -102,6 +100,12 @@ def key_of(name: str) -> str:
     if name.startswith(PARTIAL_PREFIX):
         name = name[len(PARTIAL_PREFIX) :]
     return name.split(".", 1)[0]
+
+
+def is_copy_name(name: str) -> bool:
+    """Whether `name` is a copy's name (a key and an extension of printable ASCII, at most 48
+    characters): the names the ledger counts from the files and evicts."""
+    return len(name) <= _NAME_MAX and _COPY.fullmatch(name) is not None
 
 
 def is_key(text: str) -> bool:
@@ -176,12 +180,7 @@ class Ledger:
         self.evicted_bytes = 0
         self._dir = handle
         self._lock = threading.Lock()
-        flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
-        self._fd = os.open(LEDGER, flags, 0o600, dir_fd=handle)
-        info = os.fstat(self._fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            os.close(self._fd)
-            raise OSError(errno.EPERM, "the cache's ledger is not a file of yours", LEDGER)
+        self._fd = open_own(handle, LEDGER)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -202,13 +201,16 @@ class Ledger:
     def reserve(self, size: int) -> bool:
         """Count `size` more bytes (a copy about to be written), after evicting the least
         recently used copies when the folder would pass the limit; False (nothing counted)
-        when even that leaves no room. Copies are taken from the eviction queue under the
+        when even that leaves no room (at once, evicting nothing, for a copy larger than the
+        limit). Copies are taken from the eviction queue under the
         ledger's locks and removed after they are released (still counted until then, so
         nobody counts their room twice): the serial step is the queue's, not the unlinks'."""
         if self.limit is None:
             with self._held() as header:
                 header[_USED] += size
             return True
+        if size + _HEADER.size > self.limit:
+            return False  # not even alone in the folder: nothing is evicted for it
         goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
         while True:
             with self._held() as header:
@@ -324,7 +326,7 @@ class Ledger:
                 name = entry.name
                 partial = partials and name.startswith(PARTIAL_PREFIX)
                 copy = name[len(PARTIAL_PREFIX) :] if partial else name
-                if len(copy) > _NAME_MAX or not _COPY.fullmatch(copy):
+                if not is_copy_name(copy):
                     continue  # bookkeeping, or not a copy (a file of yours stays)
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)

@@ -7,17 +7,55 @@ lets another user swap it (writable by group or others without the sticky bit, o
 another user than you or root). Files are then opened and renamed relative to that descriptor,
 so a folder swapped after the check is never used. The object cache (`cache_dir`) and the kept
 folder listings (`prefetch.sources._kept_listing`) keep their files in such folders.
+`user_cache_folder(name)` is where prefetch keeps such a folder when none is given (the kept
+listings, the indexes of shards in read-only folders and of URLs). `flock_within` takes a
+lock of such a file (a flock: the kernel lets it go when its holder dies, however it dies),
+polling, so that a wait ends by a deadline and Ctrl-C interrupts it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
+import time
 
+# A flock is polled (LOCK_NB) after POLL_FIRST_S, doubling up to POLL_MAX_S: a waiter (for
+# another process's download, or listing) wakes within 20 ms of its release. MosaicML
+# Streaming polls every 7 ms.
+POLL_FIRST_S = 0.0005
+POLL_MAX_S = 0.02
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def user_cache_folder(name: str) -> str:
+    """The folder `name` of prefetch's files in your cache: `$PREFETCH_CACHE_DIR/<name>`,
+    else `$XDG_CACHE_HOME/prefetch/<name>`, else `~/.cache/prefetch/<name>` (not created)."""
+    root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
+    )
+    return os.path.join(root, name)
+
+
+def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
+    """Take the flock `operation` (LOCK_SH or LOCK_EX) on `fd`, polling for at most
+    `timeout_s` seconds (0: one try); whether it was taken."""
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, POLL_MAX_S)
 
 
 def open_private_folder(path: str, name: str) -> int:

@@ -5,8 +5,8 @@ in the folder `place` when it passes every check below, else lists now (`list_no
 keeps the result (`prefetch.sources._listing_file` has the file). The first process to take
 the key's lock (`fcntl.flock` on `<name>.lock` in that folder: the kernel releases it when its
 holder dies, however it dies) lists and writes the file; the others wait on the lock, polling
-every `LOCK_POLL_S` (so Ctrl-C interrupts the wait, and none waits past `LOCK_WAIT_S`: then it
-lists for itself), and then read the file. The holder removes partial files of its key (only
+(`prefetch.io.flock_within`: Ctrl-C interrupts the wait, and none waits past `LOCK_WAIT_S`:
+then it lists for itself), and then read the file. The holder removes partial files of its key (only
 a holder writes them: any found were left by one that was killed).
 
 A kept listing is used only when:
@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from prefetch.io import flock_within
 from prefetch.sources._listing_file import (
     PARTIAL_PREFIX,
     SUFFIX,
@@ -48,9 +49,8 @@ log = logging.getLogger("prefetch.loader")
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
-# Waiters poll the lock this often (Ctrl-C is seen between polls), say whom they wait for after
-# LOCK_SAY_S, and list for themselves after LOCK_WAIT_S (a holder stopped with Ctrl-Z).
-LOCK_POLL_S = 0.05
+# Waiters say whom they wait for after LOCK_SAY_S, and list for themselves after LOCK_WAIT_S
+# (a holder stopped with Ctrl-Z).
 LOCK_SAY_S = 10.0
 LOCK_WAIT_S = 600.0
 # What taking the lock came to (`_locked`).
@@ -181,30 +181,24 @@ def _locked(folder: int, name: str, place: str) -> Iterator[int]:
 
 def _wait_for(handle: int, place: str) -> int:
     """Take the lock on `handle`, polling: `_HELD`, `_WAITED` or `_NOT_HELD` (`_locked`)."""
-    start = time.monotonic()
-    said = blocked = False
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return _WAITED if blocked else _HELD
-        except BlockingIOError:
-            blocked = True
-        except OSError as error:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
-            log.warning("prefetch: cannot lock in %r (%s): listing without keeping", place, error)
-            return _NOT_HELD
-        waited = time.monotonic() - start
-        if waited > LOCK_WAIT_S:
-            log.warning(
-                "prefetch: waited %.0f s for process %s listing into %r: listing without it",
-                waited,
-                _holder(handle),
-                place,
-            )
-            return _NOT_HELD
-        if waited > LOCK_SAY_S and not said:
-            said = True
-            log.info("prefetch: waiting for process %s to list into %r", _holder(handle), place)
-        time.sleep(LOCK_POLL_S)
+    try:
+        if flock_within(handle, fcntl.LOCK_EX, 0):
+            return _HELD
+        if flock_within(handle, fcntl.LOCK_EX, LOCK_SAY_S):
+            return _WAITED
+        log.info("prefetch: waiting for process %s to list into %r", _holder(handle), place)
+        if flock_within(handle, fcntl.LOCK_EX, LOCK_WAIT_S - LOCK_SAY_S):
+            return _WAITED
+    except OSError as error:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
+        log.warning("prefetch: cannot lock in %r (%s): listing without keeping", place, error)
+        return _NOT_HELD
+    log.warning(
+        "prefetch: waited %.0f s for process %s listing into %r: listing without it",
+        LOCK_WAIT_S,
+        _holder(handle),
+        place,
+    )
+    return _NOT_HELD
 
 
 def _holder(handle: int) -> str:

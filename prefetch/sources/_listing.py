@@ -34,6 +34,7 @@ from prefetch.io import (
     local_path,
     open_private_folder,
     pack_chunks,
+    user_cache_folder,
 )
 from prefetch.sources._kept_listing import load_or_list
 from prefetch.sources._listing_file import LISTING_VERSION, Listing, stamp
@@ -149,15 +150,12 @@ def list_folder(
 def listing_place(keep_listing: bool | str | os.PathLike[str]) -> tuple[str, bool] | None:
     """Where listings are kept for `keep_listing`, and whether the caller named the folder:
     None for False (and for True when `PREFETCH_KEEP_LISTING=0`); for True
-    `$PREFETCH_CACHE_DIR/listings`, else `$XDG_CACHE_HOME/prefetch/listings`, else
-    `~/.cache/prefetch/listings`; a path is that folder. TypeError for anything else."""
+    `user_cache_folder("listings")` (`$PREFETCH_CACHE_DIR/listings`, else
+    `~/.cache/prefetch/listings`); a path is that folder. TypeError for anything else."""
     if keep_listing is True:
         if os.environ.get(KEEP_LISTING_ENV, "").strip() == "0":
             return None
-        root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
-        )
-        return os.path.join(root, "listings"), False
+        return user_cache_folder("listings"), False
     if keep_listing is False:
         return None
     if not isinstance(keep_listing, (str, os.PathLike)):
@@ -300,17 +298,17 @@ def _stamping_walk(
 
 
 class _LocalTree:
-    """The local filesystem, with the methods of `RemoteTree` that the lister uses."""
+    """The local filesystem, with the methods of `RemoteTree` that the lister uses (its walk
+    is `_stamping_walk`)."""
 
     listdir = staticmethod(os.listdir)
     isdir = staticmethod(os.path.isdir)
-    walk = staticmethod(os.walk)
 
 
 _LOCAL_TREE = _LocalTree()
 
 
-def _walk_images(folder: str, follow_links: bool, walk: Any = os.walk) -> list[str]:
+def _walk_images(folder: str, follow_links: bool, walk: Any) -> list[str]:
     """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
     found: list[str] = []
     for root, _, filenames in sorted(

@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 
 from prefetch.errors import CorruptShardError
-from prefetch.io import PathArray, corrupt_shard, is_url, local_path, open_regular, read_capped
+from prefetch.io import (
+    PathArray,
+    corrupt_shard,
+    is_url,
+    local_path,
+    open_regular,
+    read_capped,
+    user_cache_folder,
+)
 from prefetch.sources.shards._examples import IMAGE_KEYS as IMAGE_KEYS
 from prefetch.sources.shards._examples import LABEL_KEYS as LABEL_KEYS
 from prefetch.sources.shards._examples import tfrecord_columns
@@ -64,10 +72,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 def index_folder() -> str:
     """Where indexes of shards in read-only folders and of URLs are kept."""
-    root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
-    )
-    return os.path.join(root, "shard-index")
+    return user_cache_folder("shard-index")
 
 
 def open_shard(path: str) -> int:

@@ -8,7 +8,7 @@ finishes an earlier write of the set that was interrupted while it was put in pl
 the others (`_pass.write_remaining`), refuses a set whose every file was skipped (nothing is
 left: a reader refuses a set of no samples), and commits the set (`_set.commit`), its journal
 then marked complete and kept. The plan (`planner`) waits for the listing's digest
-(`_listing`) only where it must: before an earlier run's journal is compared, and before the
+(`_listing_digest`) only where it must: before an earlier run's journal is compared, and before the
 commit; the shards finished before it is ready are kept in memory and written to the journal
 once it is (a Ctrl-C before then keeps none of them for a rerun). Called by one thread.
 """
@@ -27,7 +27,7 @@ from prefetch.sources.shards import MAX_MANIFEST_BYTES, Manifest, ShardEntry, ma
 from prefetch.tools.shards import _fit_crop as fitting
 from prefetch.tools.shards import _set as shard_set
 from prefetch.tools.shards._layout import Sample, extension_of
-from prefetch.tools.shards._listing import ListingDigest
+from prefetch.tools.shards._listing_digest import ListingDigest
 from prefetch.tools.shards._names import (
     already_written,
     earlier_write,

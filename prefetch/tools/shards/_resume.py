@@ -6,7 +6,7 @@ While `write_shards` writes a set, each shard it finishes stays under its tempor
 `.<prefix>-<format>.progress.jsonl` (`progress_name`): its index, final and temporary names,
 size, samples, SHA-256, skipped files and re-encoded count, appended and fsynced as the shard
 completes. The journal's first line is the plan: the write's options and a fingerprint of the
-input listing (`_listing.ListingDigest`: each file's path, label, size and modification time,
+input listing (`_listing_digest.ListingDigest`: each file's path, label, size and modification time,
 in the listing's order; the written order follows from it and the options).
 
 A rerun with the same plan (`resumable`) keeps the recorded shards whose temporary file is
@@ -39,7 +39,7 @@ MAX_PROGRESS_BYTES = 1 << 30
 # Bytes hashed at a time when a recorded shard is checked again.
 _HASH_CHUNK_BYTES = 1 << 20
 # The journal's format, in its first line (2: the listing hashed in its own order, in bulk,
-# its files' sizes and times by chunks of `_listing.STAT_CHUNK`).
+# its files' sizes and times by chunks of `_listing_digest.STAT_CHUNK`).
 _VERSION = 2
 # The key of the journal's second and last line once its set is committed.
 _COMPLETE = "complete"

@@ -51,7 +51,7 @@ from prefetch.sources import ImageFolder
 from prefetch.sources.shards import index_shard
 from prefetch.tools.shards import _fit_crop as fitting
 from prefetch.tools.shards._job import Job, planner, silent, write_into
-from prefetch.tools.shards._listing import ListingDigest
+from prefetch.tools.shards._listing_digest import ListingDigest
 from prefetch.tools.shards._names import DEFAULT_PREFIX, check_prefix, shard_name
 from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._pass import (
@@ -137,7 +137,7 @@ def write_shards(
       checked against an earlier run's journal (the command prints these on stderr).
 
     The first images are written as soon as the folder is listed: the fingerprint of the
-    listing that a rerun compares (`_listing.ListingDigest`: a `stat` a file) is computed
+    listing that a rerun compares (`_listing_digest.ListingDigest`: a `stat` a file) is computed
     beside the writing, and waited for before a rerun compares it, and before the commit (the
     shards finished before it is ready are journaled once it is). An interrupted or failed
     write (Ctrl-C, a full disk) leaves the earlier complete set, or none; the shards it

@@ -1,5 +1,9 @@
 """The fingerprint of a shard write's input listing, computed beside the write, not before it.
 
+Not a lister: the folder is listed by `ImageFolder` (`prefetch.sources._listing`, through the
+listing kept for the host). The kept listing's folder stamps say whether a file was added,
+removed or renamed; this digest also sees a file rewritten in place (its size and time).
+
 `ListingDigest(paths, labels, local)` starts computing, in `STAT_THREADS` background threads,
 a SHA-256 of the listing in its own order (`ImageFolder`'s): the paths (one bulk update over the
 `PathArray`'s UTF-8 buffer), the labels (one update) and, for a local folder, each file's size
