@@ -5,7 +5,7 @@ one call per file; over http(s), which has none, `list_pages` reads one index pa
 `LISTING_CONCURRENCY` pages at once (each a request of `prefetch.io._http`), following only
 links that resolve (`prefetch.io._links.resolve`: dots, percent-encoding, empty segments, other
 schemes and hosts) to a place inside the root. Every listing is bounded by the `RemoteOptions`
-in effect (pages, page bytes, depth). `prefetch.sources._folders.index_directory` applies
+in effect (pages, page bytes, depth). `prefetch.sources._listing.index_directory` applies
 Keras's rules to it. A tree is immutable once listed: thread-safe to read.
 """
 

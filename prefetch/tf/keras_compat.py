@@ -2,7 +2,7 @@
 
 Same arguments, defaults, class names, file list and train/validation split as
 `keras.utils.image_dataset_from_directory` (Keras 3): files are listed by
-`prefetch.sources._folders.index_directory` (Keras's rules, order and path strings), then shuffled
+`prefetch.sources._listing.index_directory` (Keras's rules, order and path strings), then shuffled
 once
 with `np.random.RandomState(seed)` and split by taking the last `int(validation_split * n)` files
 for validation, exactly as Keras does, by `prefetch.sources._folders.keras_split` (the split a
