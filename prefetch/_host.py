@@ -1,9 +1,10 @@
-"""The ranks on this host and each one's share of it: cores, and `/dev/shm`.
+"""The ranks on this host and each one's share of its cores.
 
 A GPU host runs one training process (a *rank*) per GPU, each with its own Loader; the host's
 cores and its shared-memory folder are shared among them. `local_ranks` reads how many ranks
 this host runs (and this process's place among them) from what the launcher set, or from what
-the user gave; `host_share` turns that into this rank's cores. The bottom layer: the runtime
+the user gave; `host_share` turns that into this rank's cores (its part of `/dev/shm` is
+`prefetch.backends.ShmRoom`'s, from the same count of ranks). The bottom layer: the runtime
 sizes its defaults with these, and the listing kept per host and the guide cite them. Pure
 reads of the environment and of `/proc`, `/sys`: nothing is cached, nothing blocks.
 """
@@ -111,10 +112,6 @@ class HostShare:
     pool: int
     affinity: int
     bound: bool
-
-    def shm_share(self, total_bytes: int) -> int:
-        """This rank's share of a shared-memory folder of `total_bytes`: an equal part."""
-        return total_bytes // self.ranks.count
 
     def describe(self) -> str:
         """The cores and where they came from, e.g. "14 cores: the host's 112 among 8 ranks

@@ -81,6 +81,11 @@ COMPILED_MISSING = (
 def pytest_configure(config: pytest.Config) -> None:
     if COMPILED_PROBLEM is not None and COMPILED_REQUIRED:
         raise pytest.UsageError(COMPILED_MISSING.format(problem=COMPILED_PROBLEM))
+    # Many tests run more workers than CI's 2 cores on purpose (ordering, cancelling, faults
+    # across workers), which says TooManyWorkersWarning each time. Kept out of the summary;
+    # the tests of the warning set their own filter (pytest.warns, catch_warnings), which this
+    # one does not hide from them (tests/test_ranks.py).
+    config.addinivalue_line("filterwarnings", "ignore::prefetch.errors.TooManyWorkersWarning")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -194,6 +194,31 @@ def test_bad_and_foreign_states_are_refused_and_a_version_1_state_still_loads(
     assert len(rest) == len(loader) - 3
 
 
+@pytest.mark.parametrize("shuffle", [True, False, "batches"])
+def test_a_state_at_an_epochs_last_position_saves_as_the_epochs_end_and_loads_anywhere(
+    folder: Path, shuffle: bool | str
+) -> None:
+    # A cursor restored at position len(loader) (a version-1 state there; or a resumed epoch
+    # with drop_remainder and less than a batch left) has nothing left of its epoch: its state
+    # is the epoch's end, `size` samples read, which any layout loads with nothing left.
+    loader = prefetch.Loader(ids(folder), batch_size=4, **{**OPTIONS, "shuffle": shuffle})  # type: ignore[arg-type]
+    loader.load_state_dict({"seed": 5, "epoch": 2, "position": len(loader)})
+    state = loader.state_dict()
+    assert state.items() >= {"epoch": 2, "position": len(loader), "samples": SAMPLES}.items()
+    for ranks, batch in ((1, 4), (3, 2)):
+        other = prefetch.Loader(ids(folder), batch_size=batch, **{**OPTIONS, "shuffle": shuffle})  # type: ignore[arg-type]
+        other.shard(ranks, 1 % ranks)
+        other.load_state_dict(state)
+        assert other.state_dict()["position"] == len(other), (ranks, batch)
+        with other:
+            assert read(other) == []  # epoch 2 has nothing left
+            assert len(read(other)) == len(other)  # then epoch 3, whole
+    plan = plans(SAMPLES, 4, 5, drop_remainder=True)[0]
+    resumed, position = resume(plan, LoaderState.of(loader_state(plans(SAMPLES, 1, 1)[0], 0, 35)))
+    assert position == len(resumed)  # 2 samples left: no full batch of 4 ranks x 5
+    assert loader_state(resumed, 0, position)["samples"] == SAMPLES
+
+
 # ---- end to end: Loaders on real files ---------------------------------------------------------
 
 

@@ -230,11 +230,13 @@ class ShmRoom:
         return min(self.free, self.total // self.ranks)
 
     def describe(self) -> str:
-        """E.g. "this rank's share 3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"."""
-        among = f" among {self.ranks} ranks" if self.ranks > 1 else ""
+        """E.g. "this rank's share 3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"; with one
+        rank, "23.1 GiB free of 24.0 GiB"."""
+        if self.ranks == 1:
+            return f"{_gib(self.free)} free of {_gib(self.total)}"
         return (
-            f"this rank's share {_gib(self.share)}: {_gib(self.total)}{among}, "
-            f"{_gib(self.free)} free"
+            f"this rank's share {_gib(self.share)}: {_gib(self.total)} among {self.ranks} "
+            f"ranks, {_gib(self.free)} free"
         )
 
 

@@ -156,8 +156,11 @@ class EpochPlan:
 
     def consumed(self, epoch: int, position: int) -> int:
         """Samples of the epoch's order the shards together have read after `position` batches
-        each (lockstep), for `position` before the epoch's end: the global position. For
+        each (lockstep): the global position. At the epoch's end (`position` >= `len(self)`)
+        it is `size` in every layout: nothing of the epoch is left. Before it, for
         `shuffle="batches"` it counts the padding too, and names a place in this layout only."""
+        if position >= len(self):
+            return self.size
         if self.shuffle == "batches":
             return int(self._step_ends(epoch)[position])
         steps = position - self.run_offset(epoch)

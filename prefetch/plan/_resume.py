@@ -12,9 +12,10 @@ of the epoch is read once, besides the padding of each layout (`EpochPlan`).
 
 Format (version 2): `{"version", "seed", "epoch", "position", "samples", "size",
 "num_shards", "batch_size"}`, all ints, JSON-safe. `position` is this rank's batches of the
-epoch delivered so far in this layout (`len(loader) - position` are left). A version-1 state,
-`{"seed", "epoch", "position"}`, still loads: its position is taken as one of the loader's own
-layout, as it was saved.
+epoch delivered so far in this layout (`len(loader) - position` are left); at the epoch's end
+(`position` is `len(loader)`) `samples` is `size`, and any layout resumes it with nothing of
+that epoch left. A version-1 state, `{"seed", "epoch", "position"}`, still loads: its position
+is taken as one of the loader's own layout, as it was saved.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def resume(plan: EpochPlan, state: LoaderState) -> tuple[EpochPlan, int]:
                 "batches; was the state saved with another batch_size or dataset?"
             )
         return plan, state.position
-    if state.size != plan.size or state.samples >= plan.size:
+    if state.size != plan.size or state.samples > plan.size:
         raise ValueError(
             f"the loader state was taken on a dataset of {state.size} samples, at sample "
             f"{state.samples} of its epoch; this loader has {plan.size}: the same dataset "
@@ -97,6 +98,8 @@ def resume(plan: EpochPlan, state: LoaderState) -> tuple[EpochPlan, int]:
         )
     if state.samples == 0:
         return plan, 0
+    if state.samples == plan.size:  # taken at the epoch's end: nothing of it is left
+        return plan, len(plan)
     found = plan.position_of(state.epoch, state.samples)
     taken = (state.num_shards, state.batch_size)
     same_layout = taken == (plan.num_shards, plan.batch_size)

@@ -134,8 +134,9 @@ def decide(
             )
     count = start_count(name)
     ring = ring_bytes(options, reader, name, count)
-    on_shm = name == "process" and room is not None
-    where = f"of {room.folder} ({room.describe()})" if on_shm and room is not None else "in RAM"
+    where = "in RAM"  # a thread backend's slots, or a process backend's without /dev/shm
+    if name == "process" and room is not None:
+        where = f"of {room.folder} ({room.describe()})"
     backend = f"auto: {name} ({why})" if auto else why
     workers = _workers_text(options, share, count, tuned, remote)
     reason = f"{backend}; {workers}; batch slots {_mib(ring)} {where}"

@@ -112,7 +112,7 @@ class Epochs:
         self.spool = spool
         self.num_classes = num_classes
         self.cursor = Cursor()
-        self.restored: LoaderState | None = None  # the state loaded, until the plan changes
+        self.restored: LoaderState | None = None  # the state loaded last: `replan` resumes it
         self.stats = StatsRecorder()
         self.skips = SkipCounter(options.on_error.max_skipped)
         self._entered = 0

@@ -28,7 +28,7 @@ def source_scheme(source: object) -> str:
 def reads_over_network(source: object) -> bool:
     """Whether a file source's reads wait on a network: URLs other than `memory://`. Such a
     loader's `workers=None` is tuned like "auto", starting above one worker per core
-    (`prefetch.runtime._workers.remote_start`). A streamed shard source's workers read local
+    (`prefetch.runtime._choice.remote_start`). A streamed shard source's workers read local
     copies (`prefetch.runtime._spool`): not over a network."""
     if isinstance(source, ShardSource) and source.streaming:
         return False
