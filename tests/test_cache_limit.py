@@ -29,10 +29,12 @@ import numpy as np
 import pytest
 
 import prefetch.io._cache
+import prefetch.io._cache_ledger
 from prefetch import Loader, RemoteOptions, TarSource
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io._cache import ObjectCache
 from prefetch.io._cache_ledger import lock_object, pin, unlock_object
+from prefetch.io._local_files import read_local
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shards import write_shards
 
@@ -326,6 +328,13 @@ def read_bytes(path: str) -> bytes:
         return file.read()
 
 
+@pytest.fixture
+def touch_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read marks its copy used (not once a second): reads a few ms apart are ordered."""
+    monkeypatch.setattr(prefetch.io._cache_ledger, "TOUCH_AFTER_S", 0.0)
+
+
+@pytest.mark.usefixtures("touch_every_read")
 def test_the_least_recently_read_copy_goes_first_and_a_pinned_one_stays(
     tmp_path: Path, memory_objects: Callable[[str, int], str]
 ) -> None:
@@ -437,6 +446,7 @@ def test_streamed_shards_stay_within_the_limit_and_read_exactly(
     assert stats.cache_fetched_bytes >= sum(shard_sizes)
 
 
+@pytest.mark.usefixtures("touch_every_read")
 def test_shuffled_epochs_read_one_at_a_time_hit_as_least_recently_used_does(
     tmp_path: Path, memory_objects: Callable[[str, int], str]
 ) -> None:
@@ -463,3 +473,42 @@ def test_shuffled_epochs_read_one_at_a_time_hit_as_least_recently_used_does(
         got.append(hits)
         want.append(expected)
     assert got == want and sum(got) > 0
+
+
+def test_a_copy_marked_used_by_another_reader_mid_decode_is_decoded_again_not_refetched(
+    tmp_path: Path, memory_objects: Callable[[str, int], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Marking a copy used sets its times; a reader of it at that moment sees a file "changed
+    # while it was read" (its check for a rewrite in place). It decodes the copy again.
+    cache = ObjectCache.open(tmp_path / "cache", limit=10_000)
+    url = memory_objects("a.jpg", 1000)
+    assert cache.decoded(url, read_bytes) == (bytes([5]) * 1000, False)
+    copy = cache.path_for(url)
+    os.utime(copy, (time.time() - 60, time.time() - 60))  # read a minute ago
+    fsspec.filesystem("memory").rm(url)  # the store is gone: only the copy can answer
+    real_pread, other_reads = os.pread, []
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        if not other_reads:  # another reader pins the copy while this one reads it
+            other_reads.append(cache.decoded(url, lambda path: None))
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    data, kept = cache.decoded(url, read_local)
+    assert (data, kept) == (bytes([5]) * 1000, True) and other_reads == [(None, True)]
+    assert time.time() - os.path.getmtime(copy) < 30  # marked used
+
+
+def test_a_copy_is_marked_used_at_most_once_a_second(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    cache = ObjectCache.open(tmp_path / "cache")
+    url = memory_objects("a.bin", 100)
+    cache.decoded(url, read_bytes)
+    copy = cache.path_for(url)
+    os.utime(copy, (1, 1))
+    cache.decoded(url, read_bytes)
+    marked = os.stat(copy)
+    assert marked.st_mtime > 1  # an old copy read is marked used
+    cache.decoded(url, read_bytes)
+    assert os.stat(copy).st_ctime_ns == marked.st_ctime_ns  # not again within the second

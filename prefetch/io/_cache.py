@@ -107,7 +107,7 @@ class ObjectCache(CacheFolder):
         pinned = pin(handle, name)
         if pinned is not None:
             try:
-                return decode(self._through(handle, name)), True
+                return self._decode_pinned(handle, name, pinned, decode), True
             except Exception as error:
                 _warn_once(
                     "stale",
@@ -144,12 +144,26 @@ class ObjectCache(CacheFolder):
                 pinned = pin(handle, name)  # fetched by another process while this waited
                 if pinned is not None:
                     try:
-                        return decode(self._through(handle, name)), True
+                        return self._decode_pinned(handle, name, pinned, decode), True
                     finally:
                         os.close(pinned)
             return self._fetch_and_decode(handle, url, name, decode), False
         finally:
             unlock_object(handle, key, lock)
+
+    def _decode_pinned(self, handle: int, name: str, pinned: int, decode: Callable[[str], T]) -> T:
+        """`decode` of the kept copy `name`, pinned as `pinned`; once more when it failed and
+        only the copy's times changed meanwhile: another reader marked it used (`pin`), which
+        a decode's check for a file rewritten in place takes for a change of its bytes. Copies
+        are never rewritten in place, and `pin` marks one at most once in `TOUCH_AFTER_S`."""
+        before = os.fstat(pinned)
+        try:
+            return decode(self._through(handle, name))
+        except Exception:
+            after = os.fstat(pinned)
+            if (after.st_size, after.st_ctime_ns) == (before.st_size, before.st_ctime_ns):
+                raise
+        return decode(self._through(handle, name))
 
     def _fetch_and_decode(self, handle: int, url: str, name: str, decode: Callable[[str], T]) -> T:
         """Under the object's lock: fetch `url`, keep its copy as `name` if it may be kept,

@@ -5,7 +5,10 @@ these rules, so that the folder holds at most `limit` bytes and one download per
 made on the host. In the folder, all 0600 and reached through its descriptor:
 
 - copies, `<key><ext>`: whole objects (`ObjectCache`) or shards (the spool). A copy's mtime is
-  when it was last read (`pin` sets it): the least recently used copy is the oldest.
+  when it was last read, to within `TOUCH_AFTER_S` (`pin` sets it when older): the least
+  recently used copy is the oldest. Setting it changes the copy's times under any process
+  reading it, whose check for a file rewritten in place then fails: so it is set at most once
+  in `TOUCH_AFTER_S`, and `ObjectCache` decodes a copy whose times alone changed once more.
 - `.partial-<name>`: the copy `name` being written, only by the holder of its object's lock.
 - `.lock-<key>`: the lock of one object (`lock_object`: flock, exclusive), held while its copy
   is fetched, written and renamed into place, replaced or evicted. Its holder unlinks it when
@@ -54,6 +57,10 @@ LEDGER = ".ledger"
 USERS = ".users"
 LOCK_PREFIX = ".lock-"
 PARTIAL_PREFIX = ".partial-"
+# A copy read is marked used (its mtime set) only when it was not for this long: the least
+# recently used order is this coarse, and a reader sees a copy's times change at most once in
+# this span (longer than any decode), so one decode again always reads it unchanged.
+TOUCH_AFTER_S = 1.0
 # The ledger's header (magic, bytes used, queue head, queue length) and one queued copy
 # (its mtime when queued, its size, its name: at most 48 bytes, a key and an extension).
 _HEADER = struct.Struct("<8sqqq")
@@ -144,8 +151,8 @@ def unlock_object(handle: int, key: str, fd: int) -> None:
 
 def pin(handle: int, name: str) -> int | None:
     """A descriptor of the copy `name`, pinned (flock shared: not evicted while open) and
-    marked used now (its mtime); None when there is none, it is being evicted, or it is not a
-    regular file of the current user. The caller closes it."""
+    marked used now (its mtime, when older than `TOUCH_AFTER_S`); None when there is none, it
+    is being evicted, or it is not a regular file of the current user. The caller closes it."""
     try:
         fd = os.open(name, _READ, dir_fd=handle)
     except (FileNotFoundError, NotADirectoryError):
@@ -158,8 +165,9 @@ def pin(handle: int, name: str) -> int | None:
         if flock_within(fd, fcntl.LOCK_SH, 0):
             info = os.fstat(fd)
             if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink:
-                with contextlib.suppress(OSError):  # a read-only folder keeps its order
-                    os.utime(fd)
+                if time.time_ns() - info.st_mtime_ns > TOUCH_AFTER_S * 1e9:
+                    with contextlib.suppress(OSError):  # a read-only folder keeps its order
+                        os.utime(fd)
                 return fd
     except BaseException:
         os.close(fd)
