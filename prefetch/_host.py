@@ -12,9 +12,10 @@ reads of the environment and of `/proc`, `/sys`: nothing is cached, nothing bloc
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from prefetch._cgroup import cgroup_cores, cpu_quota_cores
 from prefetch._machine import usable_cores
 
 # The variable a user sets to say how many ranks share this host, above any launcher's.
@@ -104,7 +105,8 @@ def local_ranks(
 class HostShare:
     """This rank's share of the host: `cores` it may use by default, out of `pool` (the cores
     the host, container or job gives all its ranks), with `affinity` cores in its own mask;
-    `bound` is whether that mask is the rank's own (a launcher bound each rank to its cores).
+    `bound` is whether that mask is the rank's own (a launcher bound each rank to its cores);
+    `quota` is the cgroup's CPU quota in cores when it narrowed the pool (else None).
     `ranks` is `local_ranks()`."""
 
     ranks: LocalRanks
@@ -112,25 +114,30 @@ class HostShare:
     pool: int
     affinity: int
     bound: bool
+    quota: int | None = None
 
     def describe(self) -> str:
         """The cores and where they came from, e.g. "14 cores: the host's 112 among 8 ranks
-        (LOCAL_WORLD_SIZE=8 (torchrun))"."""
+        (LOCAL_WORLD_SIZE=8 (torchrun))", "1 core: the 4 of this cgroup's CPU quota among 8
+        ranks (...)"."""
         ranks = self.ranks
+        noun = "core" if self.cores == 1 else "cores"
+        pool = f"the host's {self.pool}" if self.quota is None else self._quota_pool()
         if self.bound:
             among = f"; {ranks.count} ranks ({ranks.source})" if ranks.known else ""
             return (
-                f"{self.cores} cores: this process's affinity mask, which the launcher bound "
-                f"to {self.affinity} of the host's {self.pool}{among}"
+                f"{self.cores} {noun}: this process's affinity mask, which the launcher bound "
+                f"to {self.affinity} of {pool}{among}"
             )
         if ranks.count == 1:
             why = ranks.source if ranks.known else f"one rank: {ranks.source}"
-            return f"{self.cores} usable cores ({why})"
+            quota = "" if self.quota is None else f"; {self._quota_pool()}"
+            return f"{self.cores} usable {noun} ({why}{quota})"
         mask = "" if self.affinity == self.pool else f"this process's {self.affinity} of "
-        return (
-            f"{self.cores} cores: {mask}the host's {self.pool} among {ranks.count} ranks "
-            f"({ranks.source})"
-        )
+        return f"{self.cores} {noun}: {mask}{pool} among {ranks.count} ranks ({ranks.source})"
+
+    def _quota_pool(self) -> str:
+        return f"the {self.pool} of this cgroup's CPU quota (docker --cpus, a CPU limit)"
 
 
 def host_share(
@@ -139,74 +146,36 @@ def host_share(
     environ: Mapping[str, str] | None = None,
     affinity: int | None = None,
     pool: int | None = None,
+    quota: int | None = None,
 ) -> HostShare:
     """This rank's cores, from the ranks on this host (`local_ranks(ranks_per_host, environ)`),
     the cores in this process's affinity mask (`affinity`: `usable_cores()` unless given) and
     the host's pool (`pool`: the cores of this process's cpuset cgroup, `cgroup_cores()`: a
-    container's or a SLURM job's; else `os.cpu_count()`):
+    container's or a SLURM job's; else `os.cpu_count()`), both at most the cgroup's CPU quota
+    (`quota`: `cpu_quota_cores()` unless `pool` is given), which all the ranks of a container
+    or job share:
 
     - when the mask is narrower than the pool and the ranks' masks could be disjoint
       (ranks x mask <= pool), a launcher bound each rank to its cores (srun --cpu-bind, mpirun
       --bind-to, taskset per rank): the mask is this rank's share, not divided again;
     - else the ranks share the mask: its cores divided among them (at least 1).
 
-    So 8 ranks of torchrun on a 112-core host get 14 cores each, and 8 ranks that srun bound to
-    14 cores each get those 14. `affinity` and `pool` are for tests of hosts this is not.
+    So 8 ranks of torchrun on a 112-core host get 14 cores each, 8 ranks that srun bound to
+    14 cores each get those 14, and 8 ranks in a container given `--cpus=16` get 2 each.
+    `affinity`, `pool` and `quota` are for tests of hosts this is not.
     """
     ranks = local_ranks(ranks_per_host, environ)
+    if quota is None and pool is None:
+        quota = cpu_quota_cores()
     mask = usable_cores() if affinity is None else affinity
     host = pool if pool is not None else (cgroup_cores() or os.cpu_count() or mask)
     host = max(host, mask)
+    limited = quota is not None and quota < host
+    if quota is not None:
+        mask, host = min(mask, quota), min(host, quota)
     bound = mask < host and ranks.count * mask <= host
     cores = mask if bound else max(1, mask // ranks.count)
-    return HostShare(ranks, cores, host, mask, bound)
-
-
-def cgroup_cores(read: Callable[[str], str] | None = None) -> int | None:
-    """The cores of this process's cpuset cgroup (a container's `--cpuset-cpus`, a SLURM job's
-    cores), from cgroup v2's `cpuset.cpus.effective` or v1's `cpuset.effective_cpus`: in the
-    cgroup's folder under the mount, else at the mount's root (a container that sees its own
-    cgroup there); None when none can be read. `read(path) -> text` is for tests."""
-    reader = read or _read_text
-    try:
-        lines = reader("/proc/self/cgroup").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            mount, name = "/sys/fs/cgroup", "cpuset.cpus.effective"
-        elif "cpuset" in controllers.split(","):
-            mount, name = "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus"
-        else:
-            continue
-        for where in dict.fromkeys([f"{mount}{path.rstrip('/')}/{name}", f"{mount}/{name}"]):
-            try:
-                count = cpu_list_size(reader(where))
-            except (OSError, ValueError):
-                continue
-            if count:
-                return count
-    return None
-
-
-def cpu_list_size(text: str) -> int:
-    """The CPUs in a kernel CPU list ("0-3,8-11,16" is 9); ValueError when it is not one."""
-    count = 0
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        count += int(last or first) - int(first) + 1
-    return count
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="ascii") as file:
-        return file.read()
+    return HostShare(ranks, cores, host, mask, bound, quota if limited else None)
 
 
 def _whole(text: str, least: int = 1) -> int | None:

@@ -1,4 +1,4 @@
-"""What this machine gives a loader: the cores this process may run on, the memory left.
+"""What this machine gives a loader: the cores this process may use, the memory left.
 
 The bottom layer: the backends (backend="auto") and the runtime (worker counts, the tuner's
 memory budget) ask the same functions.
@@ -7,6 +7,8 @@ memory budget) ask the same functions.
 from __future__ import annotations
 
 import os
+
+from prefetch._cgroup import cpu_quota_cores
 
 
 def available_memory_bytes() -> int:
@@ -25,11 +27,15 @@ def available_memory_bytes() -> int:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
+    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`),
+    at most its cgroup's CPU quota (`prefetch._cgroup.cpu_quota_cores`: `docker --cpus=4`, a
+    Kubernetes CPU limit), which the mask does not show."""
     try:
-        return len(os.sched_getaffinity(0))
+        mask = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        mask = os.cpu_count() or 1
+    quota = cpu_quota_cores()
+    return mask if quota is None else min(mask, quota)
 
 
 # From this many usable cores on, the default worker count leaves one core to the training

@@ -7,12 +7,14 @@ path runs in a subprocess under torchrun's variables and a narrowed affinity mas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +22,8 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch._host import UNKNOWN, cgroup_cores, cpu_list_size, host_share, local_ranks
+from prefetch._cgroup import cgroup_cores, cpu_list_size, cpu_quota_cores
+from prefetch._host import UNKNOWN, host_share, local_ranks
 from prefetch.backends import ShmRoom
 from prefetch.runtime import LoaderOptions
 from prefetch.runtime import _choice as choice
@@ -167,6 +170,55 @@ def test_the_cpuset_cgroup_is_the_hosts_pool_for_cgroup_v2_and_v1() -> None:
     assert cgroup_cores(reading({})) is None
     assert cgroup_cores(reading({"/proc/self/cgroup": "0::/\n"})) is None
     assert cpu_list_size("0-3,8-11,16\n") == 9
+
+
+def test_a_cgroup_cpu_quota_is_read_from_v2_and_v1_the_least_over_the_folders_above() -> None:
+    docker_v2 = {"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "400000 100000\n"}
+    assert cpu_quota_cores(reading(docker_v2)) == 4  # docker run --cpus=4
+    nested = {  # a pod's limit above a container's own (none): the least applies
+        "/proc/self/cgroup": "0::/kubepods/pod1/ctr\n",
+        "/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max": "max 100000",
+        "/sys/fs/cgroup/kubepods/pod1/cpu.max": "250000 100000",
+        "/sys/fs/cgroup/kubepods/cpu.max": "max 100000",
+    }
+    assert cpu_quota_cores(reading(nested)) == 3  # 2.5 cores' time: rounded up
+    v1 = {
+        "/proc/self/cgroup": "5:memory:/x\n4:cpu,cpuacct:/docker/abc\n",
+        "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "800000",
+        "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000",
+        "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1",
+        "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000",
+    }
+    assert cpu_quota_cores(reading(v1)) == 8
+    tiny = {"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "10000 100000"}
+    assert cpu_quota_cores(reading(tiny)) == 1  # a tenth of a core is still one worker
+    unlimited = {"/proc/self/cgroup": "0::/a\n", "/sys/fs/cgroup/a/cpu.max": "max 100000"}
+    assert cpu_quota_cores(reading(unlimited)) is None
+    assert cpu_quota_cores(reading({"/proc/self/cgroup": "1:cpu:/\n"})) is None
+    assert (
+        cpu_quota_cores(reading({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "x"}))
+        is None
+    )
+    assert cpu_quota_cores(reading({})) is None
+
+
+def test_a_cpu_quota_is_shared_by_the_ranks_of_a_container_not_a_mask_of_each() -> None:
+    # `docker run --cpus=16` on a 64-core host: every rank's mask shows 64 cores
+    quota = host_share(environ=TORCHRUN_8, affinity=64, pool=64, quota=16)
+    assert (quota.cores, quota.pool, quota.bound) == (2, 16, False)
+    assert quota.describe() == (
+        "2 cores: the 16 of this cgroup's CPU quota (docker --cpus, a CPU limit) among 8 ranks "
+        "(LOCAL_WORLD_SIZE=8 (torchrun))"
+    )
+    alone = host_share(environ={}, affinity=64, pool=64, quota=4)
+    assert alone.cores == 4 and "4 usable cores (one rank: " in alone.describe()
+    assert "CPU quota" in alone.describe()
+    # srun bound each rank to 4 cores inside a job whose quota holds all 8 ranks' cores
+    bound = host_share(environ=TORCHRUN_8, affinity=4, pool=64, quota=32)
+    assert (bound.cores, bound.bound) == (4, True)
+    # a quota above the pool narrows nothing and is not named
+    wide = host_share(environ=TORCHRUN_8, affinity=16, pool=16, quota=64)
+    assert (wide.cores, wide.quota) == (2, None) and "quota" not in wide.describe()
 
 
 # ---- what 8 ranks on a 112-core host start, in one decision ----------------------------
@@ -336,3 +388,52 @@ def test_a_default_loader_under_torchrun_takes_at_most_its_share(folder: Path) -
     bound = run_rank(folder, {"LOCAL_WORLD_SIZE": str(cores), "LOCAL_RANK": "0"}, 1)
     assert bound["planned"] == bound["workers"] == 1
     assert "affinity mask, which the launcher bound to 1 of the host's" in str(bound["reason"])
+
+
+@contextlib.contextmanager
+def cpu_quota_cgroup(cores: float) -> Iterator[Path]:
+    """A new cgroup (v1's cpu controller, or v2 with it enabled) whose processes get `cores`
+    cores' worth of time; skips the test where this process may not make one (not root, a
+    read-only or unfamiliar cgroup mount). Removed afterwards (its processes have exited)."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        root, files = v1, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(cores * 1e5))}
+    elif "cpu" in (v2 / "cgroup.subtree_control").read_text(errors="replace").split():
+        root, files = v2, {"cpu.max": f"{int(cores * 1e5)} 100000"}
+    else:
+        pytest.skip("no cgroup cpu controller to make a quota with")
+    group = root / f"prefetch-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        group.mkdir()
+    except OSError as error:
+        pytest.skip(f"cannot make a cgroup here ({error})")
+    try:
+        for name, value in files.items():
+            (group / name).write_text(value)
+        yield group
+    finally:
+        group.rmdir()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform != "linux", reason="cgroups are Linux's")
+def test_a_default_loader_in_a_cgroup_with_a_cpu_quota_takes_the_quotas_cores(
+    folder: Path,
+) -> None:
+    cores = len(os.sched_getaffinity(0))
+    with cpu_quota_cgroup(0.5) as group:  # half a core's time: one worker, not one per core
+        joined = f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+        clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN_8}
+        done = subprocess.run(
+            [sys.executable, "-c", joined + RANK, str(folder)],
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rank["planned"] == rank["workers"] == 1 and rank["images"] == 8
+    assert "this cgroup's CPU quota" in str(rank["reason"])
+    assert prefetch.runtime.usable_cores() == cores  # this process, outside the cgroup
