@@ -32,6 +32,7 @@ from prefetch.tools.shards import (
     write_shards,
 )
 from prefetch.tools.shards import _samples as shard_samples
+from prefetch.tools.shards._out_folder import LOCK_NAME
 
 # 48 photos-like JPEGs of 320x240: each is re-encoded by --fit-crop 64 (so decoded once).
 CLASSES = ("cat", "dog", "emu")
@@ -291,8 +292,52 @@ def test_a_second_writer_into_the_same_folder_fails_at_once_with_a_clear_message
             second.stderr
         )
         assert "Traceback" not in second.stderr
-        assert os.listdir(out) == []
+        assert os.listdir(out) == [LOCK_NAME]  # the holder's lock file, nothing else
+    assert os.listdir(out) == []  # its holder removed it
     write_shards(photos, out, format="tar", shard_size=8)  # the lock went with its holder
+    assert LOCK_NAME not in os.listdir(out)
+
+
+HOLD_FOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_neighbour_holding_a_lock_of_the_output_folder_itself_does_not_block_a_write(
+    photos: Path, tmp_path: Path
+) -> None:
+    # Anyone who may read a 0755 folder may flock it: the writers' lock is a 0600 file in it.
+    out = tmp_path / "out"
+    out.mkdir()
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FOLDER, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert neighbour.stdout is not None and neighbour.stdout.readline() == "held\n"
+        paths = write_shards(photos, out, format="tar", shard_size=8)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert paths and LOCK_NAME not in os.listdir(out)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_lock_file_another_user_made_in_the_output_folder_is_refused_naming_it(
+    photos: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    planted = out / LOCK_NAME
+    planted.write_bytes(b"")
+    os.chown(planted, 65534, 65534)  # nobody's
+    with pytest.raises(PermissionError, match=r"prefetch-write.lock', the lock of .* is not a"):
+        write_shards(photos, out, format="tar", shard_size=8)
+    assert os.listdir(out) == [LOCK_NAME]  # nothing written, theirs left alone
 
 
 # ---------------------------------------------------------------- progress

@@ -10,7 +10,6 @@ set's manifest for shards named across folders or prefixes.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -25,7 +24,7 @@ import pytest
 
 import prefetch
 from prefetch.testing import serve_folder, write_image_folder
-from prefetch.tools.shards import Progress, write_shards
+from prefetch.tools.shards import OutFolder, Progress, write_shards
 
 MANIFEST = "shard-tar.manifest.json"
 # The most a child command may take (a busy 2-core machine: start-up alone can take seconds).
@@ -121,12 +120,9 @@ def test_runtime_refusals_are_one_line_without_usage_nor_errno(
         "(--overwrite) to replace them"
     )
     assert "usage:" not in taken.stderr
-    held = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(held, fcntl.LOCK_EX)  # as another `prefetch shards write` holds it
+    with OutFolder(str(out)) as held:
+        held.lock()  # as another `prefetch shards write` holds it
         busy = shards("write", str(photos), str(out), "--overwrite", "--workers", "1")
-    finally:
-        os.close(held)
     assert busy.returncode == 2
     last = busy.stderr.splitlines()[-1]
     assert last.startswith(f"prefetch shards write: error: {str(out)!r} is being written by ")

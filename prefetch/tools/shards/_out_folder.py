@@ -9,8 +9,10 @@ place with `os.replace` (which replaces a link at the final name, never follows 
 read from the folder (`read_small`) are opened without following a link and without blocking
 (a FIFO does not hang), must be regular files, and are capped in size. Not thread-safe: one
 writer uses one `OutFolder`, and closes it (a context manager). `lock()` takes the folder's
-exclusive lock (`flock` on the descriptor, so on the folder itself, never through a link),
-held until `close()`: a second writer is refused at once (`FolderBusyError`). The folders it
+exclusive lock, held until `close()`: a second writer is refused at once (`FolderBusyError`).
+The lock is an `flock` of the 0600 file `LOCK_NAME` in the folder, never of the folder itself:
+another user who may read the folder (a 0755 one) could hold that flock and block every write.
+A lock file that is not a regular file of yours is refused, naming it. The folders it
 created for `path` are remembered: `remove_created()` removes those still empty (a write that
 left nothing leaves no folder either).
 """
@@ -36,6 +38,9 @@ TEMPORARY_SUFFIX = ".partial"
 TOKEN_BYTES = 8
 # Mode of the files written (before the umask): readable by all, written by the owner.
 FILE_MODE = 0o644
+# The writers' lock file (hidden: no shard glob matches it), removed by its holder at close.
+LOCK_NAME = ".prefetch-write.lock"
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
 # Errors that mean the disk (or a quota, or a file size limit) is full.
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
@@ -50,6 +55,7 @@ class OutFolder:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = -1
+        self._lock = -1
         if os.path.lexists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"output {path!r} is a file: give a folder for the shards")
         self.created = _missing_folders(path)  # deepest first
@@ -71,6 +77,7 @@ class OutFolder:
         folder = cls.__new__(cls)
         folder.path = path
         folder.fd = descriptor
+        folder._lock = -1
         folder.created = []
         return folder
 
@@ -86,7 +93,16 @@ class OutFolder:
         self.close()
 
     def close(self) -> None:
-        """Close the folder's descriptor (idempotent)."""
+        """Release the lock (its file is removed) and close the folder's descriptor
+        (idempotent)."""
+        if self._lock >= 0:
+            with contextlib.suppress(OSError):
+                if os.stat(LOCK_NAME, dir_fd=self.fd, follow_symlinks=False).st_ino == (
+                    os.fstat(self._lock).st_ino
+                ):
+                    os.unlink(LOCK_NAME, dir_fd=self.fd)
+            os.close(self._lock)
+            self._lock = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -103,15 +119,35 @@ class OutFolder:
 
     def lock(self) -> None:
         """Take the folder's exclusive lock until `close()`; `FolderBusyError` at once when
-        another writer (another process, or another `OutFolder` of this folder) holds it."""
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FolderBusyError(
-                errno.EWOULDBLOCK,
-                f"{self.path!r} is being written by another `prefetch shards write` (it holds "
-                "the folder's lock): wait until it ends, or write into another folder",
-            ) from None
+        another writer (another process, or another `OutFolder` of this folder) holds it;
+        PermissionError when the lock file is not a regular file of yours."""
+        while self._lock < 0:
+            fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=self.fd)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    raise PermissionError(
+                        errno.EPERM,
+                        f"{os.path.join(self.path, LOCK_NAME)!r}, the lock of `prefetch shards "
+                        "write`, is not a file of yours (another user made it in your output "
+                        "folder): write into a folder only you may write to",
+                    )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise FolderBusyError(
+                        errno.EWOULDBLOCK,
+                        f"{self.path!r} is being written by another `prefetch shards write` (it "
+                        "holds the folder's lock): wait until it ends, or write into another "
+                        "folder",
+                    ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if os.fstat(fd).st_nlink > 0:  # else its last holder removed it as this opened it
+                self._lock = fd
+            else:
+                os.close(fd)
 
     def names(self) -> list[str]:
         """The names in the folder."""
