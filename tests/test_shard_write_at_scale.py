@@ -32,6 +32,7 @@ from prefetch.tools.shards import (
     write_shards,
 )
 from prefetch.tools.shards import _samples as shard_samples
+from prefetch.tools.shards._listing_digest import ListingDigest
 from prefetch.tools.shards._out_folder import LOCK_NAME
 
 # 48 photos-like JPEGs of 320x240: each is re-encoded by --fit-crop 64 (so decoded once).
@@ -213,6 +214,9 @@ def interrupt_at_read(monkeypatch: pytest.MonkeyPatch, number: int) -> None:
         return real(path)
 
     monkeypatch.setattr(shard_samples, "read_location", read)
+    # the listing's fingerprint (4 threads beside the writing) is ready once a shard is done,
+    # as on any machine that is not this busy: each shard is journaled once it is finished
+    monkeypatch.setattr(ListingDigest, "ready", lambda digest, wait_s=0.0: bool(digest.result()))
 
 
 def test_other_options_or_a_changed_folder_start_over_saying_why(

@@ -20,6 +20,7 @@ from prefetch.sources.shards import TarSource
 from prefetch.sources.shards._index import INDEX_SUFFIX, IndexSpec, ShardIndex, build_index
 from prefetch.tools.shards import FORMATS, add_shards_parser, write_shards
 from prefetch.tools.shards import _samples as shard_samples
+from prefetch.tools.shards._listing_digest import ListingDigest
 
 SubParsers = argparse._SubParsersAction
 
@@ -257,6 +258,9 @@ def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
         patch.setattr(shard_samples, "read_location", failing_read)
+        # the listing's fingerprint (4 threads beside the writing) is ready when shard 0 is
+        # done, as on any machine that is not this busy: a shard is journaled once it is
+        patch.setattr(ListingDigest, "ready", lambda digest, wait_s=0.0: bool(digest.result()))
         with pytest.raises(KeyboardInterrupt):
             write_shards(folder, out, format="tar", shard_size=10)
     # shard 0 was whole: kept, hidden, for the rerun; a set is put in place only when whole
@@ -462,3 +466,29 @@ def test_every_write_option_has_a_help_text_that_states_its_default() -> None:
         assert "default" in action.help, flag
         if isinstance(action.default, int) and not isinstance(action.default, bool):
             assert str(action.default) in action.help, flag
+
+
+def test_a_write_interrupted_before_the_listings_fingerprint_was_ready_journals_its_shards(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a busy machine the fingerprint's threads may not be done when shard 0 is: the shard
+    # waits in memory, and a Ctrl-C then waits (briefly) for them to journal it.
+    read_location, ready = shard_samples.read_location, ListingDigest.ready
+    reads: list[str] = []
+
+    def failing_read(path: str) -> bytes:
+        reads.append(path)
+        if len(reads) == 15:  # the 5th sample of the second shard
+            raise KeyboardInterrupt
+        return read_location(path)
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(shard_samples, "read_location", failing_read)
+        patch.setattr(ListingDigest, "ready", lambda d, wait_s=0.0: wait_s > 0 and ready(d, wait_s))
+        with pytest.raises(KeyboardInterrupt):
+            write_shards(folder, out, format="tar", shard_size=10)
+    assert sorted(os.listdir(out))[1:] == [".shard-tar.progress.jsonl"]
+    notes: list[str] = []
+    write_shards(folder, out, format="tar", shard_size=10, on_note=notes.append)
+    assert notes and notes[0].startswith("resuming: the interrupted run wrote 1 shard of 3")

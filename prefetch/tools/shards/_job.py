@@ -10,7 +10,8 @@ left: a reader refuses a set of no samples), and commits the set (`_set.commit`)
 then marked complete and kept. The plan (`planner`) waits for the listing's digest
 (`_listing_digest`) only where it must: before an earlier run's journal is compared, and before the
 commit; the shards finished before it is ready are kept in memory and written to the journal
-once it is (a Ctrl-C before then keeps none of them for a rerun). Called by one thread.
+once it is; a Ctrl-C before then waits up to `JOURNAL_WAIT_S` for it to write them (after that,
+it keeps none of them for a rerun). Called by one thread.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ from prefetch.tools.shards._work import Preparer
 
 # How a note of `write_shards` that the set in place is already the one asked for begins.
 ALREADY_COMPLETE = "already complete"
+# The longest an interrupted write waits for the listing's digest to journal the shards it
+# finished (a rerun then resumes from them): a Ctrl-C still ends the command at once.
+JOURNAL_WAIT_S = 2.0
 # Skipped files named in the error of a write whose every file was skipped.
 _SKIPS_NAMED = 3
 
@@ -58,8 +62,9 @@ class Job:
     """What `write_shards` was asked, once the folder is listed: the `source`, the folder as
     given (`top`), the shuffled `order` (None: the listing's), the shard `names`, the plan's
     `options` and the `plan` (made when first asked: it waits for the listing's digest;
-    `plan_ready` says whether it would), `overwrite`, when the write `began`, and
-    `write_shards`'s callbacks (`note` and `status` always callable)."""
+    `plan_ready(wait_s)` says whether it would, after waiting at most `wait_s`), `overwrite`,
+    when the write `began`, and `write_shards`'s callbacks (`note` and `status` always
+    callable)."""
 
     source: ImageFolder
     top: str
@@ -67,7 +72,7 @@ class Job:
     names: list[str]
     options: dict[str, Any]
     plan: Callable[[], Plan]
-    plan_ready: Callable[[], bool]
+    plan_ready: Callable[[float], bool]
     overwrite: bool
     began: float
     on_shard: ShardCallback | None
@@ -162,7 +167,7 @@ def _write_set(
         done.append(finished)
         if started[0]:
             journal.append(finished)
-        elif job.plan_ready():  # else kept until it is: the workers are not held up
+        elif job.plan_ready(0.0):  # else kept until it is: the workers are not held up
             journal.start(job.plan(), done)
             started[0] = True
         if on_shard is not None:
@@ -182,6 +187,8 @@ def _write_set(
     except BaseException:
         if not done and not journal.settled():  # a set in place keeps its settled journal
             journal.remove()
+        elif done and not started[0] and job.plan_ready(JOURNAL_WAIT_S):
+            journal.start(job.plan(), done)  # the rerun resumes from the finished shards
         raise
     done.sort(key=lambda shard: shard.index)
 

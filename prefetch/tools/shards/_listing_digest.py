@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -83,8 +84,12 @@ class ListingDigest:
         except BaseException as error:  # MemoryError: given to result()'s caller
             self._errors.append(error)
 
-    def ready(self) -> bool:
-        """Whether `result()` would not wait (every file is stat'ed)."""
+    def ready(self, wait_s: float = 0.0) -> bool:
+        """Whether `result()` would not wait (every file is stat'ed), after waiting at most
+        `wait_s` seconds for it."""
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in self._threads)
 
     def result(self) -> str:
