@@ -15,8 +15,8 @@ shard, `loader.shard(N, rank)`, as data-parallel ranks do), starting each epoch 
 its workers: an epoch's rate includes their start) and taking each batch together (the step
 of synchronous training),
 through one shared `cache_dir`: without a cache, with one of no bound, and with `cache_limit`
-= `--limit-fraction` of the folder's bytes. The server logs each GET with its time; the
-folder's size is sampled every 5 ms. Printed for each epoch: images/s of all ranks together,
+= `--limit-fraction` of the folder's bytes under each `--policies` (`cache_policy`). The
+server logs each GET with its time; the folder's size is sampled every 5 ms. Printed for each epoch: images/s of all ranks together,
 the ranks' cache hits, misses and evictions, the GETs of images the server answered in that
 epoch and the most of one image, and the largest size the folder reached.
 
@@ -26,7 +26,7 @@ and close, counting bytes in or out of the ledger, and taking and releasing an o
 
     .venv/bin/python benchmarks/remote_cache.py --folder /tmp/photos [--size 224]
         [--latency-ms 80] [--bandwidth-mbps 20] [--epochs 3]
-        [--ranks 2 [--limit-fraction 0.5] [--split]]
+        [--ranks 2 [--limit-fraction 0.5] [--split] [--policies keep,lru]]
     .venv/bin/python benchmarks/remote_cache.py --steps /tmp
 """
 
@@ -181,12 +181,17 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     context = multiprocessing.get_context("spawn")
-    for name, bound in (("none", None), ("no limit", 0), ("cache_limit", limit)):
+    configurations = [("none", None, "keep"), ("no limit", 0, "keep")] + [
+        (f'`cache_limit`, "{policy}"', limit, policy) for policy in args.policies.split(",")
+    ]
+    for name, bound, policy in configurations:
         requests: list[tuple[float, str]] = []
         with tempfile.TemporaryDirectory(prefix="prefetch-cache-bench-") as scratch:
             cache_dir = os.path.join(scratch, "cache")
             remote = prefetch.RemoteOptions(
-                cache_dir=cache_dir if bound is not None else None, cache_limit=bound or None
+                cache_dir=cache_dir if bound is not None else None,
+                cache_limit=bound or None,
+                cache_policy=policy,
             )
             with (
                 served_and_logged(
@@ -270,6 +275,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=0, help="processes sharing cache_dir")
     parser.add_argument("--limit-fraction", type=float, default=0.5, help="of the folder")
     parser.add_argument("--split", action="store_true", help="each rank reads its own shard")
+    parser.add_argument(
+        "--policies", default="keep,lru", help="the cache_policy values of the cache_limit rows"
+    )
     args = parser.parse_args()
     if args.steps:
         step_costs(args.steps)

@@ -84,9 +84,10 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
 
 
 def ledger_count(folder: Path) -> int:
-    """The bytes the folder's ledger counts (its header: magic, bytes, queue head, length)."""
-    magic, used, _, _ = struct.unpack("<8sqqq", (folder / ".ledger").read_bytes()[:32])
-    assert magic == b"pfcache1"
+    """The bytes the folder's ledger counts (its header: magic, bytes, queue head, length,
+    the oldest mtime not queued)."""
+    magic, used, _, _, _ = struct.unpack("<8sqqqq", (folder / ".ledger").read_bytes()[:40])
+    assert magic == b"pfcache2"
     return int(used)
 
 
@@ -113,9 +114,21 @@ class Sampler:
         self._thread.join()
 
 
-def loader_for(source: object, cache_dir: Path | None = None, limit: int | None = None) -> Loader:
-    remote = RemoteOptions(cache_dir=cache_dir, cache_limit=limit) if cache_dir else None
-    return Loader(
+def loader_for(
+    source: object,
+    cache_dir: Path | None = None,
+    limit: int | None = None,
+    policy: str = "keep",
+    shard: int | None = None,
+) -> Loader:
+    """A thread loader of `source` (shuffled), through a cache when `cache_dir` is given;
+    `shard`: this loader reads that one of 2 shards."""
+    remote = (
+        RemoteOptions(cache_dir=cache_dir, cache_limit=limit, cache_policy=policy)
+        if cache_dir
+        else None
+    )
+    loader = Loader(
         source,  # type: ignore[arg-type]
         batch_size=4,
         image_size=SIZE,
@@ -125,14 +138,25 @@ def loader_for(source: object, cache_dir: Path | None = None, limit: int | None 
         depth=1,
         remote=remote,
     )
+    if shard is not None:
+        loader.shard(2, shard)
+    return loader
 
 
-def read_in_lockstep(url: str, cache_dir: Path, limit: int, barrier: Any, out: Path) -> None:
+def read_in_lockstep(
+    url: str,
+    cache_dir: Path,
+    limit: int,
+    barrier: Any,
+    out: Path,
+    policy: str = "lru",
+    shard: int | None = None,
+) -> None:
     """A spawned rank: EPOCHS epochs of `url` (the whole set, the same order as the other
-    rank), waiting for the other rank after each batch; their images and statistics are
-    pickled to `out`."""
+    rank; or its `shard` of 2), waiting for the other rank after each batch; their images and
+    statistics are pickled to `out`."""
     try:
-        loader = loader_for(url, cache_dir, limit)
+        loader = loader_for(url, cache_dir, limit, policy, shard)
         results = []
         for _ in range(EPOCHS):
             images = []
@@ -163,9 +187,13 @@ def spawned(target: Callable[..., None], *runs: tuple[Any, ...]) -> list[int]:
 
 
 @pytest.mark.timeout(240)  # two spawned processes that import prefetch, three epochs each
+@pytest.mark.parametrize("policy", ["lru", "keep"])
 def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
-    tmp_path: Path,
+    tmp_path: Path, policy: str
 ) -> None:
+    # "lru": both read every object, in the same order: the copy one fetched is there for the
+    # other. "keep" (the default): each reads its own shard, as ranks of one training job do;
+    # the copies of the first epoch stay, and every later epoch reads all of them.
     train = write_set(tmp_path)
     sizes = objects(train)
     limit = sum(sizes.values()) // 2
@@ -174,8 +202,12 @@ def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     outs = [tmp_path / "rank0.pickle", tmp_path / "rank1.pickle"]
+    shards: list[int | None] = [None, None] if policy == "lru" else [0, 1]
     with serve_folder(tmp_path, requests=requests) as base, Sampler(cache_dir) as sampler:
-        runs = [(base + "train/", cache_dir, limit, barrier, out) for out in outs]
+        runs = [
+            (base + "train/", cache_dir, limit, barrier, out, policy, shard)
+            for out, shard in zip(outs, shards, strict=True)
+        ]
         assert spawned(read_in_lockstep, *runs) == [0, 0]
 
     # the folder never held more than the limit and one object (the ledger counts it all)
@@ -190,21 +222,28 @@ def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
     assert set(fetched) == set(sizes)
     assert max(fetched.values()) <= EPOCHS
     # every sample exact, every epoch, on both ranks
-    reference = loader_for(train)
-    expected = [np.concatenate([b.images.copy() for b in reference]) for _ in range(EPOCHS)]
+    references = [loader_for(train, shard=shard) for shard in shards]
     ranks = [pickle.loads(out.read_bytes()) for out in outs]
-    for rank in ranks:
-        for (images, _), want in zip(rank, expected, strict=True):
-            np.testing.assert_array_equal(images, want)
+    for rank, reference in zip(ranks, references, strict=True):
+        for images, _ in rank:
+            np.testing.assert_array_equal(
+                images, np.concatenate([b.images.copy() for b in reference])
+            )
     # the statistics agree with the server: a miss is a fetch; the rest were hits
     stats = [[epoch_stats for _, epoch_stats in rank] for rank in ranks]
     misses = [sum(rank[epoch]["cache_misses"] for rank in stats) for epoch in range(EPOCHS)]
     hits = [sum(rank[epoch]["cache_hits"] for rank in stats) for epoch in range(EPOCHS)]
+    evictions = sum(rank[epoch]["cache_evictions"] for rank in stats for epoch in range(EPOCHS))
     assert sum(misses) == sum(fetched.values())
-    assert [h + m for h, m in zip(hits, misses, strict=True)] == [2 * len(sizes)] * EPOCHS
+    readers = 2 if policy == "lru" else 1
+    assert [h + m for h, m in zip(hits, misses, strict=True)] == [readers * len(sizes)] * EPOCHS
     assert misses[0] == len(sizes) and all(count <= len(sizes) for count in misses)
-    assert sum(hits) > 0  # the other rank's copies, and the kept half of the last epoch
-    assert sum(rank[epoch]["cache_evictions"] for rank in stats for epoch in range(EPOCHS)) > 0
+    if policy == "lru":
+        assert sum(hits) > 0  # the other rank's copies, and the kept half of the last epoch
+        assert evictions > 0
+    else:  # nothing evicted: the first epoch's copies are read in every later one
+        assert evictions == 0 and hits[0] == 0
+        assert hits[1:] == [len(copies)] * (EPOCHS - 1) and len(copies) >= len(sizes) // 3
     fetched_bytes = sum(rank[epoch]["cache_fetched_bytes"] for rank in stats for epoch in range(3))
     assert fetched_bytes == sum(sizes[path] * count for path, count in fetched.items())
     assert all(0 < rank[-1]["cache_bytes"] <= limit for rank in stats)
@@ -512,3 +551,64 @@ def test_a_copy_is_marked_used_at_most_once_a_second(
     assert marked.st_mtime > 1  # an old copy read is marked used
     cache.decoded(url, read_bytes)
     assert os.stat(copy).st_ctime_ns == marked.st_ctime_ns  # not again within the second
+
+
+def test_shuffled_epochs_keep_the_first_epochs_copies_and_read_them_every_epoch(
+    tmp_path: Path, memory_objects: Callable[[str, int], str]
+) -> None:
+    rng = np.random.default_rng(4)
+    sizes = [int(size) for size in rng.integers(200, 1200, 40)]
+    urls = [memory_objects(f"{number}.bin", size) for number, size in enumerate(sizes)]
+    limit = sum(sizes) // 2
+    orders = [rng.permutation(len(urls)) for _ in range(5)]
+    hits: dict[str, list[int]] = {}
+    for policy in ("keep", "lru"):
+        cache = ObjectCache.open(tmp_path / policy, limit, policy)
+        hits[policy] = []
+        for epoch, order in enumerate(orders):
+            hits[policy].append(sum(cache.decoded(urls[n], read_bytes, epoch)[1] for n in order))
+            if epoch == 0:
+                kept = cache.used_bytes()
+        if policy == "keep":
+            assert cache.take_counts().evictions == 0
+            copies = [name for name in os.listdir(cache.folder) if not name.startswith(".")]
+            assert hits["keep"] == [0] + [len(copies)] * 4  # every copy, every epoch
+            assert cache.used_bytes() == kept > limit - max(sizes) - 1000
+    # least recently read drops each copy shortly before its next read
+    assert sum(hits["keep"]) > 2 * sum(hits["lru"])
+
+
+def test_copies_nobody_read_in_the_last_epoch_make_room_from_the_second_epoch_on(
+    tmp_path: Path,
+    memory_objects: Callable[[str, int], str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prefetch.io._cache, "_warned", set())  # each note is once per process
+    caplog.set_level(logging.INFO, "prefetch.cache")
+    cache = ObjectCache.open(tmp_path / "cache", limit=3 * 1000 + 200)
+    earlier = [memory_objects(f"old{n}.bin", 1000) for n in range(3)]
+    for url in earlier:  # an earlier run's copies, read an hour ago
+        cache.decoded(url, read_bytes)
+        os.utime(cache.path_for(url), (time.time() - 3600, time.time() - 3600))
+    urls = [memory_objects(f"new{n}.bin", 1000) for n in range(3)]
+    # the first epoch this process reads keeps every copy there: the earlier run's may be
+    # this run's set (read again, each is marked used before it could go)
+    assert [cache.decoded(url, read_bytes, 0)[1] for url in urls] == [False] * 3
+    assert all(os.path.exists(cache.path_for(url)) for url in earlier)
+    # the policy at work, not a fault: said once, below the warnings a user sees by default
+    notes = [record for record in caplog.records if "is full" in record.getMessage()]
+    assert [record.levelno for record in notes] == [logging.INFO]
+    # from the second on, copies nobody read since the first read of the epoch before go
+    assert [cache.decoded(url, read_bytes, 1)[1] for url in urls] == [False] * 3
+    assert not any(os.path.exists(cache.path_for(url)) for url in earlier)
+    assert [cache.decoded(url, read_bytes, 2)[1] for url in urls] == [True] * 3
+    assert cache.take_counts().evictions == 3
+
+
+def test_cache_policy_is_keep_or_lru(tmp_path: Path) -> None:
+    assert RemoteOptions(cache_dir=tmp_path, cache_limit=10**9).cache_policy == "keep"
+    with pytest.raises(ValueError, match=r"cache_policy must be one of \('keep', 'lru'\)"):
+        RemoteOptions(cache_dir=tmp_path, cache_limit=10**9, cache_policy="LRU")
+    cache = ObjectCache.open(tmp_path / "cache", 10**6, "lru")
+    assert pickle.loads(pickle.dumps(cache)).policy == "lru"  # as worker processes get it

@@ -16,8 +16,13 @@ Processes share the folder (the ranks of a host, worker processes) by the rules 
 `prefetch.io._cache_ledger`: an object missing from it is fetched once on the host (a lock per
 object: the others wait for that copy), every copy's bytes are counted in the folder's ledger
 before it is written, and with a `limit` (`RemoteOptions.cache_limit`) the least recently read
-copies are evicted first, never one that is being read. A copy that does not fit (larger than
-the limit, or every other copy in use) is decoded from a private temporary file and not kept.
+copies are evicted first, never one that is being read. Under the "keep" policy
+(`RemoteOptions.cache_policy`, the default) a loader's read (`decoded(url, decode, epoch)`)
+evicts only copies that nobody read since the first read of the epoch before (in this
+process; in the first epoch it sees, none): a shuffled pass over a set larger than the limit
+keeps the copies it has, where evicting the least recently read would drop each one shortly
+before the next epoch reads it. A copy that does not fit (larger than the limit, or every other
+copy in use or kept) is decoded from a private temporary file and not kept.
 
 The folder is the user's own, and every check goes through the descriptor that is then used
 (`prefetch.io._cache_folder`): opened with O_NOFOLLOW, created with mode 0700 when missing,
@@ -39,14 +44,16 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prefetch.io._cache_folder import CacheCounts as CacheCounts
 from prefetch.io._cache_folder import CacheFolder, wait_s
 from prefetch.io._cache_ledger import (
     PARTIAL_PREFIX,
+    TOUCH_AFTER_S,
     is_copy_name,
     key_of,
     lock_object,
@@ -68,6 +75,8 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _warned: set[str] = set()  # the warnings given in this process (each once)
+# The epochs whose first read an `ObjectCache` remembers (each a few bytes).
+EPOCHS_REMEMBERED = 4
 
 
 class ObjectCache(CacheFolder):
@@ -77,6 +86,31 @@ class ObjectCache(CacheFolder):
     Make one with `ObjectCache.open(folder, limit)`. `device` and `inode` identify the folder
     that was checked; a copy of the cache in another process (pickled) refuses any other.
     """
+
+    def __init__(
+        self,
+        folder: str,
+        device: int,
+        inode: int,
+        limit: int | None = None,
+        policy: str = "keep",
+    ) -> None:
+        super().__init__(folder, device, inode, limit)
+        self.policy = policy
+        self._epochs_began: dict[int, int] = {}  # epoch -> this process's first read for it
+
+    @classmethod
+    def open(
+        cls, folder: str | os.PathLike[str], limit: int | None = None, policy: str = "keep"
+    ) -> ObjectCache:
+        """`CacheFolder.open`, evicting by `policy` (`RemoteOptions.cache_policy`: "keep"
+        or "lru") when a read gives its epoch."""
+        cache = super().open(folder, limit)
+        cache.policy = policy
+        return cache
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.folder, self.device, self.inode, self.limit, self.policy)
 
     def name_for(self, url: str) -> str:
         """The file name of the copy of `url` in the folder: a key, and the URL's extension
@@ -90,9 +124,17 @@ class ObjectCache(CacheFolder):
         path (decoders are handed it through the descriptor instead)."""
         return os.path.join(self.folder, self.name_for(url))
 
-    def decoded(self, url: str, decode: Callable[[str], T]) -> tuple[T, bool]:
+    def decoded(
+        self, url: str, decode: Callable[[str], T], epoch: int | None = None
+    ) -> tuple[T, bool]:
         """`(decode(path), kept)`: `decode` run on a local path holding the bytes of `url`, and
         whether that was a copy kept already (False: it was read from storage just now).
+
+        `epoch`, a loader's epoch: under the "keep" policy, room for a new copy is made only
+        from copies that nobody read since this process first read for the epoch before (none
+        in the first epoch it sees: a copy from an earlier run that this one reads again is
+        read before it can go). None, or the "lru" policy: from any copy, least recently read
+        first.
 
         A kept copy is pinned while `decode` reads it (never evicted meanwhile). One that
         `decode` fails on is removed and the object read again from storage, once; a new copy
@@ -103,6 +145,7 @@ class ObjectCache(CacheFolder):
         """
         handle = self._dir()
         name = self.name_for(url)
+        keep_since_ns = self._keep_since(epoch)  # every read notes its epoch's first
         stale = None
         pinned = pin(handle, name)
         if pinned is not None:
@@ -147,9 +190,26 @@ class ObjectCache(CacheFolder):
                         return self._decode_pinned(handle, name, pinned, decode), True
                     finally:
                         os.close(pinned)
-            return self._fetch_and_decode(handle, url, name, decode), False
+            return self._fetch_and_decode(handle, url, name, decode, keep_since_ns), False
         finally:
             unlock_object(handle, key, lock)
+
+    def _keep_since(self, epoch: int | None) -> int | None:
+        """The time (ns) from which copies read are kept for a read of `epoch`: this
+        process's first read for `epoch - 1` (less `TOUCH_AFTER_S`, the precision of a
+        copy's time of use), 0 (every copy) when it had none; None without an epoch or under
+        the "lru" policy."""
+        if epoch is None or self.policy != "keep":
+            return None
+        with self._lock:
+            began = self._epochs_began
+            if epoch not in began:
+                began[epoch] = time.time_ns()
+                for old in sorted(began)[:-EPOCHS_REMEMBERED]:
+                    del began[old]
+            since = began.get(epoch - 1)
+            # a copy read since then has an mtime at most TOUCH_AFTER_S older (`pin`)
+            return 0 if since is None else max(0, since - int(TOUCH_AFTER_S * 1e9))
 
     def _decode_pinned(self, handle: int, name: str, pinned: int, decode: Callable[[str], T]) -> T:
         """`decode` of the kept copy `name`, pinned as `pinned`; once more when it failed and
@@ -165,9 +225,16 @@ class ObjectCache(CacheFolder):
                 raise
         return decode(self._through(handle, name))
 
-    def _fetch_and_decode(self, handle: int, url: str, name: str, decode: Callable[[str], T]) -> T:
-        """Under the object's lock: fetch `url`, keep its copy as `name` if it may be kept,
-        and decode it."""
+    def _fetch_and_decode(
+        self,
+        handle: int,
+        url: str,
+        name: str,
+        decode: Callable[[str], T],
+        keep_since_ns: int | None,
+    ) -> T:
+        """Under the object's lock: fetch `url`, keep its copy as `name` if it may be kept
+        (evicting only copies older than `keep_since_ns`, when given), and decode it."""
         ledger = self._books()
         partial = PARTIAL_PREFIX + name
         with contextlib.suppress(FileNotFoundError):
@@ -185,9 +252,20 @@ class ObjectCache(CacheFolder):
             )
             return _decode_outside(data, _suffix(url), decode, url)
         try:
-            reserved = ledger.reserve(len(data))
+            reserved = ledger.reserve(len(data), keep_since_ns)
         except OSError as error:
             self._cannot_write(error)
+            return _decode_outside(data, _suffix(url), decode, url)
+        if not reserved and keep_since_ns is not None and ledger.fits_alone(len(data)):
+            _warn_once(
+                "kept",
+                "prefetch: cache_dir %r is full (cache_limit=%d) of copies read in this epoch or "
+                "the last: objects beyond them are read from the store and not kept, so each "
+                "epoch reads the same part of the set from copies (said once per process)",
+                self.folder,
+                self.limit,
+                level=logging.INFO,  # the policy at work, not a fault: stats() counts it
+            )
             return _decode_outside(data, _suffix(url), decode, url)
         if not reserved:
             _warn_once(
@@ -277,7 +355,7 @@ def _suffix(url: str) -> str:
     return suffix if len(suffix) <= MAX_SUFFIX else ""
 
 
-def _warn_once(kind: str, message: str, *args: object) -> None:
+def _warn_once(kind: str, message: str, *args: object, level: int = logging.WARNING) -> None:
     if kind not in _warned:
         _warned.add(kind)
-        log.warning(message, *args)
+        log.log(level, message, *args)

@@ -20,16 +20,25 @@ made on the host. In the folder, all 0600 and reached through its descriptor:
   you may open, not the folder itself: another user who may read the folder (a 0755 one)
   could hold the folder's own flock, making every process wait for it and none ever alone.
 - `.ledger`: a header (the bytes of copies and of copies being written, the eviction queue's
-  head and length) and the eviction queue (the oldest copies when it was filled, covering
-  `limit / QUEUE_SHARE` bytes). Read and changed under its flock and, within a process, a
-  thread lock: one short serial step per copy counted in or out, or batch of copies taken
-  from the queue (they are unlinked after it is released), on the host. A hit never takes it.
+  head and length, the mtime of the oldest copy not queued) and the eviction queue (the
+  oldest copies when it was filled, covering `limit / QUEUE_SHARE` bytes). Read and changed
+  under its flock and, within a process, a thread lock: one short serial step per copy
+  counted in or out, or batch of copies taken from the queue (they are unlinked after it is
+  released), on the host. A hit never takes it.
 
 A copy's bytes are reserved in the ledger (`Ledger.reserve`) before it is written, after
 evicting the least recently used copies when the folder would pass its limit: so the copies
 and partial copies never hold more than the ledger counts, nor the ledger (its own bytes
 included) more than the limit. A killed process can leave the count too high, never too low;
 `Ledger.recount`, run by a process that opens the folder alone, sets it from the files.
+
+Which copies may go: any not in use (least recently used first), or, for a reserve that keeps
+the copies read since a time (`keep_since_ns`: `ObjectCache` keeps those a loader read in this
+epoch and the last), only older ones; when none is older the object is read but not kept, and
+the header's oldest mtime not queued answers that without a scan of the folder. Shuffled
+epochs over a set larger than the limit then read `limit / set` of each epoch from copies;
+least recently used would evict each copy shortly before its next read (about half that
+fraction squared: 15% instead of 50% for a set twice the limit).
 
 A reader pins the copy it decodes (`pin`: flock shared on its open descriptor); eviction takes
 the copy's flock exclusive and the object's lock without waiting, and skips the copy when it
@@ -61,17 +70,20 @@ PARTIAL_PREFIX = ".partial-"
 # recently used order is this coarse, and a reader sees a copy's times change at most once in
 # this span (longer than any decode), so one decode again always reads it unchanged.
 TOUCH_AFTER_S = 1.0
-# The ledger's header (magic, bytes used, queue head, queue length) and one queued copy
-# (its mtime when queued, its size, its name: at most 48 bytes, a key and an extension).
-_HEADER = struct.Struct("<8sqqq")
+# The ledger's header (magic, bytes used, queue head, queue length, the mtime of the oldest
+# copy the last refill did not queue) and one queued copy (its mtime when queued, its size, its
+# name: at most 48 bytes, a key and an extension).
+_HEADER = struct.Struct("<8sqqqq")
 _RECORD = struct.Struct("<qq48s")
 _NAME_MAX = 48
 # An object's key (32 or 40 hex digits of its URL's SHA-256: a shard, an object), and a copy's
 # name: its key and its URL's extension.
 _KEY = re.compile(r"[0-9a-f]{32}(?:[0-9a-f]{8})?")
 _COPY = re.compile(_KEY.pattern + r"(?:\.[\x21-\x7e]*)?")
-_MAGIC = b"pfcache1"
-_USED, _HEAD, _COUNT = 0, 1, 2
+_MAGIC = b"pfcache2"
+_USED, _HEAD, _COUNT, _OLDEST = 0, 1, 2, 3
+# `_OLDEST` when every copy was queued: no copy left out is older than anything.
+_NEWEST = 2**62
 # The eviction queue covers the oldest copies of limit / QUEUE_SHARE bytes, at most QUEUE_MAX
 # of them (4 MiB of ledger): a folder is scanned (one stat a copy) once per eighth of its limit
 # evicted, and the ledger stays a small part of the limit.
@@ -206,18 +218,21 @@ class Ledger:
         used: int = _HEADER.unpack(raw)[1]
         return max(0, used)
 
-    def reserve(self, size: int) -> bool:
+    def reserve(self, size: int, keep_since_ns: int | None = None) -> bool:
         """Count `size` more bytes (a copy about to be written), after evicting the least
         recently used copies when the folder would pass the limit; False (nothing counted)
         when even that leaves no room (at once, evicting nothing, for a copy larger than the
-        limit). Copies are taken from the eviction queue under the
-        ledger's locks and removed after they are released (still counted until then, so
-        nobody counts their room twice): the serial step is the queue's, not the unlinks'."""
+        limit). With `keep_since_ns`, copies read (or written) at or after that time are kept:
+        only older ones are evicted, and when there are none it is False at once, without
+        scanning the folder again (the header's `_OLDEST`). Copies are taken from the eviction
+        queue under the ledger's locks and removed after they are released (still counted
+        until then, so nobody counts their room twice): the serial step is the queue's, not
+        the unlinks'."""
         if self.limit is None:
             with self._held() as header:
                 header[_USED] += size
             return True
-        if size + _HEADER.size > self.limit:
+        if not self.fits_alone(size):
             return False  # not even alone in the folder: nothing is evicted for it
         goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
         while True:
@@ -226,22 +241,33 @@ class Ledger:
                     header[_USED] += size
                     return True
                 if header[_HEAD] >= header[_COUNT]:
+                    if keep_since_ns is not None and header[_OLDEST] >= keep_since_ns:
+                        return False  # every copy left out of the queue is kept
                     if not evicted:
                         if everything:
                             return False  # every copy left is in use or being replaced
                         goal *= 4  # queued copies were in use, or read since: look further
-                    everything = self._refill(header, goal)
+                    everything = self._refill(header, goal, keep_since_ns)
                     evicted = False
                     continue
                 taken = self._take(header, size)
-            freed = [self._evict(name, mtime_ns) for mtime_ns, name in taken]
+            freed = [self._evict(name, mtime_ns, keep_since_ns) for mtime_ns, name in taken]
             sizes = [value for value in freed if value is not None]
-            if sizes:
-                evicted = True
+            stayed = [
+                mtime_ns for (mtime_ns, _), value in zip(taken, freed, strict=True) if value is None
+            ]
+            if sizes or stayed:
+                evicted = evicted or bool(sizes)
                 with self._held() as header:
                     header[_USED] = max(0, header[_USED] - sum(sizes))
+                    # a copy that stayed out of the queue is older than the ones left out
+                    header[_OLDEST] = min([header[_OLDEST], *stayed])
                     self.evictions += len(sizes)
                     self.evicted_bytes += sum(sizes)
+
+    def fits_alone(self, size: int) -> bool:
+        """Whether a copy of `size` bytes fits the limit with no other copy in the folder."""
+        return self.limit is None or size + _HEADER.size <= self.limit
 
     def release(self, size: int) -> None:
         """Count `size` bytes fewer (a copy, or a reservation, removed)."""
@@ -253,7 +279,7 @@ class Ledger:
         the folder alone, when nothing is being written."""
         with self._held() as header:
             header[_USED] = sum(size for _, size, _ in self._copies(partials=True))
-            header[_HEAD] = header[_COUNT] = 0
+            header[_HEAD] = header[_COUNT] = header[_OLDEST] = 0
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[list[int]]:
@@ -269,7 +295,7 @@ class Ledger:
                 magic, *numbers = _HEADER.unpack(raw) if len(raw) == _HEADER.size else (b"", -1)
                 if magic != _MAGIC or min(numbers) < 0:
                     counted = sum(size for _, size, _ in self._copies(partials=True))
-                    numbers = [counted, 0, 0]
+                    numbers = [counted, 0, 0, 0]
                     self._write(numbers)
                 header = list(numbers)
                 try:
@@ -311,20 +337,29 @@ class Ledger:
         header[_HEAD] = header[_HEAD] + len(taken) if taken else header[_COUNT]
         return taken
 
-    def _refill(self, header: list[int], goal: int) -> bool:
-        """Queue the oldest copies of the folder, covering `goal` bytes (at most QUEUE_MAX
-        copies); whether that is every copy."""
+    def _refill(self, header: list[int], goal: int, keep_since_ns: int | None) -> bool:
+        """Queue the oldest copies of the folder (those older than `keep_since_ns`, when
+        given), covering `goal` bytes (at most QUEUE_MAX copies), and note the mtime of the
+        oldest copy left out (`_OLDEST`); whether every copy that may go was queued."""
         copies = sorted(self._copies(partials=False))
         covered, queue = 0, list[bytes]()
+        header[_OLDEST] = _NEWEST
         for mtime_ns, size, name in copies:
-            if covered >= goal or len(queue) >= QUEUE_MAX:
+            if (
+                covered >= goal
+                or len(queue) >= QUEUE_MAX
+                or (keep_since_ns is not None and mtime_ns >= keep_since_ns)
+            ):
+                header[_OLDEST] = mtime_ns
                 break
             queue.append(_RECORD.pack(mtime_ns, size, name.encode("ascii")))
             covered += size
         os.pwrite(self._fd, b"".join(queue), _HEADER.size)
         os.ftruncate(self._fd, _HEADER.size + len(queue) * _RECORD.size)
         header[_HEAD], header[_COUNT] = 0, len(queue)
-        return len(queue) == len(copies)
+        return header[_OLDEST] == _NEWEST or (
+            keep_since_ns is not None and header[_OLDEST] >= keep_since_ns
+        )
 
     def _copies(self, partials: bool) -> Iterator[tuple[int, int, str]]:
         """(mtime in ns, size, name) of each copy in the folder (and partial copy)."""
@@ -341,9 +376,12 @@ class Ledger:
                     if stat.S_ISREG(info.st_mode) and info.st_uid == me:
                         yield info.st_mtime_ns, info.st_size, name
 
-    def _evict(self, name: str, mtime_ns: int) -> int | None:
-        """Remove the copy `name` if it was not read since it was queued (its mtime), nobody
-        reads it (its flock) and nobody replaces it (its object's lock); its size, or None."""
+    def _evict(self, name: str, mtime_ns: int, keep_since_ns: int | None) -> int | None:
+        """Remove the copy `name` if it was not read since it was queued (its mtime) nor at
+        or after `keep_since_ns`, nobody reads it (its flock) and nobody replaces it (its
+        object's lock); its size, or None."""
+        if keep_since_ns is not None and mtime_ns >= keep_since_ns:
+            return None  # queued by a process that keeps less
         try:
             info = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
         except OSError:

@@ -39,6 +39,8 @@ MAX_DEPTH = 32
 # Where a redirect may lead: "same-host" (the same scheme, host and port), "any" (any http or
 # https URL) or "none" (a redirect is an error). Other schemes are never followed.
 FOLLOW_REDIRECTS = ("same-host", "any", "none")
+# What a cache_limit evicts: "keep" (copies not read in this epoch or the last) or "lru".
+CACHE_POLICIES = ("keep", "lru")
 
 
 @suggest_keywords
@@ -66,9 +68,18 @@ class RemoteOptions:
     - `cache_dir`: a `Loader`'s local folder that keeps each remote object (or streamed
       shard) after its first read, so later epochs and runs read local disk; None for none.
       Processes and ranks of a host may share it: each object is fetched once on the host.
-    - `cache_limit`: the most bytes `cache_dir` holds (None: no bound, the default): the
-      least recently read copies are evicted to make room, never one being read. Give the
-      same limit to every process that shares the folder.
+    - `cache_limit`: the most bytes `cache_dir` holds (None: no bound, the default): copies
+      are evicted to make room (as `cache_policy` says), never one being read. Give the same
+      limit to every process that shares the folder.
+    - `cache_policy`: which copies of whole objects a `cache_limit` lets go. `"keep"` (the
+      default): only copies nobody read in this epoch or the last (stale ones, of an earlier
+      run or another set); when there are none, an object beyond the limit is read but not
+      kept, so shuffled epochs over a set larger than the limit read `limit / set` of each
+      epoch from copies. `"lru"`: the least recently read copy, always: better when several
+      jobs read the same objects at about the same time (a copy one fetched is there for the
+      others), worse for one shuffled pass after another (each copy tends to go shortly
+      before its next read: about half of `limit / set` squared). Streamed shards are always
+      evicted least recently read (a shard must be on disk to be read).
 
     Only http(s) requests have all three deadlines; other async filesystems (gcs, s3) get
     `request_timeout_s` per request, and their own clients' connect and read timeouts.
@@ -84,6 +95,7 @@ class RemoteOptions:
     follow_redirects: str = "same-host"
     cache_dir: str | os.PathLike[str] | None = None
     cache_limit: int | None = None
+    cache_policy: str = "keep"
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
@@ -113,6 +125,12 @@ class RemoteOptions:
                     f"cache_limit={limit} bounds the folder cache_dir, which is not given: "
                     "pass RemoteOptions(cache_dir=..., cache_limit=...)"
                 )
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(
+                f"cache_policy must be one of {CACHE_POLICIES}, got {self.cache_policy!r}: "
+                "'keep' evicts only copies not read in this epoch or the last, 'lru' the least "
+                "recently read"
+            )
         if self.follow_redirects not in FOLLOW_REDIRECTS:
             raise ValueError(
                 f"follow_redirects must be one of {FOLLOW_REDIRECTS}, got "

@@ -383,7 +383,11 @@ def make_epochs(
         skip_errors=options.on_error.skip,
         labelled=options.label_mode is not None,
         num_classes=len(class_names) or None,
-        cache=None if spool else cache_for(source, options.cache_dir, options.remote.cache_limit),
+        cache=None
+        if spool
+        else cache_for(
+            source, options.cache_dir, options.remote.cache_limit, options.remote.cache_policy
+        ),
         augment=options.augment,
         window_engine="pillow" if options.decoder == "pillow" else "turbo",
         remote=options.remote,

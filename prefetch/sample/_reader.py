@@ -262,7 +262,7 @@ class SampleReader:
             if self.cache is None or not isinstance(path, str):
                 image = decode(path)
             else:
-                image, kept = self.cache.decoded(path, decode)
+                image, kept = self.cache.decoded(path, decode, task.epoch)
                 if kept:
                     outcome.cache_hits += 1
                 else:

@@ -36,10 +36,14 @@ def reads_over_network(source: object) -> bool:
 
 
 def cache_for(
-    source: object, cache_dir: str | os.PathLike[str] | None, limit: int | None = None
+    source: object,
+    cache_dir: str | os.PathLike[str] | None,
+    limit: int | None = None,
+    policy: str = "keep",
 ) -> ObjectCache | None:
     """The `ObjectCache` a loader of `source` keeps in `cache_dir`, with at most `limit`
-    bytes of copies (None without a folder).
+    bytes of copies evicted by `policy` (`RemoteOptions.cache_policy`; None without a
+    folder).
 
     Raises ValueError when `source` holds no URLs: its files are local already, or it is not
     a file source (it reads its samples itself).
@@ -51,4 +55,4 @@ def cache_for(
             f"cache_dir keeps local copies of remote objects, but {type(source).__name__} "
             "reads no URLs (local files, or samples it makes itself): leave cache_dir out"
         )
-    return ObjectCache.open(cache_dir, limit)
+    return ObjectCache.open(cache_dir, limit, policy)
