@@ -16,9 +16,10 @@ its workers: an epoch's rate includes their start) and taking each batch togethe
 of synchronous training),
 through one shared `cache_dir`: without a cache, with one of no bound, and with `cache_limit`
 = `--limit-fraction` of the folder's bytes under each `--policies` (`cache_policy`). The
-server logs each GET with its time; the folder's size is sampled every 5 ms. Printed for each epoch: images/s of all ranks together,
-the ranks' cache hits, misses and evictions, the GETs of images the server answered in that
-epoch and the most of one image, and the largest size the folder reached.
+server logs each GET with its time; the folder's size is sampled every 5 ms. Printed for each
+epoch: images/s of all ranks together, the ranks' cache hits, misses and evictions, the GETs of
+images the server answered in that epoch and the most of one image, and the largest size the
+folder reached.
 
 With `--steps DIR`, instead: the cost of each step a cache folder in DIR (its filesystem) takes,
 20,000 times each: a read's pin (open, shared flock, fstat, touch, close) beside a bare open
