@@ -184,7 +184,7 @@ def test_ctrl_c_interrupts_a_stalled_listing_at_once() -> None:
                 child.communicate()
     assert "interrupted" in out, err
     assert child.returncode == 130
-    assert took < 2.0, f"Ctrl-C took {took:.1f} s to end the listing"
+    assert took < 5.0, f"Ctrl-C took {took:.1f} s to end the listing"  # not a stalled read's 30 s
 
 
 # --- 2. links are resolved before the root check; only links inside the root are followed ---
