@@ -51,7 +51,7 @@ from remote_latency import served_in_child
 
 import prefetch
 from prefetch.io._cache import ObjectCache
-from prefetch.io._cache_ledger import lock_object, pin, unlock_object
+from prefetch.io._cache_files import lock_object, pin, unlock_object
 from prefetch.testing import serve_folder
 
 

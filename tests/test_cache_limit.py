@@ -29,11 +29,11 @@ import numpy as np
 import pytest
 
 import prefetch.io._cache
-import prefetch.io._cache_ledger
+import prefetch.io._cache_files
 from prefetch import Loader, RemoteOptions, TarSource
 from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io._cache import ObjectCache
-from prefetch.io._cache_ledger import lock_object, pin, unlock_object
+from prefetch.io._cache_files import lock_object, pin, unlock_object
 from prefetch.io._local_files import read_local
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shards import write_shards
@@ -370,7 +370,7 @@ def read_bytes(path: str) -> bytes:
 @pytest.fixture
 def touch_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every read marks its copy used (not once a second): reads a few ms apart are ordered."""
-    monkeypatch.setattr(prefetch.io._cache_ledger, "TOUCH_AFTER_S", 0.0)
+    monkeypatch.setattr(prefetch.io._cache_files, "TOUCH_AFTER_S", 0.0)
 
 
 @pytest.mark.usefixtures("touch_every_read")

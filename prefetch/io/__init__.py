@@ -29,8 +29,8 @@ request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree`
 `_records` (a TFRecord record's framing), `_locations` (locations and `read_location`),
 `_headers` (the header walk: the size decoders allocate), `_images` (checked image bytes),
 `_paths` (`PathArray`), `_private` (a folder of the user's own), `_cache_ledger` (a cache
-folder's bytes, locks and eviction, shared by processes), `_cache_folder` (the folder held in
-each process), `_cache` (`ObjectCache`).
+folder's bytes and eviction, shared by processes), `_cache_files` (its files' names, object
+locks and pins), `_cache_folder` (the folder held in each process), `_cache` (`ObjectCache`).
 See docs/remote.md and docs/shards.md.
 """
 

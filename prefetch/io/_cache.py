@@ -49,9 +49,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from prefetch.io._cache_folder import CacheCounts as CacheCounts
-from prefetch.io._cache_folder import CacheFolder, wait_s
-from prefetch.io._cache_ledger import (
+from prefetch.io._cache_files import (
     PARTIAL_PREFIX,
     TOUCH_AFTER_S,
     is_copy_name,
@@ -60,6 +58,8 @@ from prefetch.io._cache_ledger import (
     pin,
     unlock_object,
 )
+from prefetch.io._cache_folder import CacheCounts as CacheCounts
+from prefetch.io._cache_folder import CacheFolder, wait_s
 from prefetch.io._storage import fetch_object
 
 log = logging.getLogger("prefetch.cache")

@@ -24,12 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
-from prefetch.io._cache_ledger import (
-    LEDGER_WAIT_S,
+from prefetch.io._cache_files import (
     LOCK_PREFIX,
     PARTIAL_PREFIX,
     USERS,
-    Ledger,
     is_key,
     key_of,
     lock_object,
@@ -37,6 +35,7 @@ from prefetch.io._cache_ledger import (
     pin,
     unlock_object,
 )
+from prefetch.io._cache_ledger import LEDGER_WAIT_S, Ledger
 from prefetch.io._private import flock_within, open_private_folder
 from prefetch.io._remote_options import active_options
 from prefetch.io._retries import READ_RETRIES
