@@ -485,14 +485,21 @@ def test_streamed_shards_stay_within_the_limit_and_read_exactly(
     assert stats.cache_fetched_bytes >= sum(shard_sizes)
 
 
+def forty_objects(
+    put: Callable[[str, int], str], rng: np.random.Generator
+) -> tuple[list[int], list[str], int]:
+    """40 objects of 200 to 1,200 bytes: their sizes, URLs, and a limit of half their bytes."""
+    sizes = [int(size) for size in rng.integers(200, 1200, 40)]
+    urls = [put(f"{number}.bin", size) for number, size in enumerate(sizes)]
+    return sizes, urls, sum(sizes) // 2
+
+
 @pytest.mark.usefixtures("touch_every_read")
 def test_shuffled_epochs_read_one_at_a_time_hit_as_least_recently_used_does(
     tmp_path: Path, memory_objects: Callable[[str, int], str]
 ) -> None:
     rng = np.random.default_rng(4)
-    sizes = [int(size) for size in rng.integers(200, 1200, 40)]
-    urls = [memory_objects(f"{number}.bin", size) for number, size in enumerate(sizes)]
-    limit = sum(sizes) // 2
+    sizes, urls, limit = forty_objects(memory_objects, rng)
     cache = ObjectCache.open(tmp_path / "cache", limit)
     held: collections.OrderedDict[int, int] = collections.OrderedDict()  # the simulation
     got, want = [], []
@@ -557,9 +564,7 @@ def test_shuffled_epochs_keep_the_first_epochs_copies_and_read_them_every_epoch(
     tmp_path: Path, memory_objects: Callable[[str, int], str]
 ) -> None:
     rng = np.random.default_rng(4)
-    sizes = [int(size) for size in rng.integers(200, 1200, 40)]
-    urls = [memory_objects(f"{number}.bin", size) for number, size in enumerate(sizes)]
-    limit = sum(sizes) // 2
+    sizes, urls, limit = forty_objects(memory_objects, rng)
     orders = [rng.permutation(len(urls)) for _ in range(5)]
     hits: dict[str, list[int]] = {}
     for policy in ("keep", "lru"):

@@ -355,10 +355,14 @@ print(json.dumps({"planned": planned, "workers": stats.workers, "images": images
 """
 
 
-def run_rank(folder: Path, environ: dict[str, str], *mask: int) -> dict[str, object]:
+def run_rank(
+    folder: Path, environ: dict[str, str], *mask: int, first: str = ""
+) -> dict[str, object]:
+    """RANK in a new interpreter under `environ` (narrowed to `mask` cores), after the code
+    `first`; what it printed."""
     clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN_8}
     done = subprocess.run(
-        [sys.executable, "-c", RANK, str(folder), *map(str, mask)],
+        [sys.executable, "-c", first + RANK, str(folder), *map(str, mask)],
         env={**clean, **environ},
         capture_output=True,
         text=True,
@@ -423,17 +427,7 @@ def test_a_default_loader_in_a_cgroup_with_a_cpu_quota_takes_the_quotas_cores(
     cores = len(os.sched_getaffinity(0))
     with cpu_quota_cgroup(0.5) as group:  # half a core's time: one worker, not one per core
         joined = f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
-        clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN_8}
-        done = subprocess.run(
-            [sys.executable, "-c", joined + RANK, str(folder)],
-            env=clean,
-            capture_output=True,
-            text=True,
-            timeout=100,
-            check=False,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rank = json.loads(done.stdout.strip().splitlines()[-1])
+        rank = run_rank(folder, {}, first=joined)
     assert rank["planned"] == rank["workers"] == 1 and rank["images"] == 8
     assert "this cgroup's CPU quota" in str(rank["reason"])
     assert prefetch.runtime.usable_cores() == cores  # this process, outside the cgroup

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -243,17 +244,26 @@ def test_the_output_holds_only_the_shards_and_classes_txt(folder: Path, tmp_path
     ]
 
 
+def reading_until(reads: list[str], number: int) -> Callable[[str], bytes]:
+    """`read_location` that notes each path in `reads` and raises KeyboardInterrupt (a Ctrl-C)
+    at the `number`-th read."""
+    read_location = shard_samples.read_location
+
+    def read(path: str) -> bytes:
+        reads.append(path)
+        if len(reads) == number:
+            raise KeyboardInterrupt
+        return read_location(path)
+
+    return read
+
+
 def test_an_interrupted_first_run_shows_readers_nothing_and_the_rerun_continues_from_its_shards(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read_location = shard_samples.read_location
     reads: list[str] = []
-
-    def failing_read(path: str) -> bytes:
-        reads.append(path)
-        if len(reads) == 15:  # the 5th sample of the second shard
-            raise KeyboardInterrupt
-        return read_location(path)
+    failing_read = reading_until(reads, 15)  # the 5th sample of the second shard
 
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
@@ -473,14 +483,8 @@ def test_a_write_interrupted_before_the_listings_fingerprint_was_ready_journals_
 ) -> None:
     # On a busy machine the fingerprint's threads may not be done when shard 0 is: the shard
     # waits in memory, and a Ctrl-C then waits (briefly) for them to journal it.
-    read_location, ready = shard_samples.read_location, ListingDigest.ready
-    reads: list[str] = []
-
-    def failing_read(path: str) -> bytes:
-        reads.append(path)
-        if len(reads) == 15:  # the 5th sample of the second shard
-            raise KeyboardInterrupt
-        return read_location(path)
+    ready = ListingDigest.ready
+    failing_read = reading_until([], 15)  # the 5th sample of the second shard
 
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
