@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prefetch._cgroup import cgroup_cores, cpu_quota_cores
-from prefetch._machine import usable_cores
+from prefetch._machine import affinity_cores
 
 # The variable a user sets to say how many ranks share this host, above any launcher's.
 RANKS_VARIABLE = "PREFETCH_RANKS_PER_HOST"
@@ -106,8 +106,8 @@ class HostShare:
     """This rank's share of the host: `cores` it may use by default, out of `pool` (the cores
     the host, container or job gives all its ranks), with `affinity` cores in its own mask;
     `bound` is whether that mask is the rank's own (a launcher bound each rank to its cores);
-    `quota` is the cgroup's CPU quota in cores when it narrowed the pool (else None).
-    `ranks` is `local_ranks()`."""
+    `quota` is the cgroup's CPU quota in cores when it narrowed the share (else None): then
+    `pool` is the quota, shared by all the ranks. `ranks` is `local_ranks()`."""
 
     ranks: LocalRanks
     cores: int
@@ -122,22 +122,27 @@ class HostShare:
         ranks (...)"."""
         ranks = self.ranks
         noun = "core" if self.cores == 1 else "cores"
-        pool = f"the host's {self.pool}" if self.quota is None else self._quota_pool()
+        if self.quota is not None:
+            quota = f"the {self.quota} of this cgroup's CPU quota (docker --cpus, a CPU limit)"
+            if ranks.count == 1:
+                why = ranks.source if ranks.known else f"one rank: {ranks.source}"
+                return f"{self.cores} usable {noun} ({why}; {quota})"
+            mask = f", within the {self.affinity} the launcher bound it to" if self.bound else ""
+            return f"{self.cores} {noun}: {quota} among {ranks.count} ranks{mask} ({ranks.source})"
         if self.bound:
             among = f"; {ranks.count} ranks ({ranks.source})" if ranks.known else ""
             return (
                 f"{self.cores} {noun}: this process's affinity mask, which the launcher bound "
-                f"to {self.affinity} of {pool}{among}"
+                f"to {self.affinity} of the host's {self.pool}{among}"
             )
         if ranks.count == 1:
             why = ranks.source if ranks.known else f"one rank: {ranks.source}"
-            quota = "" if self.quota is None else f"; {self._quota_pool()}"
-            return f"{self.cores} usable {noun} ({why}{quota})"
+            return f"{self.cores} usable {noun} ({why})"
         mask = "" if self.affinity == self.pool else f"this process's {self.affinity} of "
-        return f"{self.cores} {noun}: {mask}{pool} among {ranks.count} ranks ({ranks.source})"
-
-    def _quota_pool(self) -> str:
-        return f"the {self.pool} of this cgroup's CPU quota (docker --cpus, a CPU limit)"
+        return (
+            f"{self.cores} {noun}: {mask}the host's {self.pool} among {ranks.count} ranks "
+            f"({ranks.source})"
+        )
 
 
 def host_share(
@@ -149,16 +154,16 @@ def host_share(
     quota: int | None = None,
 ) -> HostShare:
     """This rank's cores, from the ranks on this host (`local_ranks(ranks_per_host, environ)`),
-    the cores in this process's affinity mask (`affinity`: `usable_cores()` unless given) and
+    the cores in this process's affinity mask (`affinity`: `affinity_cores()` unless given) and
     the host's pool (`pool`: the cores of this process's cpuset cgroup, `cgroup_cores()`: a
-    container's or a SLURM job's; else `os.cpu_count()`), both at most the cgroup's CPU quota
-    (`quota`: `cpu_quota_cores()` unless `pool` is given), which all the ranks of a container
-    or job share:
+    container's or a SLURM job's; else `os.cpu_count()`):
 
     - when the mask is narrower than the pool and the ranks' masks could be disjoint
       (ranks x mask <= pool), a launcher bound each rank to its cores (srun --cpu-bind, mpirun
       --bind-to, taskset per rank): the mask is this rank's share, not divided again;
-    - else the ranks share the mask: its cores divided among them (at least 1).
+    - else the ranks share the mask: its cores divided among them (at least 1);
+    - and at most its part of the cgroup's CPU quota (`quota`: `cpu_quota_cores()` unless
+      `pool` is given), which all the ranks of a container or job share: quota / ranks.
 
     So 8 ranks of torchrun on a 112-core host get 14 cores each, 8 ranks that srun bound to
     14 cores each get those 14, and 8 ranks in a container given `--cpus=16` get 2 each.
@@ -167,15 +172,14 @@ def host_share(
     ranks = local_ranks(ranks_per_host, environ)
     if quota is None and pool is None:
         quota = cpu_quota_cores()
-    mask = usable_cores() if affinity is None else affinity
+    mask = affinity_cores() if affinity is None else affinity
     host = pool if pool is not None else (cgroup_cores() or os.cpu_count() or mask)
     host = max(host, mask)
-    limited = quota is not None and quota < host
-    if quota is not None:
-        mask, host = min(mask, quota), min(host, quota)
     bound = mask < host and ranks.count * mask <= host
     cores = mask if bound else max(1, mask // ranks.count)
-    return HostShare(ranks, cores, host, mask, bound, quota if limited else None)
+    if quota is None or quota // ranks.count >= cores:
+        return HostShare(ranks, cores, host, mask, bound)
+    return HostShare(ranks, max(1, quota // ranks.count), quota, mask, bound, quota)
 
 
 def _whole(text: str, least: int = 1) -> int | None:

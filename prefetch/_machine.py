@@ -26,14 +26,19 @@ def available_memory_bytes() -> int:
         return 2**30
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`),
-    at most its cgroup's CPU quota (`prefetch._cgroup.cpu_quota_cores`: `docker --cpus=4`, a
-    Kubernetes CPU limit), which the mask does not show."""
+def affinity_cores() -> int:
+    """The CPU cores this process may run on (`os.sched_getaffinity`, or `os.cpu_count()`)."""
     try:
-        mask = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        mask = os.cpu_count() or 1
+        return os.cpu_count() or 1
+
+
+def usable_cores() -> int:
+    """The cores this process may use: those it may run on (`affinity_cores`), at most its
+    cgroup's CPU quota (`prefetch._cgroup.cpu_quota_cores`: `docker --cpus=4`, a Kubernetes
+    CPU limit), which the mask does not show."""
+    mask = affinity_cores()
     quota = cpu_quota_cores()
     return mask if quota is None else min(mask, quota)
 

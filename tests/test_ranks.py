@@ -215,7 +215,14 @@ def test_a_cpu_quota_is_shared_by_the_ranks_of_a_container_not_a_mask_of_each() 
     assert "CPU quota" in alone.describe()
     # srun bound each rank to 4 cores inside a job whose quota holds all 8 ranks' cores
     bound = host_share(environ=TORCHRUN_8, affinity=4, pool=64, quota=32)
-    assert (bound.cores, bound.bound) == (4, True)
+    assert (bound.cores, bound.bound, bound.quota) == (4, True, None)
+    # ... or to 8 cores each, under a quota of 16 for all 8: 2 cores' time each
+    narrow = host_share(environ=TORCHRUN_8, affinity=8, pool=64, quota=16)
+    assert (narrow.cores, narrow.bound, narrow.quota) == (2, True, 16)
+    assert narrow.describe().startswith(
+        "2 cores: the 16 of this cgroup's CPU quota (docker --cpus, a CPU limit) among 8 ranks, "
+        "within the 8 the launcher bound it to"
+    )
     # a quota above the pool narrows nothing and is not named
     wide = host_share(environ=TORCHRUN_8, affinity=16, pool=16, quota=64)
     assert (wide.cores, wide.quota) == (2, None) and "quota" not in wide.describe()
