@@ -51,7 +51,7 @@ from prefetch.tools.shards._work import Preparer
 # How a note of `write_shards` that the set in place is already the one asked for begins.
 ALREADY_COMPLETE = "already complete"
 # The longest an interrupted write waits for the listing's digest to journal the shards it
-# finished (a rerun then resumes from them): a Ctrl-C still ends the command at once.
+# finished (a rerun then resumes from them): a Ctrl-C ends the command within it.
 JOURNAL_WAIT_S = 2.0
 # Skipped files named in the error of a write whose every file was skipped.
 _SKIPS_NAMED = 3
