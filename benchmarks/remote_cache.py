@@ -41,7 +41,6 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,7 +51,7 @@ from remote_latency import served_in_child
 import prefetch
 from prefetch.io._cache import ObjectCache
 from prefetch.io._cache_files import lock_object, pin, unlock_object
-from prefetch.testing import serve_folder
+from prefetch.testing import FolderSizeSampler, folder_bytes, serve_folder
 
 
 def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list[float]:
@@ -72,17 +71,6 @@ def epoch_rates(url: str, size: int, epochs: int, cache_dir: str | None) -> list
                 images += len(batch.images)
             rates.append(images / (time.perf_counter() - start))
     return rates
-
-
-def folder_bytes(folder: str) -> int:
-    """The bytes of the files in `folder`, each file once (a file renamed while the folder is
-    listed can be listed under both names: counted by its inode)."""
-    sizes = {}
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            with contextlib.suppress(FileNotFoundError):  # evicted while listed
-                sizes[entry.inode()] = entry.stat(follow_symlinks=False).st_size
-    return sum(sizes.values())
 
 
 class _TimedLog(list):  # type: ignore[type-arg]
@@ -146,25 +134,6 @@ def rank(
     results.put(rows)
 
 
-@contextlib.contextmanager
-def largest_size(folder: str) -> Iterator[list[int]]:
-    """The largest total size of `folder`'s files, sampled every 5 ms while the block runs."""
-    largest, stop = [0], threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.005):
-            with contextlib.suppress(FileNotFoundError):
-                largest[0] = max(largest[0], folder_bytes(folder))
-
-    thread = threading.Thread(target=sample)
-    thread.start()
-    try:
-        yield largest
-    finally:
-        stop.set()
-        thread.join()
-
-
 def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
     """The `--ranks` table: each configuration's epochs, all ranks together."""
     sizes = [path.stat().st_size for path in args.folder.rglob("*") if path.is_file()]
@@ -198,7 +167,7 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
                 served_and_logged(
                     args.folder.parent, args.latency_ms / 1000, bandwidth, requests
                 ) as base,
-                largest_size(cache_dir) as largest,
+                FolderSizeSampler(cache_dir, every_s=0.005) as sampler,
             ):
                 url = f"{base}{args.folder.name}/"
                 barrier, results = context.Barrier(args.ranks), context.Queue()
@@ -223,7 +192,7 @@ def shared_rows(args: argparse.Namespace, bandwidth: float | None) -> None:
             rate = sum(e["images"] for e in each) / (end - start)
             hits, misses = sum(e["cache_hits"] for e in each), sum(e["cache_misses"] for e in each)
             evictions = sum(e["cache_evictions"] for e in each)
-            folder = f"{largest[0] / 1e6:.2f} MB" if bound is not None else "-"
+            folder = f"{sampler.largest / 1e6:.2f} MB" if bound is not None else "-"
             print(
                 f"| {name} | {epoch + 1} | {rate:.0f} | {hits} | {misses} | {evictions} "
                 f"| {sum(gets.values())} | {max(gets.values(), default=0)} | {folder} |"

@@ -10,7 +10,6 @@ is sampled every few milliseconds while they run, bookkeeping files included.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import multiprocessing
 import multiprocessing.resource_tracker
@@ -18,7 +17,6 @@ import os
 import pickle
 import signal
 import struct
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +33,7 @@ from prefetch.decode._decoders import DecodeOptions, decode_image
 from prefetch.io._cache import ObjectCache
 from prefetch.io._cache_files import lock_object, pin, unlock_object
 from prefetch.io._local_files import read_local
-from prefetch.testing import serve_folder, write_image_folder
+from prefetch.testing import FolderSizeSampler, folder_bytes, serve_folder, write_image_folder
 from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.usefixtures("fsspec_io_thread", "resource_tracker_running")
@@ -71,47 +69,12 @@ def objects(train: Path) -> dict[str, int]:
     }
 
 
-def folder_bytes(folder: str | os.PathLike[str]) -> int:
-    """Every byte of every file in the folder: copies, partial copies, the ledger. A listing
-    is not a snapshot: a file renamed while it is listed is counted once (by its inode), but a
-    copy evicted and another written meanwhile can both be counted."""
-    sizes = {}
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            with contextlib.suppress(FileNotFoundError):  # evicted while listed
-                sizes[entry.inode()] = entry.stat(follow_symlinks=False).st_size
-    return sum(sizes.values())
-
-
 def ledger_count(folder: Path) -> int:
     """The bytes the folder's ledger counts (its header: magic, bytes, queue head, length,
     the oldest mtime not queued)."""
     magic, used, _, _, _ = struct.unpack("<8sqqqq", (folder / ".ledger").read_bytes()[:40])
     assert magic == b"pfcache2"
     return int(used)
-
-
-class Sampler:
-    """The largest size of `folder`, sampled every 2 ms in a thread while the block runs."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.largest, self.samples = folder, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="folder-sampler")
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.002):
-            if self.folder.is_dir():
-                self.largest = max(self.largest, folder_bytes(self.folder))
-                self.samples += 1
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def loader_for(
@@ -203,7 +166,7 @@ def test_two_processes_read_a_set_twice_the_limit_for_three_epochs_within_it(
     barrier = context.Barrier(2)
     outs = [tmp_path / "rank0.pickle", tmp_path / "rank1.pickle"]
     shards: list[int | None] = [None, None] if policy == "lru" else [0, 1]
-    with serve_folder(tmp_path, requests=requests) as base, Sampler(cache_dir) as sampler:
+    with serve_folder(tmp_path, requests=requests) as base, FolderSizeSampler(cache_dir) as sampler:
         runs = [
             (base + "train/", cache_dir, limit, barrier, out, policy, shard)
             for out, shard in zip(outs, shards, strict=True)
@@ -471,7 +434,7 @@ def test_streamed_shards_stay_within_the_limit_and_read_exactly(
     cache_dir = tmp_path / "cache"
     with serve_folder(tmp_path) as base:
         source = TarSource(base + "shards/shard-*.tar", shuffle_buffer=6)
-        with Sampler(cache_dir) as sampler:
+        with FolderSizeSampler(cache_dir) as sampler:
             cached = loader_for(source, cache_dir, limit)
             with cached:
                 got = [[b.images.copy() for b in cached] for _ in range(EPOCHS)]

@@ -8,7 +8,8 @@ picklable classes, so they work in thread and process workers alike. `serve_fold
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would;
 `prefetch.testing.corpus` writes a seeded corpus of mutated JPEGs for differential tests of the
 decoders. `fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process
-of its own); `run_together` runs the ranks of a job as processes on loopback.
+of its own); `run_together` runs the ranks of a job as processes on loopback;
+`FolderSizeSampler` samples how large a folder (a bounded cache) grows while a block runs.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
 and scan bombs, and the tricks that hide a size from a header walk), `corpus` (the mutated JPEG
@@ -30,6 +31,7 @@ from prefetch.testing._fakes import (
     SlowDecoder,
     random_flip_and_noise,
 )
+from prefetch.testing._folder_size import FolderSizeSampler, folder_bytes
 from prefetch.testing._helpers import assert_same_batches, small_cnn, worker_processes
 from prefetch.testing._images import (
     BAD_FILE_KINDS,
@@ -58,6 +60,7 @@ __all__ = [
     "CrashingDecoder",
     "FailingDecoder",
     "FileLimitDecoder",
+    "FolderSizeSampler",
     "GilHoldingTransform",
     "HangingDecoder",
     "OddImage",
@@ -70,6 +73,7 @@ __all__ = [
     "assert_same_batches",
     "draw_shape",
     "fake_jax",
+    "folder_bytes",
     "free_ports",
     "index_page",
     "log_tails",
