@@ -138,8 +138,14 @@ print(json.dumps(result))
 
 def measure(mode: str, root: Path) -> dict[str, float]:
     """One row, in a fresh interpreter (so that the peak resident size is this call's)."""
+    return run_child(CHILD, mode, str(root))
+
+
+def run_child(child: str, mode: str, *args: str) -> dict[str, float]:
+    """The JSON the program `child` prints last, run with `mode` and `args` in a fresh
+    interpreter (benchmarks/scale.py's rows too); SystemExit with its stderr when it fails."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(root)],
+        [sys.executable, "-c", child, mode, *args],
         capture_output=True,
         text=True,
         check=False,

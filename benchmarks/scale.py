@@ -31,13 +31,13 @@ Python), with stand-ins for the package's `__init__` that would load its compile
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from listing import run_child  # benchmarks/listing.py, beside this
 
 CHILD = r"""
 import gc, json, os, sys, time
@@ -106,16 +106,7 @@ print(json.dumps(result))
 
 def measure(mode: str, root: Path, kept: Path, torchvision: str) -> dict[str, float]:
     """One row, in a fresh interpreter."""
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(root), str(kept), torchvision],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    if done.returncode:
-        raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_child(CHILD, mode, str(root), str(kept), torchvision)
 
 
 def row(name: str, seconds: float, files: int, note: str = "") -> None:

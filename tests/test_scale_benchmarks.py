@@ -6,32 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_benchmarks import run_script
 
 from prefetch.testing import write_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def run(name: str, *args: str, tmp_path: Path) -> str:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return run_script(name, list(args), tmp_path, timeout=110)
 
 
 @pytest.fixture
