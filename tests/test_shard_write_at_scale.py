@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 from PIL import Image
+from test_shard_sets import hidden as unfinished  # temporary files, an unfinished journal
 
 import prefetch
 from prefetch.cli import main
@@ -58,19 +59,6 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "dog" / "empty.jpg").write_bytes(b"")
     (root / "emu" / "notes.jpg").write_text("not an image")
     return root
-
-
-def unfinished(out: Path) -> list[str]:
-    """The hidden files of `out` but a progress journal marked complete (kept beside a set):
-    temporary files, or the journal of an unfinished write."""
-    return sorted(
-        name
-        for name in os.listdir(out)
-        if name.startswith(".")
-        and not (
-            name.endswith(".progress.jsonl") and b'"complete": true' in (out / name).read_bytes()
-        )
-    )
 
 
 def files_of(out: Path) -> dict[str, bytes]:
