@@ -9,9 +9,7 @@ loader of a remote source keeps. Pure functions of a source; thread-safe.
 
 from __future__ import annotations
 
-import os
-
-from prefetch.io import ObjectCache, place_of, url_scheme
+from prefetch.io import ObjectCache, RemoteOptions, place_of, url_scheme
 from prefetch.sources._folders import is_file_source
 from prefetch.sources.shards import ShardSource
 
@@ -35,24 +33,19 @@ def reads_over_network(source: object) -> bool:
     return source_scheme(source) not in ("", "memory")
 
 
-def cache_for(
-    source: object,
-    cache_dir: str | os.PathLike[str] | None,
-    limit: int | None = None,
-    policy: str = "keep",
-) -> ObjectCache | None:
-    """The `ObjectCache` a loader of `source` keeps in `cache_dir`, with at most `limit`
-    bytes of copies evicted by `policy` (`RemoteOptions.cache_policy`; None without a
+def cache_for(source: object, remote: RemoteOptions) -> ObjectCache | None:
+    """The `ObjectCache` a loader of `source` keeps in `remote.cache_dir`, with at most
+    `remote.cache_limit` bytes of copies evicted by `remote.cache_policy` (None without a
     folder).
 
     Raises ValueError when `source` holds no URLs: its files are local already, or it is not
     a file source (it reads its samples itself).
     """
-    if cache_dir is None:
+    if remote.cache_dir is None:
         return None
     if not source_scheme(source):
         raise ValueError(
             f"cache_dir keeps local copies of remote objects, but {type(source).__name__} "
             "reads no URLs (local files, or samples it makes itself): leave cache_dir out"
         )
-    return ObjectCache.open(cache_dir, limit, policy)
+    return ObjectCache.open(remote.cache_dir, remote.cache_limit, remote.cache_policy)
