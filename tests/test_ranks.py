@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -423,7 +425,26 @@ def cpu_quota_cgroup(cores: float) -> Iterator[Path]:
             (group / name).write_text(value)
         yield group
     finally:
+        left = empty_cgroup(group)
         group.rmdir()
+    assert not left, f"processes outlived the rank in its cgroup: {left}"
+
+
+def empty_cgroup(group: Path, wait_s: float = 60.0) -> list[str]:
+    """Wait until no process is left in `group`: a rank's helpers (multiprocessing's resource
+    tracker) exit only after the rank, when their pipe closes. Those still there after `wait_s`
+    are killed and named (their command lines): a leak."""
+    deadline = time.monotonic() + wait_s
+    while (procs := (group / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    named = []
+    for pid in procs:
+        with contextlib.suppress(OSError):
+            named.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            os.kill(int(pid), signal.SIGKILL)
+    while (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline + 10:
+        time.sleep(0.05)  # a killed process leaves at once
+    return named
 
 
 @pytest.mark.timeout(120)

@@ -25,6 +25,7 @@ import pytest
 import prefetch
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shards import OutFolder, Progress, write_shards
+from prefetch.tools.shards._out_folder import LOCK_NAME
 
 MANIFEST = "shard-tar.manifest.json"
 # The most a child command may take (a busy 2-core machine: start-up alone can take seconds).
@@ -241,6 +242,35 @@ def test_ctrl_c_before_a_shard_is_finished_exits_130_and_leaves_nothing(
     assert child.returncode == 130, rest
     assert rest.strip() == "prefetch shards: interrupted" and "Traceback" not in rest
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.timeout(RUN_S)
+@pytest.mark.skipif(sys.platform != "linux", reason="names a descriptor's file through /proc")
+@pytest.mark.parametrize("where", ["makedirs", "flock"])
+def test_ctrl_c_as_the_folders_are_made_or_locked_leaves_no_folder(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A Ctrl-C lands anywhere: here just after OUT and its parents were made (inside
+    `OutFolder`, before the writer holds it), or just after the lock file was made."""
+    module = os if where == "makedirs" else __import__("fcntl")
+    real = getattr(module, where)
+    hits = []
+
+    def interrupted(first: object, *rest: object, **keywords: object) -> None:
+        real(first, *rest, **keywords)
+        named = str(first) if where == "makedirs" else os.readlink(f"/proc/self/fd/{first}")
+        if not hits and named.endswith(("/out", "/" + LOCK_NAME)):
+            hits.append(named)
+            raise KeyboardInterrupt
+
+    for out in (tmp_path / "new" / "out", tmp_path / "mine" / "out"):
+        (tmp_path / "mine").mkdir(exist_ok=True)  # a folder it did not make stays
+        hits.clear()
+        monkeypatch.setattr(module, where, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            write_shards(photos, out, format="tar", shard_size=4, workers=1)
+        monkeypatch.undo()
+        assert hits and os.listdir(tmp_path) == ["mine"] and os.listdir(tmp_path / "mine") == []
 
 
 def test_progress_elapsed_counts_the_planning_and_the_rate_only_the_writing(

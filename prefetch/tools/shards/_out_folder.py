@@ -13,8 +13,9 @@ exclusive lock, held until `close()`: a second writer is refused at once (`Folde
 The lock is an `flock` of the 0600 file `LOCK_NAME` in the folder, never of the folder itself:
 another user who may read the folder (a 0755 one) could hold that flock and block every write.
 A lock file that is not a regular file of yours is refused, naming it. The folders it
-created for `path` are remembered: `remove_created()` removes those still empty (a write that
-left nothing leaves no folder either).
+created for `path` are remembered (`created`, or a list the caller gives, filled before each is
+made): `remove_created` removes those still empty (a write that left nothing leaves no folder
+either).
 """
 
 from __future__ import annotations
@@ -52,13 +53,17 @@ class FolderBusyError(BlockingIOError):
 class OutFolder:
     """The folder `path` (created with its parents when missing), opened as a descriptor."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, created: list[str] | None = None) -> None:
+        """`created`, when given, is the list the folders made for `path` are added to
+        (deepest first) before they are made: a caller interrupted anywhere, even before this
+        returns, can remove them (`remove_created(created)`)."""
         self.path = path
         self.fd = -1
         self._lock = -1
         if os.path.lexists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"output {path!r} is a file: give a folder for the shards")
-        self.created = _missing_folders(path)  # deepest first
+        self.created = created if created is not None else []
+        self.created.extend(_missing_folders(path))
         os.makedirs(path, exist_ok=True)
         try:
             self.fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
@@ -106,16 +111,6 @@ class OutFolder:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def remove_created(self) -> None:
-        """Remove the folders this `OutFolder` created for its path (deepest first) while
-        they are empty; the first that is not stays, with the folders above it."""
-        for folder in self.created:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                return
-        self.created = []
 
     def lock(self) -> None:
         """Take the folder's exclusive lock until `close()`; `FolderBusyError` at once when
@@ -304,6 +299,41 @@ class OutFolder:
             f"cannot write {what} {self.where(name)!r} at byte {offset} (temporary file "
             f"{temporary!r}): {error.strerror}{advice}",
         )
+
+
+def remove_created(folders: list[str]) -> None:
+    """Remove `folders` (deepest first: those an `OutFolder` made, its `created`) while they
+    are empty, each after its lock file when nobody holds it (left by a writer interrupted as
+    it took the lock); a missing one is passed over, the first that is not empty stays with
+    those above it. `folders` is emptied."""
+    for folder in folders:
+        _remove_unheld_lock(folder)
+        try:
+            os.rmdir(folder)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
+    folders.clear()
+
+
+def _remove_unheld_lock(folder: str) -> None:
+    """Remove `folder`'s `LOCK_NAME` when it is a regular file of yours that nobody holds
+    (taking its flock first: a writer that opens it meanwhile sees it unlinked and makes
+    another, as `OutFolder.lock` does)."""
+    with contextlib.suppress(OSError):
+        place = os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+        try:
+            lock = os.open(LOCK_NAME, _LOCK_FLAGS & ~os.O_CREAT, dir_fd=place)
+            try:
+                info = os.fstat(lock)
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(LOCK_NAME, dir_fd=place)
+            finally:
+                os.close(lock)
+        finally:
+            os.close(place)
 
 
 def _missing_folders(path: str) -> list[str]:

@@ -53,7 +53,7 @@ from prefetch.tools.shards import _fit_crop as fitting
 from prefetch.tools.shards._job import Job, planner, silent, write_into
 from prefetch.tools.shards._listing_digest import ListingDigest
 from prefetch.tools.shards._names import DEFAULT_PREFIX, check_prefix, shard_name
-from prefetch.tools.shards._out_folder import OutFolder
+from prefetch.tools.shards._out_folder import OutFolder, remove_created
 from prefetch.tools.shards._pass import (
     NoteCallback,
     ProgressCallback,
@@ -209,14 +209,14 @@ def write_shards(
             note=on_note or silent,
             status=status,
         )
-        place = OutFolder(os.fspath(out))
+        made: list[str] = []  # the folders made for OUT, each recorded before it is made
         try:
-            with place:
+            with OutFolder(os.fspath(out), made) as place:
                 place.lock()
                 paths = write_into(place, job, preparer)
         except BaseException:
             preparer.close()  # its workers remove the shards they were writing
-            place.remove_created()  # the folders it made for OUT, when they are still empty
+            remove_created(made)  # when they are still empty
             raise
     finally:
         if digest is not None:
