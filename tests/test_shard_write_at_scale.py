@@ -142,6 +142,37 @@ def decodes(log: Path) -> int:
     return log.read_text().count("decode\n") if log.exists() else 0
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_terminated_mid_shard_as_the_write_is_interrupted_removes_its_shard(
+    photos: Path, tmp_path: Path
+) -> None:
+    """A Ctrl-C while each worker decodes for 30 s (longer than the 2 s a worker has to stop):
+    the workers are sent SIGTERM, remove the shards they were writing, and the folders made
+    for OUT go too."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(COUNTING_SITE)
+    log = tmp_path / "decodes.log"
+    out = tmp_path / "new" / "out"
+    command = [sys.executable, "-m", "prefetch", "shards", "write", str(photos), str(out)]
+    environment = {"PYTHONPATH": str(site), "DECODE_LOG": str(log), "DECODE_SLEEP_S": "30"}
+    child = subprocess.Popen(
+        [*command, "--shard-size", "4", "--fit-crop", "64", "--workers", "2"],
+        env={**os.environ, **environment},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while decodes(log) < 2 and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # both workers are in a decode, each with its shard open
+    assert len([n for n in os.listdir(out) if n.endswith(".partial")]) == 2
+    child.send_signal(signal.SIGINT)
+    _, errors = child.communicate(timeout=60)
+    assert child.returncode == 130, errors
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.timeout(240)  # three runs of the command, with worker processes
 def test_a_write_interrupted_halfway_resumes_decoding_only_the_rest_into_the_same_bytes(
     photos: Path, tmp_path: Path

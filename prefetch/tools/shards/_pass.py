@@ -18,13 +18,8 @@ from prefetch.tools.shards._layout import Sample, relative_to, sample_bytes, sha
 from prefetch.tools.shards._out_folder import OutFolder
 from prefetch.tools.shards._resume import Done
 from prefetch.tools.shards._samples import Answer, Skip
-from prefetch.tools.shards._work import (
-    CHUNK_SAMPLES,
-    Preparer,
-    ShardTask,
-    ShardWritten,
-    strict_refusal,
-)
+from prefetch.tools.shards._shard_worker import ShardTask, ShardWritten, strict_refusal
+from prefetch.tools.shards._work import CHUNK_SAMPLES, Preparer
 
 # What `write_shards` calls after each shard is written, `(path, samples, size in bytes)`, and
 # for each file it skips, `(path, reason)`.

@@ -1,11 +1,11 @@
-"""The worker processes of `prefetch shards write`, which share out its per-sample work.
+"""The worker processes of `prefetch shards write`, which share out its per-sample work: the
+parent's side (the workers' side is `_shard_worker`).
 
 `Preparer(workers, options)` runs `prepare` (`_samples`) on chunks of
 samples: in the calling thread for one worker, else in `workers` spawned worker processes.
-`write(tasks, out, on_progress)` has the workers write whole shards instead (`write_shard`: each
-image prepared, framed by `_layout`, hashed and written to a temporary file
-of `out`, whose folder descriptor is passed to each worker over its pipe), yielding each
-`ShardWritten` as it finishes; a worker checks between two images whether it is asked to stop.
+`write(tasks, out, on_progress)` has the workers write whole shards instead
+(`_shard_worker.write_shard`; the folder descriptor of `out` is passed to each worker over its
+pipe), yielding each `ShardWritten` as it finishes.
 `map(chunks)` yields each chunk's answers in the chunks' order; at most `CHUNKS_PER_WORKER`
 chunks per worker are sent or held unyielded at any time, so the parent holds at most `workers *
 CHUNKS_PER_WORKER` chunks of encoded images (the memory bound; docs/shards.md gives it in
@@ -18,9 +18,10 @@ note gives the order): started by `start_worker` (spawn, the main script hidden,
 ignored, out of open files a quiet exit that `_died` explains), stopped by the same `Stop`
 message, checking `parent_alive` while they wait and between two images of a shard, and
 `close()` (idempotent; a context manager) is `stop_processes`: one deadline for all of them,
-then SIGTERM, then SIGKILL. What differs is only what a worker does: it answers chunks and
-writes shards instead of filling batch slots, so it has its own messages and loop (`_Worker`),
-and it maps no shared memory.
+then SIGTERM (which a worker takes as `Stop`: the shard it writes is removed), then SIGKILL.
+What differs is only what a worker does: it answers chunks and writes shards instead of
+filling batch slots, so it has its own messages and loop (`_shard_worker`), and it maps no
+shared memory.
 """
 
 from __future__ import annotations
@@ -31,26 +32,23 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import send_handle
 from types import TracebackType
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 from prefetch.backends import (
     EXIT_OUT_OF_FILES,
     FileNeeds,
-    Stop,
     exit_code,
     exit_reason,
-    parent_alive,
     rebuild_error,
-    receive_descriptor,
     start_worker,
     stop_processes,
-    with_traceback_text,
     worker_context,
 )
 from prefetch.coordinator import POLL_S
-from prefetch.tools.shards._layout import Sample, sample_bytes, shard_end
+from prefetch.tools.shards._layout import Sample
 from prefetch.tools.shards._out_folder import OutFolder
-from prefetch.tools.shards._samples import Answer, Options, Skip, prepare
+from prefetch.tools.shards._samples import Answer, Options, prepare
+from prefetch.tools.shards._shard_worker import ShardTask, ShardWritten, serve
 
 # Samples per task sent to a worker: large enough that a message per chunk costs little next to
 # its images (8 decodes of a 2 MP photo take about 0.3 s), small enough to balance the workers
@@ -62,35 +60,6 @@ CHUNKS_PER_WORKER = 2
 # Whole shards sent to a worker at a time (the next is sent as it finishes one: a round trip of
 # about a millisecond against a shard's seconds).
 SHARDS_AT_ONCE = 1
-# Samples between two progress messages of a worker that writes a whole shard.
-PROGRESS_SAMPLES = 64
-
-
-class ShardTask(NamedTuple):
-    """A shard for a worker to write: its number and final name, its samples, the layout
-    (`format`), the listed folder (`top`) and whether a file to skip is refused (`strict`)."""
-
-    shard: int
-    name: str
-    samples: list[Sample]
-    format: str
-    top: str
-    strict: bool
-
-
-class ShardWritten(NamedTuple):
-    """A shard a worker wrote: its temporary name, size, SHA-256, samples written, files
-    skipped (path, reason) and images re-encoded."""
-
-    shard: int
-    temporary: str
-    size: int
-    sha256: str
-    samples: int
-    skipped: tuple[tuple[str, str], ...]
-    resized: int
-
-
 # What `Preparer.write` calls after each chunk of samples: (samples, skipped, bytes of images).
 ShardProgress = Callable[[int, int, int], None]
 
@@ -114,7 +83,7 @@ class Preparer:
                 for index in range(workers):
                     with files.said():
                         process, parent_end = start_worker(
-                            context, _serve, (options,), f"prefetch-shard-writer-{index}"
+                            context, serve, (options,), f"prefetch-shard-writer-{index}"
                         )
                     self._processes.append(process)
                     self._connections.append(parent_end)
@@ -255,144 +224,3 @@ def _files(workers: int) -> FileNeeds:
     """What the writer's worker processes take of this process's open files."""
     what = f"prefetch shards write --workers {workers}"
     return FileNeeds(workers, 0, what, "write with fewer --workers")
-
-
-class _Stopped(Exception):
-    """The parent asked a worker to stop (or is gone) while it wrote a shard."""
-
-
-class _Worker:
-    """A worker process's side of its pipe: messages kept aside while a shard is written."""
-
-    def __init__(self, connection: Connection, options: Options, parent: int) -> None:
-        self.connection = connection
-        self.options = options
-        self.parent = parent
-        self.kept: deque[Any] = deque()
-        self.folder: OutFolder | None = None
-
-    def next_message(self) -> Any:
-        """The next message; `Stop` when asked to stop or the parent is gone."""
-        if self.kept:
-            return self.kept.popleft()
-        while True:
-            try:
-                if self.connection.poll(POLL_S):
-                    return self.connection.recv()
-            except (EOFError, OSError):
-                return Stop()
-            if not parent_alive(self.parent):
-                return Stop()
-
-    def check_stop(self) -> None:
-        """Between samples of a shard: raise `_Stopped` when the parent asks to stop or is
-        gone; keep other messages for later."""
-        try:
-            while self.connection.poll(0):
-                message = self.connection.recv()
-                if isinstance(message, Stop):
-                    raise _Stopped
-                self.kept.append(message)
-        except (EOFError, OSError):
-            raise _Stopped from None
-        if not parent_alive(self.parent):
-            raise _Stopped
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        try:
-            self.connection.send(message)
-        except (OSError, ValueError):
-            raise _Stopped from None
-
-    def serve(self) -> None:
-        while True:
-            message = self.next_message()
-            if isinstance(message, Stop):
-                return
-            kind = message[0]
-            if kind == "folder":
-                if self.folder is not None:
-                    self.folder.close()
-                descriptor = receive_descriptor(self.connection)
-                self.folder = OutFolder.from_descriptor(descriptor, message[1])
-            elif kind == "chunk":
-                _, chunk, samples = message
-                try:
-                    answer: tuple[Any, ...] = ("chunk", chunk, prepare(samples, self.options), None)
-                except BaseException as error:
-                    answer = ("chunk", chunk, None, with_traceback_text(error))
-                self.send(answer)
-            else:
-                task: ShardTask = message[1]
-                try:
-                    assert self.folder is not None, "a shard before its folder"
-                    written = write_shard(self.folder, task, self.options, self)
-                    answer = ("shard", task.shard, written, None)
-                except _Stopped:
-                    return
-                except BaseException as error:
-                    answer = ("shard", task.shard, None, with_traceback_text(error))
-                self.send(answer)
-
-
-def _serve(connection: Connection, parent: int, options: Options) -> None:
-    """A worker process (`start_worker`'s target): answer chunks and write shards until told
-    to stop or the parent is gone."""
-    worker = _Worker(connection, options, parent)
-    try:
-        worker.serve()
-    except _Stopped:
-        pass
-    finally:
-        if worker.folder is not None:
-            worker.folder.close()
-
-
-def write_shard(
-    out: OutFolder, task: ShardTask, options: Options, worker: _Worker | None = None
-) -> ShardWritten:
-    """Write the shard `task` into `out` under a temporary name, one sample at a time (a worker
-    process's part of `Preparer.write`); a skipped file with `task.strict` is refused
-    (`strict_refusal`)."""
-    counts = {"samples": 0, "resized": 0}
-    skipped: list[tuple[str, str]] = []
-
-    def pieces() -> Iterator[bytes]:
-        for start in range(0, len(task.samples), PROGRESS_SAMPLES):
-            part = task.samples[start : start + PROGRESS_SAMPLES]
-            size = skips = 0
-            for sample in part:
-                if worker is not None:
-                    worker.check_stop()
-                (answer,) = prepare([sample], options)
-                if isinstance(answer, Skip):
-                    if task.strict:
-                        raise strict_refusal(sample.path, answer.reason)
-                    skipped.append((sample.path, answer.reason))
-                    skips += 1
-                    continue
-                counts["samples"] += 1
-                counts["resized"] += answer.resized
-                size += len(answer.data)
-                yield from sample_bytes(task.format, sample, answer.data, task.top)
-            if worker is not None:
-                worker.send(("progress", len(part), skips, size))
-        yield shard_end(task.format)
-
-    written = out.write_temporary(task.name, pieces(), "shard")
-    return ShardWritten(
-        task.shard,
-        written.temporary,
-        written.size,
-        written.sha256,
-        counts["samples"],
-        tuple(skipped),
-        counts["resized"],
-    )
-
-
-def strict_refusal(path: str, reason: str) -> ValueError:
-    """The error that refuses a file with `strict` (a file that would be skipped)."""
-    return ValueError(
-        f"{path!r}: {reason}; remove it, or write without --strict to skip such files"
-    )
