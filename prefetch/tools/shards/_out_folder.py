@@ -13,9 +13,8 @@ exclusive lock, held until `close()`: a second writer is refused at once (`Folde
 The lock is an `flock` of the 0600 file `LOCK_NAME` in the folder, never of the folder itself:
 another user who may read the folder (a 0755 one) could hold that flock and block every write.
 A lock file that is not a regular file of yours is refused, naming it. The folders it
-created for `path` are remembered (`created`, or a list the caller gives, filled before each is
-made): `remove_created` removes those still empty (a write that left nothing leaves no folder
-either).
+makes for `path` are added, before each is made, to a list the caller gives: `remove_created`
+removes those still empty (a write that left nothing leaves no folder either).
 """
 
 from __future__ import annotations
@@ -56,14 +55,14 @@ class OutFolder:
     def __init__(self, path: str, created: list[str] | None = None) -> None:
         """`created`, when given, is the list the folders made for `path` are added to
         (deepest first) before they are made: a caller interrupted anywhere, even before this
-        returns, can remove them (`remove_created(created)`)."""
+        returns, can remove them (`remove_created(created)`); without it they stay."""
         self.path = path
         self.fd = -1
         self._lock = -1
         if os.path.lexists(path) and not os.path.isdir(path):
             raise NotADirectoryError(f"output {path!r} is a file: give a folder for the shards")
-        self.created = created if created is not None else []
-        self.created.extend(_missing_folders(path))
+        if created is not None:
+            created.extend(_missing_folders(path))
         os.makedirs(path, exist_ok=True)
         try:
             self.fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
@@ -83,7 +82,6 @@ class OutFolder:
         folder.path = path
         folder.fd = descriptor
         folder._lock = -1
-        folder.created = []
         return folder
 
     def __enter__(self) -> OutFolder:
@@ -302,7 +300,7 @@ class OutFolder:
 
 
 def remove_created(folders: list[str]) -> None:
-    """Remove `folders` (deepest first: those an `OutFolder` made, its `created`) while they
+    """Remove `folders` (deepest first: those an `OutFolder` made, its `created` list) while they
     are empty, each after its lock file when nobody holds it (left by a writer interrupted as
     it took the lock); a missing one is passed over, the first that is not empty stays with
     those above it. `folders` is emptied."""
