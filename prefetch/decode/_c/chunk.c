@@ -52,18 +52,20 @@ static int open_file(const char *path, long long max_bytes, struct stat *info) {
     return handle;
 }
 
-/* What tells a file's versions apart (_local_files._identity): size, modification and change
- * times, inode. */
-static int same_file(const struct stat *a, const struct stat *b) {
+/* Whether two fstats of one open file show the same version: what a write moves, its size and
+ * modification time (_version in prefetch/io/_local_files.py, the twin). Not the change time,
+ * which a rename over the file moves too (the bytes read stay whole). */
+static int same_version(const struct stat *a, const struct stat *b) {
     return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
-           a->st_ctim.tv_nsec == b->st_ctim.tv_nsec && a->st_ino == b->st_ino;
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
 /* Reads the open file (`info`: its fstat when opened) whole into a new buffer in *data, and
- * closes it: 0, or -1 when it is not the file `info` describes any more (it grew, shrank or
- * was rewritten while read: its bytes may be half old and half new), with *data still to be
- * freed. The rest of read_capped (prefetch/io/_local_files.py), its twin. */
+ * closes it: 0, or -1 when its size or modification time moved while it was read (it grew,
+ * shrank or was rewritten in place: its bytes may be half old and half new), with *data still
+ * to be freed. One descriptor: a file replaced by rename meanwhile is read whole (the version
+ * opened). A rewrite that moves neither while it is read is not seen. The rest of read_capped
+ * (prefetch/io/_local_files.py), its twin. */
 static int read_file(int handle, const struct stat *info, unsigned char **data) {
     size_t size = (size_t)info->st_size;
     *data = malloc(size + 1);
@@ -80,7 +82,7 @@ static int read_file(int handle, const struct stat *info, unsigned char **data) 
         got += (size_t)count;
     }
     struct stat after;
-    int unchanged = fstat(handle, &after) == 0 && same_file(info, &after);
+    int unchanged = fstat(handle, &after) == 0 && same_version(info, &after);
     close(handle);
     return got == size && unchanged ? 0 : -1;
 }
