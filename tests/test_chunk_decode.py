@@ -5,7 +5,10 @@ per chunk, and every file it cannot take left to the per-sample path (which name
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import prefetch
 import prefetch.sample._reader as reader_module
 from prefetch.decode import _window as window_decode
 from prefetch.decode._decoders import DecodeOptions
+from prefetch.io import MAX_HEADER_SEGMENTS
 from prefetch.plan import AUGMENT_STREAM, Augment, CenterCrop, RandomResizedCrop
 from prefetch.sample import BatchTask, Slot
 from prefetch.testing import draw_shape, write_bad_files
@@ -302,3 +306,66 @@ def test_a_call_holds_at_most_chunk_bytes_and_a_larger_file_goes_alone(
     handled.clear()
     np.testing.assert_array_equal(decode(1), whole)
     assert handled == [1] * len(paths)
+
+
+def test_a_caller_that_clears_its_list_of_paths_during_a_call_loses_no_sample(
+    photos: Path, tmp_path: Path
+) -> None:
+    """Issue 45: the compiled decoder opens the files with the GIL released. A thread of the
+    caller's that clears the list of paths meanwhile (freeing them; their memory is then
+    reused) changes nothing the call reads: every JPEG is decoded. (The call read the paths
+    where the list's bytes had been, and opened what was written there since: samples were
+    left.) The list is cleared while the call reads its first file (48 MB, not a JPEG: left to
+    the caller), before it opens the others."""
+    jpeg = window_decode._jpegwindow
+    assert jpeg is not None
+    first = tmp_path / "first.bin"
+    first.write_bytes(bytes(48 << 20))
+    jpegs = sorted(str(p) for p in photos.rglob("*.jpg") if "progressive" not in p.name)
+    names = [str(first), *jpegs]
+    count = len(names)
+    for _ in range(20):  # until the clear lands while the first file is read (almost always)
+        paths = [os.fsencode(name) for name in names]  # the list holds their only references
+        started = np.zeros(count)
+        during: list[bool] = []
+        thread = threading.Thread(target=clear_when_reading, args=(paths, started, during))
+        thread.start()
+        _, raw, handled = jpeg.decode_chunk(
+            paths,
+            list(range(count)),
+            list(range(count)),
+            3,
+            0,
+            AUGMENT_STREAM,
+            2,  # a center crop
+            (1.0, 0.0, 0.0, 0.0),
+            False,
+            *TARGET,
+            3,
+            -1,
+            -1,
+            1 << 40,
+            MAX_HEADER_SEGMENTS,
+            1 << 40,
+            started,
+        )
+        thread.join()
+        status = np.frombuffer(raw, np.int64).reshape(count, 6)[:, 0].tolist()
+        assert handled == count and status == [1] + [0] * (count - 1), status
+        if during == [True]:
+            break
+    assert during == [True], "the list was never cleared while the call read its first file"
+
+
+def clear_when_reading(paths: list[bytes], started: np.ndarray, during: list[bool]) -> None:
+    """Once row 0 of `started` says the call reads its first file: clear `paths`, make as many
+    bytes of each of their sizes again (naming no file: the freed memory is reused for them),
+    and append to `during` whether the call was still reading that file."""
+    sizes = [len(path) for path in paths]
+    deadline = time.monotonic() + 10
+    while started[0] == 0 and time.monotonic() < deadline:
+        pass
+    paths.clear()
+    reused = [b"/nowhere/" + b"x" * (size - 9) for size in sizes * 20]
+    during.append(bool(started[0] != 0))
+    del reused

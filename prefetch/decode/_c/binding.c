@@ -173,7 +173,9 @@ static PyObject *draws(PyObject *self, PyObject *args) {
  * caller's next call. `started` (a float64 array with a row per slot row, or None) holds each
  * sample's time.monotonic() while its file is read or its window decoded (0 after), for the
  * loader's sample_timeout_s. Two stretches without the GIL: read and plan the samples
- * (plan_samples), then decode their windows into one buffer (decode_samples). */
+ * (plan_samples), then decode their windows into one buffer (decode_samples). The paths are
+ * the call's own (a tuple of the list's items, taken with the GIL held): another thread that
+ * changes `paths` meanwhile changes nothing the call reads. */
 static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     PyObject *paths, *indices, *positions, *started_object;
     chunk_options options;
@@ -219,20 +221,24 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
         options.started = (double *)started.buf;
     }
     Py_ssize_t rows = started_object != Py_None ? started.len / (Py_ssize_t)sizeof(double) : 0;
-    PyObject *table = PyBytes_FromStringAndSize(NULL, n * T_COLUMNS * (Py_ssize_t)sizeof(int64_t));
+    /* The call's own references to the paths: the files are opened with the GIL released, when
+     * another thread may change `paths` (and free a path whose last reference it held). */
+    PyObject *held = PyList_AsTuple(paths);
+    PyObject *table = held == NULL ? NULL
+                                   : PyBytes_FromStringAndSize(
+                                         NULL, n * T_COLUMNS * (Py_ssize_t)sizeof(int64_t));
     sample_t *samples = calloc(n > 0 ? (size_t)n : 1, sizeof(sample_t));
+    PyObject *result = NULL;
     if (table == NULL || samples == NULL) {
-        Py_XDECREF(table);
-        free(samples);
-        if (options.started != NULL) {
-            PyBuffer_Release(&started);
+        if (table != NULL) {
+            PyErr_NoMemory();
         }
-        return table == NULL ? NULL : PyErr_NoMemory();
+        goto done;
     }
     int64_t *cells = (int64_t *)PyBytes_AS_STRING(table);
     memset(cells, 0, (size_t)n * T_COLUMNS * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
+        PyObject *path = PyTuple_GET_ITEM(held, i);
         samples[i].row = cells + i * T_COLUMNS;
         samples[i].index = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(indices, i));
         samples[i].position = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
@@ -242,14 +248,9 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_ValueError,
                                 "paths must be bytes and positions rows of `started`");
             }
-            Py_DECREF(table);
-            free(samples);
-            if (options.started != NULL) {
-                PyBuffer_Release(&started);
-            }
-            return NULL;
+            goto done;
         }
-        samples[i].path = PyBytes_AS_STRING(path); /* `paths` keeps it alive */
+        samples[i].path = PyBytes_AS_STRING(path); /* `held` keeps it alive */
     }
     size_t total, planned;
     Py_BEGIN_ALLOW_THREADS
@@ -258,22 +259,22 @@ static PyObject *decode_chunk(PyObject *self, PyObject *args) {
     PyObject *windows = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (windows == NULL) {
         free_samples(samples, planned);
-        free(samples);
-        Py_DECREF(table);
-        if (options.started != NULL) {
-            PyBuffer_Release(&started);
-        }
-        return NULL;
+        goto done;
     }
     unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(windows);
     Py_BEGIN_ALLOW_THREADS
     decode_samples(samples, planned, &options, out);
     Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(NNn)", windows, table, (Py_ssize_t)planned);
+    table = NULL; /* the result's (N), or released with it on failure */
+done:
+    Py_XDECREF(table);
     free(samples);
+    Py_XDECREF(held);
     if (options.started != NULL) {
         PyBuffer_Release(&started);
     }
-    return Py_BuildValue("(NNn)", windows, table, (Py_ssize_t)planned);
+    return result;
 }
 
 #endif /* HAVE_CHUNKS */
