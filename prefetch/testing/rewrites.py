@@ -10,7 +10,8 @@ file clock) is not seen. A file replaced by rename (a new file written, then ren
 old) is read whole, the old version or the new: that is how files should be rewritten.
 
 - `rewrite_in_place(path, data)` rewrites a file the way an in-place writer does (same inode);
-  `replace_by_rename(path, data)` the safe way (a new file renamed over it).
+  `replace_by_rename(path, data)` the safe way (a new file renamed over it); `change(path,
+  data, how)` either way (`How`).
 - `ChangedWhileRead(path, data, ...)` stands in for the `os` module of
   `prefetch.io._local_files` (`monkeypatch.setattr(prefetch.io._local_files, "os", ...)`):
   the file is changed right after the `at_read`-th `os.pread` of it, in place or by rename, so
@@ -31,8 +32,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-# How a file is changed: "in place" (`rewrite_in_place`) or "rename" (`replace_by_rename`).
 How = Literal["in place", "rename"]
+"""How a file is changed: "in place" (`rewrite_in_place`) or "rename" (`replace_by_rename`)."""
 
 
 def rewrite_in_place(path: str | os.PathLike[str], data: bytes) -> None:
