@@ -33,6 +33,40 @@ DEFAULT_STOP_GRACE_PERIOD_S = 120.0
 POLL_S = 0.1
 
 
+class Deadline:
+    """A time limit as one value: made with its budget, asked how long is left.
+
+    Every wait with a time limit in prefetch takes one (a drain, a join, a lock, a quiesce), so
+    a limit is stated once and each wait in a loop gets only what is left of it. Monotonic
+    clock; a budget of 0 (or less) is already expired; `None` never expires.
+
+    - `budget_s`: the seconds from now until it expires, or None for no limit.
+    """
+
+    __slots__ = ("budget_s", "start")
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.start = time.monotonic()
+        self.budget_s = budget_s
+
+    def remaining(self) -> float:
+        """Seconds left, never below 0 (`math.inf` without a limit)."""
+        if self.budget_s is None:
+            return float("inf")
+        return max(self.start + self.budget_s - time.monotonic(), 0.0)
+
+    def expired(self) -> bool:
+        """Whether the budget is spent."""
+        return self.budget_s is not None and time.monotonic() >= self.start + self.budget_s
+
+    def elapsed(self) -> float:
+        """Seconds since it was made."""
+        return time.monotonic() - self.start
+
+    def __repr__(self) -> str:
+        return f"Deadline({self.budget_s}, remaining={self.remaining():.3f})"
+
+
 class Joinable(Protocol):
     """What `join` needs of a thread or process: a name and a liveness check."""
 
@@ -162,10 +196,10 @@ class Coordinator:
             group = list(self._registered.union(threads or ()))
         while any(t.is_alive() for t in group) and not self.wait_for_stop(1.0):
             pass
-        deadline = time.monotonic() + max(stop_grace_period_secs, 0.0)
+        deadline = Deadline(stop_grace_period_secs)
         pause_s = 0.001
-        while any(t.is_alive() for t in group) and time.monotonic() < deadline:
-            time.sleep(min(pause_s, max(deadline - time.monotonic(), 0.0)))
+        while any(t.is_alive() for t in group) and not deadline.expired():
+            time.sleep(min(pause_s, deadline.remaining()))
             pause_s = min(pause_s * 2, 0.1)
         stragglers = [t.name for t in group if t.is_alive()]
         with self._lock:

@@ -4,14 +4,14 @@ The `Loader` makes one `Epochs` and hands it to every `Stream` it makes (`iter(l
 stream works only through it. `Epochs` owns what outlives one epoch: the plan that draws each
 epoch's batches (`plan`, which `replan` and `load` replace between epochs for `Loader.shard`
 and `load_state_dict`, a loaded state carried over to new shards), the `cursor` of where
-iteration stands, the skip counter, the stats recorder, the worker set
-(`workers`) and, for a streamed shard source, the `spool` that fetches its shards ahead. It
-starts the workers when the first stream begins (or at `with loader:`, `enter`) and closes them
-when the last stream ends unless a `with` block owns them. While a `with` block owns them, an
-ending epoch's stream has the next epoch's first batches submitted ahead (`look_ahead`,
-prefetch.runtime._lookahead), which the next stream takes over; replacing the `plan` or
-closing discards them. Thread-safe where a stream is iterated on one thread and `stats()` or
-`close()` run on another.
+iteration stands, the skip counter, the stats recorder, the worker set (`workers`), the
+`window` of batches in flight on them (prefetch.runtime._window) and, for a streamed shard
+source, the `spool` that fetches its shards ahead. It starts the workers, with a new window,
+when the first stream begins (or at `with loader:`, `enter`) and closes them when the last
+stream ends unless a `with` block owns them. While a `with` block owns them, the window
+submits the next epoch's first batches once the current epoch's are all submitted
+(`run_ahead`), which the next stream claims; replacing the `plan` or closing gives them up.
+Thread-safe where a stream is iterated on one thread and `stats()` or `close()` run on another.
 """
 
 from __future__ import annotations
@@ -19,20 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 
 from prefetch._messages import counted
 from prefetch.backends import Backend, BatchOutcome, SlotRing
-from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan, LoaderState, loader_state, resume
-from prefetch.runtime._lookahead import Lookahead, Submitted
 from prefetch.runtime._options import LoaderOptions
 from prefetch.runtime._spool import ShardSpool, streaming_parts
 from prefetch.runtime._stats import LoaderStats, StatsRecorder
+from prefetch.runtime._window import Run, Window
 from prefetch.runtime._workers import Workers, close_quietly, forget_dummy_thread
 from prefetch.sample import SampleReader, Skipped
 from prefetch.sources import cache_for, encode_labels
@@ -67,25 +66,6 @@ class SkipCounter:
             ) from skipped[-1].error
 
 
-class Reading(Protocol):
-    """A stream, as `Epochs.reads_in_flight` counts it."""
-
-    def reads_in_flight(self) -> int: ...
-
-
-class Begun(NamedTuple):
-    """What a stream gets when it begins: its epoch, the batch it starts at, the batches still
-    to come, the running backend and its slot ring, and the batches already submitted ahead
-    (those that follow `position`, before `batches`)."""
-
-    epoch: int
-    position: int
-    batches: list[np.ndarray]
-    backend: Backend
-    ring: SlotRing
-    submitted: list[Submitted]
-
-
 class Epochs:
     """The epochs of one loader; see the module docstring. Made by the `Loader`.
 
@@ -104,7 +84,7 @@ class Epochs:
         spool: ShardSpool | None,
         num_classes: int,
     ) -> None:
-        self._ahead: Lookahead | None = None
+        self.window: Window | None = None  # the batches in flight, while the workers run
         self._lock = threading.Lock()
         self._plan = plan
         self.options = options
@@ -117,19 +97,21 @@ class Epochs:
         self.skips = SkipCounter(options.on_error.max_skipped)
         self._entered = 0
         self._streams = 0
-        self._running: weakref.WeakSet[Reading] = weakref.WeakSet()
-        # The batches `start` drew for the next `begin` (an epoch's order: 0.1 s at 1.28 M).
+        # The batches `_draw` drew last, for the `begin` that follows a `start`.
         self._drawn: tuple[EpochPlan, int, int, list[np.ndarray]] | None = None
 
     @property
     def plan(self) -> EpochPlan:
-        """The plan that draws each epoch's batches; replacing it discards the lookahead."""
+        """The plan that draws each epoch's batches; replacing it gives up the batches
+        submitted ahead for the next epoch."""
         return self._plan
 
     @plan.setter
     def plan(self, plan: EpochPlan) -> None:
         self._plan = plan
-        self.discard_lookahead()
+        window = self.window
+        if window is not None:
+            window.give_up(ahead_only=True, running=True)
 
     def replan(self, plan: EpochPlan) -> None:
         """Plan with `plan` (other shards) from the next iteration on; a loaded state
@@ -153,28 +135,34 @@ class Epochs:
         epoch, position = self.cursor.state(len(self.plan), held_back)
         return loader_state(self.plan, epoch, position)
 
-    @property
-    def coordinator(self) -> Coordinator:
-        """The Coordinator that stops the workers and keeps their first error."""
-        return self.workers.coordinator
-
     # ---- the workers' lifetime ----------------------------------------------------------
 
     def start(
         self, epoch: int | None = None, position: int = 0, batches: list[np.ndarray] | None = None
     ) -> tuple[Backend, SlotRing]:
-        """Start the workers unless they run; returns the backend and its ring. The first of
-        `batches` (given with `epoch`; else where the next iteration begins) is what
-        backend="auto" measures; for a streamed source, its shards are fetched first."""
+        """Start the workers unless they run, with a new `window`; returns the backend and its
+        ring. The first of `batches` (given with `epoch`; else where the next iteration
+        begins) is what backend="auto" measures; for a streamed source, its shards are fetched
+        first."""
         if epoch is None or batches is None:
             epoch, position = self.cursor.next_epoch, self.cursor.next_position
-            batches = self.plan.batches(epoch, position)
-            self._drawn = (self.plan, epoch, position, batches)  # `begin` reads them next
+            batches = self._draw(epoch, position)
         batches = batches or self.plan.batches(epoch)
         if self.spool is not None:
             self.spool.begin(epoch, batches, position)
             self.spool.ready(position)
-        return self.workers.start(batches[0])
+        backend, ring = self.workers.start(batches[0])
+        with self._lock:
+            if self.window is None or self.window.backend is not backend:
+                spool = self.spool
+                self.window = Window(
+                    backend,
+                    ring,
+                    self.workers.in_flight,
+                    spool.ready if spool is not None else None,
+                    self.run_ahead,
+                )
+        return backend, ring
 
     def enter(self) -> None:
         """A `with loader:` block begins: it owns the workers, started now."""
@@ -194,78 +182,58 @@ class Epochs:
     def close(self) -> None:
         """Stop the fetching and the workers; raise a worker error nobody received. Idempotent.
 
-        The batches submitted ahead are cancelled, not drained (shutdown step 3 of
+        The batches in flight are cancelled, not drained (shutdown step 3 of
         `prefetch.backends._lifecycle`): the workers are stopped next."""
-        self.discard_lookahead(drain=False)
+        with self._lock:
+            window, self.window = self.window, None
         self._drawn = None
+        if window is not None:
+            window.give_up(ahead_only=False, running=False)
         if self.spool is not None:
             self.spool.end()  # its folder goes with the loader (the Loader's finalizer)
-        try:
-            self.workers.close()
-        finally:
-            self.discard_lookahead()  # one a stream made meanwhile, on another thread
+        self.workers.close()
+
+    def runs(self, window: Window | None) -> bool:
+        """Whether `window` is still the loader's (its workers not closed meanwhile)."""
+        return window is not None and self.window is window
 
     # ---- one epoch, as a stream drives it ------------------------------------------------
 
-    def begin(self, stream: Reading) -> Begun:
-        """A stream begins the next epoch: take it from the cursor and start the workers."""
+    def begin(self) -> tuple[Window, Run]:
+        """A stream begins the next epoch: take it from the cursor, start the workers, and
+        claim the epoch's run of batches in the window (the one submitted ahead, if it begins
+        there)."""
         with self._lock:
             self._streams += 1
-            self._running.add(stream)
         epoch, position = self.cursor.begin()
-        with self._lock:
-            ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.fits(self.plan, epoch, position, self.workers.backend):
-            return Begun(
-                epoch, position, list(ahead.todo), ahead.backend, ahead.ring, [*ahead.submitted]
-            )
-        if ahead is not None:
-            ahead.discard(self.workers.owns(ahead.backend))
-        drawn, self._drawn = self._drawn, None  # what `start` drew at `with loader:`, if these
-        if drawn is not None and drawn[0] is self.plan and drawn[1:3] == (epoch, position):
-            batches = drawn[3]
-        else:
-            batches = self.plan.batches(epoch, position)
-        backend, ring = self.start(epoch, position, batches)
-        return Begun(epoch, position, batches, backend, ring, [])
+        window = self.window
+        if window is None or not self.workers.owns(window.backend):
+            self.start(epoch, position, self._draw(epoch, position))
+            window = self.window
+        assert window is not None
+        run = window.claim(self.plan, epoch, position, self._draw)
+        self._drawn = None  # claimed: the run holds them
+        return window, run
 
-    def look_ahead(self, room: int) -> None:
-        """The running stream has submitted its epoch's last batch and leaves `room` batches
-        free in flight: submit the next epoch's first batches into it, if a `with` block keeps
-        the workers running and this is the only stream (not for streamed shard sources, whose
-        spool fetches one epoch at a time)."""
-        if room <= 0 or self.spool is not None:
-            return
-        with self._lock:
-            backend, ring = self.workers.backend, self.workers.ring
-            if self._entered == 0 or self._streams != 1 or backend is None or ring is None:
-                return
-            if self._ahead is None:
-                epoch, position = self.cursor.next_epoch, self.cursor.next_position
-                self._ahead = Lookahead(self.plan, epoch, position, backend, ring)
-            self._ahead.extend(room)
+    def _draw(self, epoch: int, position: int) -> list[np.ndarray]:
+        """The plan's batches of `epoch` from `position`, drawn once for `start` and the
+        `begin` that follows (an epoch's order: 0.1 s at 1.28 M samples)."""
+        drawn = self._drawn
+        if drawn is None or drawn[0] is not self.plan or drawn[1:3] != (epoch, position):
+            drawn = self._drawn = (self.plan, epoch, position, self.plan.batches(epoch, position))
+        return drawn[3]
 
-    def discard_lookahead(self, drain: bool = True) -> None:
-        """Cancel the batches submitted ahead, if any, and return their slots (those being
-        decoded drained within `DRAIN_S` with `drain`, while the workers run)."""
-        with self._lock:
-            ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.discard(drain and self.workers.owns(ahead.backend))
-
-    def ready_ahead(self) -> int:
-        """Batches submitted ahead for the next epoch that are already decoded."""
-        ahead = self._ahead
-        return ahead.ready() if ahead is not None else 0
-
-    def in_flight(self) -> int:
-        """The batches an epoch keeps submitted (`Workers.in_flight`)."""
-        return self.workers.in_flight()
-
-    def ready(self, batch: int) -> None:
-        """Return once the shards batch number `batch` reads are local (streamed sources)."""
+    def run_ahead(self) -> Run | None:
+        """The run the window submits once the claimed ones are: the cursor's next epoch, if
+        a `with` block keeps the workers running and one stream runs (not for streamed shard
+        sources, whose spool fetches one epoch at a time)."""
         if self.spool is not None:
-            self.spool.ready(batch)
+            return None
+        with self._lock:
+            if self._entered == 0 or self._streams != 1:
+                return None
+        epoch, position = self.cursor.next_epoch, self.cursor.next_position
+        return Run.of(self.plan, epoch, position, self.plan.batches(epoch, position))
 
     def delivered(self, epoch: int, position: int) -> None:
         """Batch `position - 1` of `epoch` was handed out: advance the cursor, drop the
@@ -295,27 +263,13 @@ class Epochs:
         """A batch's labels in the loader's `label_mode`, from the slot's class indices."""
         return encode_labels(raw, self.options.label_mode, self.num_classes)
 
-    def observe(self, waited_s: float, ready: int, outcome: BatchOutcome) -> None:
-        """A batch was delivered: let a tuned worker count change (`Workers.observe`)."""
-        self.workers.observe(waited_s, ready, outcome)
-
-    def owns(self, backend: Backend | None) -> bool:
-        """Whether `backend` is still the running backend (not closed meanwhile)."""
-        return self.workers.owns(backend)
-
-    def describe(self, index: int) -> str:
-        """The file (or sample) behind source index `index`, for messages."""
-        return self.workers.reader.describe(index)
-
-    def workers_go_on(self) -> bool:
-        """Whether the workers keep running once the calling stream ends (a `with` block owns
-        them, or another stream runs): else its `end()` closes them."""
+    def end(self, window: Window, run: Run) -> None:
+        """A stream that began has ended: give up its batches still in flight (drained
+        within `DRAIN_S` while the workers go on), stop fetching its shards; the last stream
+        to end closes the workers unless `with loader:` owns them."""
         with self._lock:
-            return self._entered > 0 or self._streams > 1
-
-    def end(self) -> None:
-        """A stream that began has ended: stop fetching its shards; the last stream to end
-        closes the workers unless `with loader:` owns them."""
+            goes_on = self._entered > 0 or self._streams > 1
+        window.end(run, running=goes_on and self.runs(window))
         if self.spool is not None:
             self.spool.end()
         with self._lock:
@@ -325,9 +279,15 @@ class Epochs:
             self.close()
             forget_dummy_thread()
 
+    def ready_ahead(self) -> int:
+        """Batches in flight already decoded that no stream has claimed yet (the next epoch's,
+        submitted ahead)."""
+        window = self.window
+        return window.ready(ahead_only=True) if window is not None else 0
+
     def snapshot(self) -> LoaderStats:
         """The stats now (`Loader.stats`)."""
-        workers = self.workers
+        workers, window = self.workers, self.window
         decisions = tuple(map(str, workers.tuner.decisions)) if workers.tuner else ()
         reader = workers.reader
         if reader.augment.crop is not None:  # what decodes: the window decoder, or the decoder
@@ -341,7 +301,7 @@ class Epochs:
             workers.backend_reason,
             decisions,
             decoder,
-            self.reads_in_flight(),
+            window.reads() if window is not None else 0,
             workers.in_flight(),
             self.cache_bytes(),
         )
@@ -350,12 +310,6 @@ class Epochs:
         """The bytes `cache_dir` holds now (its ledger's count); 0 without one."""
         cache = self.workers.reader.cache or (self.spool.cache if self.spool else None)
         return cache.used_bytes() if cache is not None else 0
-
-    def reads_in_flight(self) -> int:
-        """Samples that workers are reading right now, over the running streams."""
-        ahead = self._ahead
-        reads = ahead.reads() if ahead is not None else 0
-        return reads + sum(stream.reads_in_flight() for stream in list(self._running))
 
 
 def make_epochs(

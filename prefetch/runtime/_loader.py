@@ -10,8 +10,8 @@ the only part of it that the `Stream` of each epoch uses. Contract:
   batch's rows among their workers), each into a preallocated slot, so memory is bounded by
   `ring_capacity` of that many batches (`Workers.ring_bytes`).
 - `with loader:` owns the workers across epochs, and the next epoch's first batches are
-  submitted as the current epoch's last are consumed (`Epochs.look_ahead`); without it, each
-  epoch starts them and stops them when it ends or is dropped. `close()` is idempotent. A
+  submitted as the current epoch's last are consumed (the loader's one `Window` of batches in
+  flight); without it, each epoch starts them and stops them when it ends or is dropped. `close()` is idempotent. A
   loader that is dropped, or still open when the interpreter exits, is closed quietly
   (`weakref.finalize`, an exit hook).
 - An error in a worker is raised at the batch where it happened, with its original type and
@@ -243,7 +243,7 @@ class Loader:
     @property
     def coordinator(self) -> Coordinator:
         """The Coordinator that stops this loader's workers and keeps its first error."""
-        return self._epochs.coordinator
+        return self._epochs.workers.coordinator
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -280,7 +280,7 @@ class Loader:
         epoch begins (a loaded state then continues on the new shards), or at any time with
         the values it has; otherwise RuntimeError. Shuffling on num_shards > 1 needs a `seed`.
         """
-        num_shards, shard_index = check_shard(num_shards, shard_index)
+        num_shards, shard_index = check_shard(num_shards, shard_index, self._epochs.plan.size)
         options, epochs = self.options, self._epochs
         if num_shards > 1 and options.shuffle and self._seed_is_random:
             raise ValueError(
