@@ -5,8 +5,9 @@ and the writing of one whole shard.
 to write into, chunks of samples to `prepare`, and whole shards to write (`write_shard`: each
 image prepared, framed by `_layout`, hashed and written to a temporary file of the folder).
 Between two images of a shard it checks whether it is asked to stop. SIGTERM, which the
-parent sends a worker that missed `Stop`'s deadline (one long decode), stops it the same way:
-the shard it was writing is removed, then it exits by SIGTERM, so the parent names the signal.
+parent sends a worker that missed `Stop`'s deadline (one long decode), stops it the same way,
+wherever it lands (a decode's `except Exception` cannot take it: a stop is never data): the
+shard it was writing is removed, then it exits by SIGTERM, so the parent names the signal.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ class ShardWritten(NamedTuple):
     resized: int
 
 
-class _Stopped(Exception):
-    """The parent asked a worker to stop (or is gone, or sent SIGTERM) while it wrote a shard."""
+class _Stopped(BaseException):
+    """The parent asked a worker to stop (or is gone, or sent SIGTERM) while it wrote a shard.
+    A `BaseException`, as KeyboardInterrupt is: SIGTERM's handler raises it wherever the worker
+    is, also inside the `except Exception` that turns a photo Pillow cannot open or decode into
+    a skip (`_samples.prepare`), and a stop is never data."""
 
 
 class _Worker:
@@ -88,7 +92,9 @@ class _Worker:
 
     def check_stop(self) -> None:
         """Between samples of a shard: raise `_Stopped` when the parent asks to stop or is
-        gone; keep other messages for later."""
+        gone (or SIGTERM came); keep other messages for later."""
+        if self.terminated:
+            raise _Stopped
         try:
             while self.connection.poll(0):
                 message = self.connection.recv()
@@ -125,6 +131,8 @@ class _Worker:
                     raise
                 except BaseException as error:
                     answer = ("chunk", chunk, None, with_traceback_text(error))
+                if self.terminated:  # an answer made while SIGTERM came is never sent
+                    raise _Stopped
                 self.send(answer)
             else:
                 task: ShardTask = message[1]

@@ -26,6 +26,7 @@ shared memory.
 
 from __future__ import annotations
 
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
@@ -205,10 +206,15 @@ class Preparer:
         if code == EXIT_OUT_OF_FILES:
             raise _files(self.workers).worker_ran_out(process.name, process.pid)
         killer = ", often the kernel's out-of-memory killer" if code == -9 else ""
+        advice = "write again with fewer --workers, or --workers 1 to work in this process"
+        if code == -signal.SIGTERM:  # sent by someone: it removed the shard it was writing
+            advice = (
+                "it was stopped (the shard it was writing is removed): run the same command "
+                "again to continue from the shards finished"
+            )
         raise ChildProcessError(
             f"shard writer worker process {index} (pid {process.pid}) died with "
-            f"{exit_reason(code)}{killer}; write again with fewer --workers, or --workers 1 to "
-            "work in this process"
+            f"{exit_reason(code)}{killer}; {advice}"
         )
 
     def close(self) -> None:
