@@ -23,7 +23,9 @@ from prefetch.tools.tune import add_tune_parser
 def build_parser() -> argparse.ArgumentParser:
     """The `prefetch` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
-        prog="prefetch", description="prefetch: keep GPUs fed. Tools to measure and tune loading."
+        prog="prefetch",
+        description="prefetch: keep GPUs fed. Tools to measure and tune loading, and to write "
+        "and verify shards.",
     )
     parser.add_argument(
         "--version",

@@ -52,7 +52,7 @@ def test_it_says_what_it_lists_then_how_many_files_on_stderr_also_to_a_pipe(
     assert lines[0] == f"listing {photos} (one subfolder per class) ..."
     assert lines[1] == (
         f"12 files in 3 classes: checking each one's header and writing them into 1 tar shard "
-        f"of 1,000 in {tmp_path / 'out'} (1 worker)"
+        f"in {tmp_path / 'out'} (1 worker)"
     )
     quiet = shards("write", str(photos), str(tmp_path / "quiet"), "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == ""

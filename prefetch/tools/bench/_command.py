@@ -2,6 +2,8 @@
 
 `add_bench_parser(subparsers)` registers the subcommand with `handler=run_bench`. Rows are
 printed as they are measured when stdout is not a terminal; a progress bar is drawn on one.
+A mistake in the command line gets argparse's usage; a folder refused at run time (missing,
+empty, not one of class subfolders) is one line (`refuse`), exit status 2 either way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import sys
 import tempfile
 from contextlib import ExitStack
+from typing import NoReturn
 
 from prefetch.plan import CenterCrop, Crop, RandomResizedCrop
 from prefetch.tools._command_args import (
@@ -215,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             bar.close()
-            parser.error(str(error))
+            refuse(parser, str(error))
         finally:
             bar.close()
     _write_bench_outputs(args, report)
@@ -262,8 +265,14 @@ def _bench_root(args: argparse.Namespace, parser: argparse.ArgumentParser, stack
         try:
             write_sample_folder(root, args.generate)
         except (ValueError, FileExistsError) as error:
-            parser.error(str(error))
+            refuse(parser, str(error))
     return str(root)
+
+
+def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit with status 2 and `prefetch bench: error: <message>` on stderr, as argparse does,
+    without its usage: the command line was right, the folder it names was not."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 def _write_bench_outputs(args: argparse.Namespace, report: BenchReport) -> None:

@@ -42,15 +42,16 @@ _SHUFFLE_WHY = (
 
 
 def add_shards_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `prefetch shards` and its action `write`."""
+    """Register `prefetch shards` and its actions `write` and `verify`."""
     parser = subparsers.add_parser(
         "shards",
-        help="write an image folder into tar (WebDataset) or TFRecord shards",
+        help="write an image folder into tar (WebDataset) or TFRecord shards (shards write), "
+        "or check a set of them against its manifest (shards verify)",
         description=(
             "Work with shards: a dataset packed into a few large files that stream fast from "
             "disks and object stores. `write FOLDER OUT` packs an image folder (defaults: "
             f"--format {DEFAULT_FORMAT}, --shard-size {DEFAULT_SHARD_SIZE}, shuffled with "
-            f"--seed 0). {_SHUFFLE_WHY}"
+            f"--seed 0). {_SHUFFLE_WHY} `verify OUT` checks the set in OUT against its manifest."
         ),
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -41,6 +41,10 @@ FILE_MODE = 0o644
 # The writers' lock file (hidden: no shard glob matches it), removed by its holder at close.
 LOCK_NAME = ".prefetch-write.lock"
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
+# Errors that mean a folder may not be written to (by this user, or at all).
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+# What a lock file that is not a regular file is, in words.
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder"}
 # Errors that mean the disk (or a quota, or a file size limit) is full.
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
@@ -113,18 +117,17 @@ class OutFolder:
     def lock(self) -> None:
         """Take the folder's exclusive lock until `close()`; `FolderBusyError` at once when
         another writer (another process, or another `OutFolder` of this folder) holds it;
-        PermissionError when the lock file is not a regular file of yours."""
+        an OSError naming the lock file and the fix when it is not a regular file of yours (a
+        link, a folder, another user's: PermissionError) or cannot be made (`_lock_refused`)."""
         while self._lock < 0:
-            fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=self.fd)
+            try:
+                fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=self.fd)
+            except OSError as error:
+                raise self._lock_refused(error) from None
             try:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-                    raise PermissionError(
-                        errno.EPERM,
-                        f"{os.path.join(self.path, LOCK_NAME)!r}, the lock of `prefetch shards "
-                        "write`, is not a file of yours (another user made it in your output "
-                        "folder): write into a folder only you may write to",
-                    )
+                    raise self._lock_refused(None, info)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -141,6 +144,28 @@ class OutFolder:
                 self._lock = fd
             else:
                 os.close(fd)
+
+    def _lock_refused(self, error: OSError | None, info: os.stat_result | None = None) -> OSError:
+        """The error for a lock file that cannot be this writer's, naming it and the fix: it is
+        not a regular file of yours (`info`, or found after `error`), or none could be opened
+        (`error`: a folder you may not write to, a full disk)."""
+        where = self.where(LOCK_NAME)
+        if info is None and error is not None:
+            with contextlib.suppress(OSError):
+                info = os.stat(LOCK_NAME, dir_fd=self.fd, follow_symlinks=False)
+            if info is None or (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()):
+                fix = ": write into a folder you may write to" if error.errno in _DENIED else ""
+                text = f"cannot open {where!r}, the lock of `prefetch shards write` "
+                return OSError(error.errno, f"{text}({error.strerror}){fix}")
+        assert info is not None
+        kind = stat.S_IFMT(info.st_mode)
+        what = f"a file of user {info.st_uid}" if kind == stat.S_IFREG else _KINDS.get(kind)
+        return PermissionError(
+            errno.EPERM,
+            f"{where!r}, the lock of `prefetch shards write`, is not a regular file of yours "
+            f"({what or 'a FIFO, a socket or a device'}): remove it if you made it; else "
+            f"another user may write into {self.path!r}: write into a folder only you may write to",
+        )
 
     def names(self) -> list[str]:
         """The names in the folder."""

@@ -176,10 +176,13 @@ def write_shards(
         order = np.random.default_rng(seed).permutation(len(source)) if shuffle else None
         count = math.ceil(len(source) / shard_size)
         names = [shard_name(format, prefix, index, count) for index in range(count)]
+        rest = len(source) % shard_size  # files of the last shard, when it holds fewer
+        cut = f" of {shard_size:,} files" + (f" (the last of {rest:,})" if rest else "")
+        files = f"{len(source):,} file" + ("" if len(source) == 1 else "s")
         status(
-            f"{len(source):,} files in {counted(len(source.class_names), 'class')}: checking "
-            f"each one's header and writing them into {counted(count, format + ' shard')} of "
-            f"{shard_size:,} in {os.fspath(out)} ({counted(workers, 'worker')})"
+            f"{files} in {counted(len(source.class_names), 'class')}: checking "
+            f"each one's header and writing them into {counted(count, format + ' shard')}"
+            f"{cut if count > 1 else ''} in {os.fspath(out)} ({counted(workers, 'worker')})"
         )
         # Its stat calls run beside the writing: waited for only when the plan is needed.
         digest = ListingDigest(source.paths, source.labels, local=not is_url(top))
