@@ -8,9 +8,11 @@ another user than you or root). Files are then opened and renamed relative to th
 so a folder swapped after the check is never used. The object cache (`cache_dir`) and the kept
 folder listings (`prefetch.sources._kept_listing`) keep their files in such folders.
 `user_cache_folder(name)` is where prefetch keeps such a folder when none is given (the kept
-listings, the indexes of shards in read-only folders and of URLs). `flock_within` takes a
-lock of such a file (a flock: the kernel lets it go when its holder dies, however it dies),
-polling, so that a wait ends by a deadline and Ctrl-C interrupts it.
+listings, the indexes of shards in read-only folders and of URLs): never relative to the
+working directory (a relative `XDG_CACHE_HOME` is ignored, a relative `PREFETCH_CACHE_DIR`
+refused). `flock_within` takes a lock of such a file (a flock: the kernel lets it go when its
+holder dies, however it dies), polling, so that a wait ends by a deadline and Ctrl-C
+interrupts it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import time
 # Streaming polls every 7 ms.
 POLL_FIRST_S = 0.0005
 POLL_MAX_S = 0.02
+# The folder of prefetch's own files, when set (an absolute path); else XDG's cache folder.
+CACHE_DIR_ENV = "PREFETCH_CACHE_DIR"
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -33,11 +37,24 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 def user_cache_folder(name: str) -> str:
     """The folder `name` of prefetch's files in your cache: `$PREFETCH_CACHE_DIR/<name>`,
-    else `$XDG_CACHE_HOME/prefetch/<name>`, else `~/.cache/prefetch/<name>` (not created)."""
-    root = os.environ.get("PREFETCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefetch"
-    )
-    return os.path.join(root, name)
+    else `$XDG_CACHE_HOME/prefetch/<name>`, else `~/.cache/prefetch/<name>` (not created).
+
+    An empty variable is unset. A relative `XDG_CACHE_HOME` is ignored, as the XDG Base
+    Directory spec says; a relative `PREFETCH_CACHE_DIR` raises ValueError naming it and the
+    fix (each working directory would get a cache of its own)."""
+    own = os.environ.get(CACHE_DIR_ENV, "")
+    if own:
+        if not os.path.isabs(own):
+            raise ValueError(
+                f"{CACHE_DIR_ENV}={own!r} is a relative path, which would name another "
+                "folder in each working directory: set it to an absolute path (such as "
+                f"{os.path.abspath(own)!r}), or unset it for $XDG_CACHE_HOME/prefetch or "
+                "~/.cache/prefetch"
+            )
+        return os.path.join(own, name)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache")
+    return os.path.join(base, "prefetch", name)
 
 
 def flock_within(fd: int, operation: int, timeout_s: float) -> bool:

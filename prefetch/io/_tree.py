@@ -1,7 +1,10 @@
 """A folder of an fsspec filesystem, listed once and read like `os.listdir`/`os.walk`.
 
 `RemoteTree` lists everything under a URL with one bulk listing (`find` with details), never
-one call per file; over http(s), which has none, `list_pages` reads one index page per folder,
+one call per file. A filesystem whose `find` is fsspec's generic one (a walk of one `ls` per
+folder: sftp, ftp, smb, webdav, ...) is listed by `list_by_ls`, the same `ls` calls, because
+that walk leaves out a folder whose `ls` fails: a listing is complete or an error. Over
+http(s), which has no bulk listing, `list_pages` reads one index page per folder,
 `LISTING_CONCURRENCY` pages at once (each a request of `prefetch.io._http`), following only
 links that resolve (`prefetch.io._links.resolve`: dots, percent-encoding, empty segments, other
 schemes and hosts) to a place inside the root. Every listing is bounded by the `RemoteOptions`
@@ -11,6 +14,7 @@ Keras's rules to it. A tree is immutable once listed: thread-safe to read.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -41,7 +45,8 @@ class RemoteTree:
 
     One `fs.find(..., withdirs=True, detail=True)` lists everything under `top` (retried like
     `read_bytes`). Over http(s), which has no bulk listing, the index page of each folder is
-    read and retried on its own, so a flaky server costs a page, not the whole listing
+    read and retried on its own, so a flaky server costs a page, not the whole listing, and so
+    is each folder of a filesystem listed by `list_by_ls`
     (`list_pages`: deadlines, caps, and only links that resolve inside
     `top` followed; a failing sub-folder page raises OSError naming it, or with `skip_errors`
     is logged and left out). `options` (None: `active_options()`) bound it all. The folder
@@ -66,6 +71,8 @@ class RemoteTree:
         try:
             if paged:
                 entries = run(fs, list_pages(fs, top, options, retries, skip_errors), None)
+            elif walks_by_ls(fs):
+                entries = list_by_ls(fs, root, top, options, retries)
             else:
                 entries = retrying(top, retries, lambda: fs.find(root, withdirs=True, detail=True))
         except FileNotFoundError:
@@ -133,6 +140,61 @@ class RemoteTree:
             subdirs, files = self._entry(current)
             yield current, list(subdirs), list(files)
             pending.extend(os.path.join(current, name) for name in subdirs)
+
+
+# --- fsspec's generic find: one ls per folder -----------------------------------------------
+
+
+def walks_by_ls(fs: Any) -> bool:
+    """Whether `fs.find` is fsspec's generic one: a `walk` of one `ls` per folder, which leaves
+    out a folder whose `ls` raises (its `on_error="omit"`, which a walk does not pass on to
+    the folders below even when told otherwise)."""
+    from fsspec.asyn import AsyncFileSystem  # type: ignore[import-untyped]  # remote extra
+    from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
+
+    if isinstance(fs, AsyncFileSystem):
+        return type(fs)._find is AsyncFileSystem._find
+    return type(fs).find is AbstractFileSystem.find
+
+
+def list_by_ls(
+    fs: Any, root: str, top: str, options: RemoteOptions, retries: int
+) -> dict[str, dict[str, Any]]:
+    """Every entry under `root` (the path of the URL `top` on `fs`), as `fs.find(root,
+    withdirs=True, detail=True)` has them, from the `ls` of each folder, each retried on its
+    own like a read (`retrying`). The root's failing raises its error; a sub-folder's raises
+    OSError naming it: never a listing without it. At most `options.max_listing_pages` folders
+    (CapError naming the cap)."""
+    entries: dict[str, dict[str, Any]] = {}
+    base = root.rstrip("/")
+    pending = [(base, 0)]
+    folders = 0
+    while pending:
+        folder, depth = pending.pop()
+        folders += 1
+        if folders > options.max_listing_pages:
+            raise CapError(
+                f"listing {top!r}: more than max_listing_pages={options.max_listing_pages} "
+                "folders; raise RemoteOptions(max_listing_pages=...) if the tree has that many"
+            )
+        url = top.rstrip("/") + folder[len(base) :]
+        try:
+            listed = retrying(url, retries, functools.partial(fs.ls, folder, detail=True))
+        except Exception as error:
+            if folder == base:
+                raise
+            raise OSError(
+                f"listing {top!r}: the folder {url!r} cannot be listed ({error}); a listing "
+                "without it would miss its files"
+            ) from error
+        for info in listed:
+            name = str(info["name"]).rstrip("/")
+            if name == folder or not name.startswith(folder + "/"):
+                continue  # the folder itself
+            entries[name] = info
+            if info.get("type") == "directory" and depth <= options.max_depth:
+                pending.append((name, depth + 1))
+    return entries
 
 
 # --- http(s): one index page per folder ----------------------------------------------------

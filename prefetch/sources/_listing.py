@@ -1,13 +1,15 @@
 """The one folder lister (ImageFolder's and the Keras drop-in's), and where its listings are kept.
 
-`index_directory` lists with Keras's order, rules and path strings, one `os.walk` per class
+`index_directory` lists with Keras's order, rules and path strings, one walk per class
 folder and no per-file path arithmetic. `list_folder` is the same listing with a
 `ListingReport`: a local folder's listing is kept as a file in a folder of the user's own
-(`keep_listing`; `prefetch.sources._kept_listing` has the lock and when a kept listing serves,
-`prefetch.sources._listing_file` the file and its checks), so
+(`keep_listing`; `prefetch.sources._kept_listing` has the lock, when a kept listing serves
+and the pruning of unused ones, `prefetch.sources._listing_file` the file and its checks), so
 that the ranks of a host list the folder once and later runs start from the file while no
-folder in it has changed. A local walk stamps each folder before reading it (`stamp`), which
-is what a kept listing is checked against. A URL is listed with one bulk listing
+folder in it has changed. A listing is complete or an error: a local walk (`FolderWalk`)
+reads every folder whole, retrying transient errors, stamps each before reading it (what a
+kept listing is checked against) and raises naming a folder it cannot read, so no listing
+with a folder left out is ever made or kept. A URL is listed with one bulk listing
 (`RemoteTree`) and never kept. Pure functions apart from the kept files; thread-safe.
 """
 
@@ -21,7 +23,6 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -37,14 +38,19 @@ from prefetch.io import (
     user_cache_folder,
 )
 from prefetch.sources._kept_listing import load_or_list
-from prefetch.sources._listing_file import LISTING_VERSION, Listing, stamp
+from prefetch.sources._listing_file import LISTING_VERSION, Listing
+from prefetch.sources._walk import FolderWalk
 
 log = logging.getLogger("prefetch.loader")
 
 # The extensions that Keras `image_dataset_from_directory` accepts (compared lower-cased).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
-# Set to "0" to keep no listing unless a folder is named (`keep_listing`).
+# Set to "0" (or false, no, off) to keep no listing unless a folder is named (`keep_listing`).
 KEEP_LISTING_ENV = "PREFETCH_KEEP_LISTING"
+# Its values, in any case and with spaces around: those that turn keeping off, and those that
+# keep it on (as unset or empty); any other is an error.
+KEEP_LISTING_OFF = ("0", "false", "no", "off")
+KEEP_LISTING_ON = ("1", "true", "yes", "on")
 
 _warned: set[str] = set()  # the folders refused in this process (each said once)
 
@@ -125,12 +131,12 @@ def list_folder(
     named = listing_place(keep_listing)
     if is_url(top):
         tree = RemoteTree(top, options=remote, skip_errors=on_error == "skip")
-        listing = _list(top, tree, infer_labels, class_names, follow_links, stamped=False)
+        listing = _list(top, tree, infer_labels, class_names, follow_links)
         return listing, ListingReport(False, None, time.perf_counter() - start, 0.0)
     top = local_path(top)
 
     def list_now() -> Listing:
-        return _list(top, _LOCAL_TREE, infer_labels, class_names, follow_links, stamped=True)
+        return _list(top, FolderWalk(), infer_labels, class_names, follow_links)
 
     place = _open_place(*named) if named else None
     if named is None or place is None:
@@ -149,11 +155,12 @@ def list_folder(
 
 def listing_place(keep_listing: bool | str | os.PathLike[str]) -> tuple[str, bool] | None:
     """Where listings are kept for `keep_listing`, and whether the caller named the folder:
-    None for False (and for True when `PREFETCH_KEEP_LISTING=0`); for True
+    None for False (and for True when `keep_listing_default()` is False); for True
     `user_cache_folder("listings")` (`$PREFETCH_CACHE_DIR/listings`, else
-    `~/.cache/prefetch/listings`); a path is that folder. TypeError for anything else."""
+    `$XDG_CACHE_HOME/prefetch/listings`, else `~/.cache/prefetch/listings`); a path is that
+    folder. TypeError for anything else; ValueError for an environment value not understood."""
     if keep_listing is True:
-        if os.environ.get(KEEP_LISTING_ENV, "").strip() == "0":
+        if not keep_listing_default():
             return None
         return user_cache_folder("listings"), False
     if keep_listing is False:
@@ -164,6 +171,23 @@ def listing_place(keep_listing: bool | str | os.PathLike[str]) -> tuple[str, boo
             f"(keep none) or a folder of your own, got {type(keep_listing).__name__}"
         )
     return os.path.abspath(os.fspath(keep_listing)), True
+
+
+def keep_listing_default() -> bool:
+    """Whether `keep_listing=True` keeps listings, by `PREFETCH_KEEP_LISTING`: unset, empty or
+    one of `KEEP_LISTING_ON` keeps them, one of `KEEP_LISTING_OFF` does not (any case);
+    anything else is a ValueError naming the variable and what it accepts."""
+    value = os.environ.get(KEEP_LISTING_ENV, "")
+    said = value.strip().lower()
+    if said in KEEP_LISTING_OFF:
+        return False
+    if said in ("", *KEEP_LISTING_ON):
+        return True
+    raise ValueError(
+        f"{KEEP_LISTING_ENV}={value!r} is not understood: set it to "
+        f"{'/'.join(KEEP_LISTING_OFF)} (any case) to keep no folder listings, or to "
+        f"{'/'.join(KEEP_LISTING_ON)} (or leave it unset) to keep them"
+    )
 
 
 def _open_place(place: str, named: bool) -> int | None:
@@ -225,31 +249,24 @@ def _say(top: str, listing: Listing, report: ListingReport) -> None:
 
 def _list(
     top: str,
-    tree: Any,
+    tree: FolderWalk | RemoteTree,
     infer_labels: bool,
     class_names: Sequence[str] | None,
     follow_links: bool,
-    stamped: bool,
 ) -> Listing:
-    """Keras's listing of `top` on `tree`; with `stamped`, each folder stamped before it is
-    read (see the module docstring)."""
+    """Keras's listing of `top` on `tree`: a `FolderWalk` (a local folder: complete or an
+    error, each folder stamped before it is read) or a `RemoteTree` (a URL, no stamps)."""
     listed_ns = time.time_ns()
-    folders: list[str] = []
-    stamps: list[tuple[int, int, int, int]] = []
-
-    def note(folder: str) -> None:
-        folders.append(folder)
-        stamps.append(stamp(folder))
-
-    walk = functools.partial(_stamping_walk, note=note) if stamped else tree.walk
+    walk: Callable[..., Iterator[tuple[str, list[str], list[str]]]]
+    subfolders: Callable[[str], list[str]]
+    if isinstance(tree, FolderWalk):
+        # As os.walk: a missing folder lists nothing when labels are not inferred.
+        walk = functools.partial(tree.walk, missing_ok=not infer_labels)
+        subfolders = tree.subfolders
+    else:
+        walk, subfolders = tree.walk, functools.partial(_remote_subfolders, tree)
     if infer_labels:
-        if stamped:
-            note(top)
-        subdirs = [
-            name
-            for name in sorted(tree.listdir(top))
-            if tree.isdir(os.path.join(top, name)) and not name.startswith(".")
-        ]
+        subdirs = [name for name in sorted(subfolders(top)) if not name.startswith(".")]
         if class_names is not None:
             if not set(class_names).issubset(set(subdirs)):
                 missing = [name for name in class_names if name not in subdirs]
@@ -278,37 +295,19 @@ def _list(
         np.array(counts, dtype=np.int64),
     )
     names = subdirs if infer_labels else []
+    folders, stamps = (tree.folders, tree.stamps) if isinstance(tree, FolderWalk) else ([], [])
     table = np.array(stamps, dtype=np.int64).reshape(-1, 4)
     return Listing(paths, labels, names, PathArray(folders), table, listed_ns)
 
 
-def _stamping_walk(
-    folder: str, followlinks: bool = False, *, note: Callable[[str], None]
-) -> Iterator[tuple[str, list[str], list[str]]]:
-    """`os.walk(folder)` that calls `note` on each folder it will read, before reading it: the
-    walk is top-down, so a sub-folder is noted when its parent is yielded, before the walk
-    goes down into it (the same sub-folders as `os.walk`'s rule for links)."""
-    note(folder)
-    for root, dirs, files in os.walk(folder, followlinks=followlinks):
-        for name in dirs:
-            path = os.path.join(root, name)
-            if followlinks or not os.path.islink(path):
-                note(path)
-        yield root, dirs, files
+def _remote_subfolders(tree: RemoteTree, top: str) -> list[str]:
+    """The names in the URL folder `top` of `tree` that are folders."""
+    return [name for name in tree.listdir(top) if tree.isdir(os.path.join(top, name))]
 
 
-class _LocalTree:
-    """The local filesystem, with the methods of `RemoteTree` that the lister uses (its walk
-    is `_stamping_walk`)."""
-
-    listdir = staticmethod(os.listdir)
-    isdir = staticmethod(os.path.isdir)
-
-
-_LOCAL_TREE = _LocalTree()
-
-
-def _walk_images(folder: str, follow_links: bool, walk: Any) -> list[str]:
+def _walk_images(
+    folder: str, follow_links: bool, walk: Callable[..., Iterator[tuple[str, list[str], list[str]]]]
+) -> list[str]:
     """Keras's iter_valid_files: the walk sorted by folder path, each folder's files sorted."""
     found: list[str] = []
     for root, _, filenames in sorted(

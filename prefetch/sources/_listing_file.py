@@ -13,19 +13,21 @@ CRC-32 of the rest (against damage: no one else can write the file). `write_list
 to `.partial-<name>-<random>` (exclusively, 0600, never through a link), fsyncs it and renames
 it into place: a reader never sees half a file. `read_listing` opens it without following a
 link or blocking, refuses (`Refused`, with the reason) a file that is not a regular file of
-yours or that group or others may write, then reads it memory-mapped (the ranks of a host
-share its pages in the page cache instead of a copy each) and checks the checksum, the
-version, the key and the arrays. Pure functions; thread-safe.
+yours or that group or others may write, then reads it whole into memory (never mapped: a file
+truncated while a process used its mapping would kill that process with SIGBUS) and checks the
+checksum, the version, the key, the arrays and that every name is UTF-8 (as `PathArray` holds
+it); a file it cannot read or decode is refused, never raised. Pure functions; thread-safe.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
-import mmap
 import os
 import secrets
 import stat
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -47,6 +49,11 @@ MAX_HEADER_BYTES = 16 << 20
 # The file ends with the CRC-32 of the rest (5x faster than BLAKE2b: 8 ranks check it at once).
 CHECKSUM_BYTES = 4
 _ALIGN = 64
+# A reader that uses a kept listing sets its modification time to now when it is older than
+# this: the time says when it was last used (`prefetch.sources._kept_listing` prunes by it).
+USED_EVERY_NS = 24 * 3600 * 10**9
+# Bytes of names checked as UTF-8 at a time (a kept listing's paths may be hundreds of MB).
+_UTF8_STEP = 1 << 20
 # The arrays of a file, in order, with their dtypes.
 _ARRAYS = (
     ("folder_bytes", "u1"),
@@ -100,9 +107,13 @@ def stamp(folder: str) -> tuple[int, int, int, int]:
     """(device, inode, modification time, change time) of `folder` (links followed), or -1s
     when it cannot be read."""
     try:
-        info = os.stat(folder)
+        return stamp_of(os.stat(folder))
     except OSError:
         return _MISSING
+
+
+def stamp_of(info: os.stat_result) -> tuple[int, int, int, int]:
+    """The `stamp` of a folder whose `os.stat` is `info`."""
     return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
 
@@ -172,9 +183,10 @@ def write_listing(folder: int, name: str, key: str, listing: Listing) -> None:
 
 
 def read_listing(folder: int, file_name: str, key: str) -> Listing | None:
-    """The listing in `file_name` (in the folder `folder`) made for `key`, memory-mapped;
-    None when there is none; `Refused` (with the reason) when it is not to be trusted or is
-    damaged. Its folders' stamps are not checked here (`Listing.changed`)."""
+    """The listing in `file_name` (in the folder `folder`) made for `key`, read into memory;
+    None when there is none; `Refused` (with the reason) when it is not to be trusted, is
+    damaged, or cannot be read. Its folders' stamps are not checked here (`Listing.changed`).
+    A listing that passes is marked used (its modification time, at most once a day)."""
     try:
         flags = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
         handle = os.open(file_name, flags, dir_fd=folder)
@@ -191,15 +203,35 @@ def read_listing(folder: int, file_name: str, key: str) -> Listing | None:
             )
         if info.st_size < len(MAGIC) + 8 + CHECKSUM_BYTES:
             raise Refused(f"{info.st_size} bytes is too short")
-        data = mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
+        listing = _decode(_read_whole(handle, info.st_size), key)
+        if time.time_ns() - info.st_mtime_ns > USED_EVERY_NS:
+            with contextlib.suppress(OSError):
+                os.utime(handle)
+        return listing
     finally:
         os.close(handle)
-    return _decode(data, key)
 
 
-def _decode(data: mmap.mmap, key: str) -> Listing:
-    """The listing in the mapped file `data`, checked; `Refused` otherwise."""
-    view = memoryview(data)
+def _read_whole(handle: int, size: int) -> np.ndarray:
+    """The `size` bytes of the open file `handle`, in an array of their own; `Refused` when
+    fewer are there (truncated meanwhile) or reading fails."""
+    data = np.empty(size, dtype=np.uint8)
+    view = data.data
+    done = 0
+    try:
+        while done < size:
+            count = os.readv(handle, [view[done:]])
+            if count == 0:
+                raise Refused(f"it ends at byte {done} of {size}: truncated while read")
+            done += count
+    except OSError as error:
+        raise Refused(f"it cannot be read: {error}") from None
+    return data
+
+
+def _decode(data: np.ndarray, key: str) -> Listing:
+    """The listing in the file's bytes `data`, checked; `Refused` otherwise."""
+    view = data.data
     body = view[:-CHECKSUM_BYTES]
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise Refused("not a kept listing of this version")
@@ -239,7 +271,9 @@ def _checked(arrays: dict[str, np.ndarray], listed_ns: int) -> Listing:
         folders = PathArray.from_parts(arrays["folder_bytes"], arrays["folder_starts"])
         classes = PathArray.from_parts(arrays["class_bytes"], arrays["class_starts"])
         paths = PathArray.from_parts(arrays["path_bytes"], arrays["path_starts"])
-    except ValueError as error:
+        for names in ("folder_bytes", "class_bytes", "path_bytes"):
+            _check_utf8(arrays[names])
+    except ValueError as error:  # UnicodeDecodeError is one
         raise Refused(f"damaged names ({error})") from None
     stamps, labels = arrays["stamps"], arrays["labels"]
     if len(stamps) != 4 * len(folders) or len(labels) != len(paths):
@@ -248,3 +282,15 @@ def _checked(arrays: dict[str, np.ndarray], listed_ns: int) -> Listing:
         raise Refused("a label out of range")
     stamps = stamps.reshape(-1, 4)
     return Listing(paths, labels, classes.tolist(), folders, stamps, listed_ns)
+
+
+def _check_utf8(data: np.ndarray) -> None:
+    """UnicodeDecodeError unless `data` decodes as `PathArray` decodes its names (UTF-8 with
+    "surrogatepass", the surrogates `os.fsdecode` makes of undecodable bytes); ASCII (the
+    usual case) is told by one pass over the bytes."""
+    if not len(data) or int(data.max()) < 0x80:
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
+    for start in range(0, len(data), _UTF8_STEP):
+        decoder.decode(data[start : start + _UTF8_STEP].tobytes())
+    decoder.decode(b"", final=True)
