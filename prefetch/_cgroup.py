@@ -5,23 +5,31 @@ fewer cores than its affinity mask shows: a cpuset (which CPUs) or a quota (how 
 per period, over any CPUs: `--cpus=4` on a 64-core host still shows 64 cores in the mask, and
 64 busy workers are throttled to 4 cores' time). The bottom layer: `prefetch._machine` caps
 the usable cores with the quota, `prefetch._host` the host's pool with both. Pure reads of
-`/proc/self/cgroup` and `/sys/fs/cgroup`, cgroup v2 and v1; nothing is cached.
+`/proc/self/cgroup` and `/sys/fs/cgroup`, cgroup v2 and v1; nothing is cached. What is read is
+bounded: at most `MAX_FILE_CHARS` of a file, and no count above the host's CPUs (a cpuset of
+"0-999999999" or a quota of a billion cores is not this host's): a file that is not what the
+kernel writes is passed over, as one that cannot be read.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 
 CGROUP_MOUNT = "/sys/fs/cgroup"
+# The most characters read of a cgroup file: a CPU list of every other CPU of 8,192 (Linux's
+# largest NR_CPUS) is about 20,000; longer text is not a cgroup file of ours.
+MAX_FILE_CHARS = 1 << 16
 
 
-def cgroup_cores(read: Callable[[str], str] | None = None) -> int | None:
+def cgroup_cores(read: Callable[[str], str] | None = None, cpus: int | None = None) -> int | None:
     """The cores of this process's cpuset cgroup (a container's `--cpuset-cpus`, a SLURM job's
     cores), from cgroup v2's `cpuset.cpus.effective` or v1's `cpuset.effective_cpus`: in the
     cgroup's folder under the mount, else at the mount's root (a container that sees its own
-    cgroup there); None when none can be read. `read(path) -> text` is for tests."""
-    reader = read or _read_text
+    cgroup there); None when none can be read, or when it names more CPUs than the host has
+    (`cpus`, default `os.cpu_count()`). `read(path) -> text` and `cpus` are for tests."""
+    reader, most = _bounded(read), cpus or os.cpu_count() or 1
     for version, controllers, path in _cgroups(reader):
         if version == 2:
             mounts, name = [CGROUP_MOUNT], "cpuset.cpus.effective"
@@ -34,18 +42,21 @@ def cgroup_cores(read: Callable[[str], str] | None = None) -> int | None:
                 count = cpu_list_size(reader(f"{folder}/{name}"))
             except (OSError, ValueError):
                 continue
-            if count:
+            if 0 < count <= most:
                 return count
     return None
 
 
-def cpu_quota_cores(read: Callable[[str], str] | None = None) -> int | None:
+def cpu_quota_cores(
+    read: Callable[[str], str] | None = None, cpus: int | None = None
+) -> int | None:
     """The cores' worth of CPU time this process's cgroup may use (its quota over its period,
     rounded up: 2.5 is 3), the least over its folder, the folders above it and the mount's
     root, from cgroup v2's `cpu.max` ("400000 100000"; "max": none) or v1's
-    `cpu.cfs_quota_us` (-1: none) and `cpu.cfs_period_us`; None when no quota is set or none
-    can be read. `read(path) -> text` is for tests."""
-    reader = read or _read_text
+    `cpu.cfs_quota_us` (-1: none) and `cpu.cfs_period_us`; None when no quota is set, none can
+    be read, or the least is not below the host's CPUs (`cpus`, default `os.cpu_count()`: such
+    a quota narrows nothing). `read(path) -> text` and `cpus` are for tests."""
+    reader, most = _bounded(read), cpus or os.cpu_count() or 1
     least: float | None = None
     for version, controllers, path in _cgroups(reader):
         if version == 2:
@@ -59,20 +70,26 @@ def cpu_quota_cores(read: Callable[[str], str] | None = None) -> int | None:
         for folder in _folders(mounts, path, ancestors=True):
             try:
                 cores = _quota(reader, folder, version)
-            except (OSError, ValueError, ZeroDivisionError):
+            except (OSError, ValueError, ArithmeticError):  # ZeroDivision, Overflow
                 continue
             if cores is not None and cores > 0 and (least is None or cores < least):
                 least = cores
-    return None if least is None else max(1, math.ceil(least - 1e-9))
+    if least is None or least >= most:
+        return None
+    return max(1, math.ceil(least - 1e-9))
 
 
 def cpu_list_size(text: str) -> int:
-    """The CPUs in a kernel CPU list ("0-3,8-11,16" is 9); ValueError when it is not one."""
+    """The CPUs in a kernel CPU list ("0-3,8-11,16" is 9), counted range by range (never
+    expanded); ValueError when it is not one (a range that runs backwards, a sign, a
+    non-number)."""
     count = 0
     for part in text.strip().split(","):
         if not part:
             continue
         first, _, last = part.partition("-")
+        if not (first.isdigit() and (last or first).isdigit()) or int(last or first) < int(first):
+            raise ValueError(f"not a kernel CPU list: {text[:60]!r}")
         count += int(last or first) - int(first) + 1
     return count
 
@@ -82,7 +99,7 @@ def _cgroups(reader: Callable[[str], str]) -> Iterator[tuple[int, list[str], str
     (1, controllers, path) for each v1 one."""
     try:
         lines = reader("/proc/self/cgroup").splitlines()
-    except OSError:
+    except (OSError, ValueError):
         return
     for line in lines:
         parts = line.split(":", 2)
@@ -116,6 +133,17 @@ def _quota(reader: Callable[[str], str], folder: str, version: int) -> float | N
     return None if quota < 0 else quota / int(reader(f"{folder}/cpu.cfs_period_us"))
 
 
-def _read_text(path: str) -> str:
-    with open(path, encoding="ascii") as file:
-        return file.read()
+def _bounded(read: Callable[[str], str] | None) -> Callable[[str], str]:
+    """`read` (default: the file's text), refusing more than `MAX_FILE_CHARS` with ValueError."""
+
+    def bounded(path: str) -> str:
+        if read is None:
+            with open(path, encoding="ascii") as file:
+                text = file.read(MAX_FILE_CHARS + 1)
+        else:
+            text = read(path)
+        if len(text) > MAX_FILE_CHARS:
+            raise ValueError(f"{path}: more than {MAX_FILE_CHARS} characters")
+        return text
+
+    return bounded

@@ -22,9 +22,19 @@ def one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
     return value
 
 
-def check_shard(num_shards: Any, shard_index: Any) -> tuple[int, int]:
-    """(num_shards, shard_index) as ints, or ValueError when the index is outside the shards."""
+def check_shard(num_shards: Any, shard_index: Any, samples: int | None = None) -> tuple[int, int]:
+    """(num_shards, shard_index) as ints, or ValueError when the index is outside the shards
+    or there are more shards than `samples` (the source's samples, when given): each shard
+    (rank) reads at least one sample per epoch, so shards beyond the samples would only repeat
+    them, and an epoch's padded order holds `num_shards` samples (`shard(2**62, 0)` would fail
+    at its first batch, out of memory)."""
     num_shards = positive("num_shards", num_shards)
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index must be in [0, num_shards={num_shards}), got {shard_index}")
+    if samples is not None and num_shards > samples:
+        raise ValueError(
+            f"num_shards={num_shards} is more than this source's samples ({samples}): every "
+            f"shard (rank) needs a sample of its own: pass num_shards <= {samples}, or give "
+            "the source more samples"
+        )
     return num_shards, int(shard_index)

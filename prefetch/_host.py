@@ -6,26 +6,33 @@ this host runs (and this process's place among them) from what the launcher set,
 the user gave; `host_share` turns that into this rank's cores (its part of `/dev/shm` is
 `prefetch.backends.ShmRoom`'s, from the same count of ranks). The bottom layer: the runtime
 sizes its defaults with these, and the listing kept per host and the guide cite them. Pure
-reads of the environment and of `/proc`, `/sys`: nothing is cached, nothing blocks.
+reads of the environment and of `/proc`, `/sys`: nothing is cached, nothing blocks. Every
+variable read is checked here, at the door, in memory that does not grow with its numbers
+(SLURM's "4(x1000000000)" is never expanded): a value that is not what the launcher writes is a
+ValueError naming the variable, the value and what is accepted.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 from prefetch._cgroup import cgroup_cores, cpu_quota_cores
+from prefetch._checks import positive
 from prefetch._machine import affinity_cores
+from prefetch._messages import counted
 
 # The variable a user sets to say how many ranks share this host, above any launcher's.
 RANKS_VARIABLE = "PREFETCH_RANKS_PER_HOST"
 
 # The launchers' variables, in the order they are read: (count, local rank, launcher). The
-# first count that is set (and a whole number >= 1) wins. SLURM's are read only inside a task
-# that srun started (SLURM_LOCALID is set): a batch script's own process is one process, not
-# its job's tasks. A SLURM count may be a list per node ("2(x3),1"): the entry of this node
-# (SLURM_NODEID) is taken, or the largest when the node is not known.
+# first count that is set wins. SLURM's are read only inside a task that srun started
+# (SLURM_LOCALID is set): a batch script's own process is one process, not its job's tasks. A
+# SLURM count may be a list per node ("2(x3),1"): the entry of this node (SLURM_NODEID) is
+# taken, or the largest when the node is not known.
 LAUNCHERS: tuple[tuple[str, str, str], ...] = (
     ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "torchrun"),
     ("SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID", "SLURM"),
@@ -34,6 +41,14 @@ LAUNCHERS: tuple[tuple[str, str, str], ...] = (
     ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"),
     ("MPI_LOCALNRANKS", "MPI_LOCALRANKID", "MPICH / Intel MPI"),
 )
+
+# A whole number as a launcher writes it: ASCII digits, at most 18 (below 2**63; SLURM's own
+# counts are 32-bit), spaces around allowed. Longer text is refused before any int() of it.
+_WHOLE = re.compile(r"\s*([0-9]{1,18})\s*")
+# One entry of a SLURM list per node: N tasks on one node, or on each of M nodes: "N(xM)".
+_SLURM_ENTRY = re.compile(r"\s*([0-9]{1,18})(?:\(x([0-9]{1,18})\))?\s*")
+# What a message shows of a value (a variable may hold 128 KiB).
+_SHOWN_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -61,53 +76,83 @@ def local_ranks(
     """The ranks on this host, read in this order (the first one set wins):
 
     1. `ranks_per_host`, given by the caller (the Loader's `ranks_per_host=`);
-    2. `PREFETCH_RANKS_PER_HOST` (a whole number >= 1, else ValueError);
+    2. `PREFETCH_RANKS_PER_HOST`;
     3. `LOCAL_WORLD_SIZE` (torchrun; local rank `LOCAL_RANK`);
     4. inside an srun task (`SLURM_LOCALID` set, the local rank): `SLURM_STEP_TASKS_PER_NODE`,
        then `SLURM_NTASKS_PER_NODE`, then `SLURM_TASKS_PER_NODE` (a list per node such as
-       "2(x3),1": this node's entry by `SLURM_NODEID`, else the largest);
+       "2(x3),1": this node's entry by `SLURM_NODEID`, found by arithmetic, never expanded;
+       the largest when `SLURM_NODEID` is unset or beyond the list);
     5. `OMPI_COMM_WORLD_LOCAL_SIZE` (Open MPI; `OMPI_COMM_WORLD_LOCAL_RANK`);
     6. `MPI_LOCALNRANKS` (MPICH's Hydra, Intel MPI; `MPI_LOCALRANKID`);
     7. else one rank ("no launcher variable set").
 
-    A launcher's variable that is not a whole number >= 1 is passed over (the next is read):
-    a stray variable must not stop training. `environ` defaults to `os.environ`.
+    Every variable read is checked: a count that is not a whole number >= 1 (for SLURM, not
+    its list of them), a local rank that is not one of 0 .. count - 1, a `SLURM_NODEID` that is
+    not a whole number, is a ValueError naming the variable, its value and what is accepted (a
+    wrong count would size every rank's workers wrongly, silently). Variables not read (those
+    after the one that wins) are not checked. `environ` defaults to `os.environ`.
     """
     env = os.environ if environ is None else environ
     if ranks_per_host is not None:
-        count = _whole(str(ranks_per_host)) if not isinstance(ranks_per_host, bool) else None
-        if count is None:
-            raise ValueError(f"ranks_per_host must be an int >= 1, got {ranks_per_host!r}")
+        count = positive("ranks_per_host", ranks_per_host)
         return LocalRanks(count, None, f"ranks_per_host={count}")
     given = env.get(RANKS_VARIABLE)
     if given is not None:
-        count = _whole(given)
-        if count is None:
-            raise ValueError(
-                f"{RANKS_VARIABLE} must be a whole number >= 1 (the training processes on this "
-                f"host), got {given!r}: fix or unset it"
-            )
+        count = _count(RANKS_VARIABLE, given, "the training processes on this host")
         return LocalRanks(count, None, f"{RANKS_VARIABLE}={count}")
     for count_name, rank_name, launcher in LAUNCHERS:
         value = env.get(count_name)
         if value is None or (launcher == "SLURM" and rank_name not in env):
             continue
-        slurm = launcher == "SLURM"
-        count = _slurm_count(value, env.get("SLURM_NODEID")) if slurm else _whole(value)
-        if count is None:
-            continue
-        rank = _whole(env.get(rank_name, ""), least=0)
-        return LocalRanks(count, rank, f"{count_name}={value} ({launcher})")
+        if launcher == "SLURM":
+            count = slurm_count(count_name, value, env.get("SLURM_NODEID"))
+            given = _shown(value, quote=False)  # the list, as SLURM wrote it
+        else:
+            count = _count(count_name, value, f"{launcher}'s count of the processes on this host")
+            given = str(count)
+        rank = env.get(rank_name)
+        place = None
+        if rank is not None:
+            among = f"this process's place among the {count} of {count_name}"
+            place = _count(rank_name, rank, among, least=0, below=count)
+        return LocalRanks(count, place, f"{count_name}={given} ({launcher})")
     return LocalRanks(1, None, UNKNOWN)
+
+
+def slurm_count(name: str, text: str, node: str | None) -> int:
+    """This node's entry of SLURM's tasks per node (`text`, the value of the variable `name`):
+    a comma-separated list of "N" (N tasks on one node) and "N(xM)" (N on each of M nodes),
+    N and M >= 1. The entry of node `node` (SLURM_NODEID: 0, 1, ...) is found by counting the
+    nodes each entry covers, never by expanding the list; when `node` is None or beyond the
+    list, the largest entry (the most ranks this node can run). ValueError naming the
+    variable when `text` is not such a list or `node` not a whole number."""
+    index = None if node is None else _count("SLURM_NODEID", node, "this node's index", least=0)
+    largest, first_node, found = 0, 0, None
+    for part in text.split(","):
+        entry = _SLURM_ENTRY.fullmatch(part)
+        tasks, nodes = (int(entry[1]), int(entry[2] or 1)) if entry else (0, 0)
+        if tasks < 1 or nodes < 1:
+            raise ValueError(
+                f"{name} must be SLURM's tasks per node: whole numbers >= 1 separated by "
+                f"commas, each maybe repeated over nodes as N(xM), e.g. '2(x3),1'; got "
+                f"{_shown(text)}: fix or unset it, or pass ranks_per_host= to the Loader "
+                "(read before any variable)"
+            )
+        if found is None and index is not None and index < first_node + nodes:
+            found = tasks
+        largest, first_node = max(largest, tasks), first_node + nodes
+    return largest if found is None else found
 
 
 @dataclass(frozen=True)
 class HostShare:
-    """This rank's share of the host: `cores` it may use by default, out of `pool` (the cores
-    the host, container or job gives all its ranks), with `affinity` cores in its own mask;
-    `bound` is whether that mask is the rank's own (a launcher bound each rank to its cores);
-    `quota` is the cgroup's CPU quota in cores when it narrowed the share (else None): then
-    `pool` is the quota, shared by all the ranks. `ranks` is `local_ranks()`."""
+    """This rank's share of the host: `cores` it may use by default (a whole number, at least
+    1), out of `pool` (the cores the host, container or job gives all its ranks), with
+    `affinity` cores in its own mask; `bound` is whether that mask is the rank's own (a
+    launcher bound each rank to its cores); `quota` is the cgroup's CPU quota in cores when it
+    narrowed the share (else None): then `pool` is the quota, shared by all the ranks. `ranks`
+    is `local_ranks()`. `exact` is the share before rounding: below one core when the ranks
+    outnumber the cores they share (`crowded`)."""
 
     ranks: LocalRanks
     cores: int
@@ -116,33 +161,59 @@ class HostShare:
     bound: bool
     quota: int | None = None
 
+    @property
+    def exact(self) -> Fraction:
+        """This rank's cores, unrounded: the quota or the mask among the ranks (the mask alone
+        when the launcher bound it): `Fraction(2, 8)` for 8 ranks on 2 cores."""
+        if self.quota is not None:
+            return Fraction(self.quota, self.ranks.count)
+        return Fraction(self.affinity, 1 if self.bound else self.ranks.count)
+
+    @property
+    def crowded(self) -> bool:
+        """Whether the ranks outnumber the cores they share: each rank gets less than a core,
+        yet runs at least one worker beside its training loop."""
+        return self.exact < 1
+
     def describe(self) -> str:
-        """The cores and where they came from, e.g. "14 cores: the host's 112 among 8 ranks
-        (LOCAL_WORLD_SIZE=8 (torchrun))", "1 core: the 4 of this cgroup's CPU quota among 8
-        ranks (...)"."""
-        ranks = self.ranks
-        noun = "core" if self.cores == 1 else "cores"
+        """The cores and where they came from, e.g. "14 cores: the host's 112 cores among 8
+        ranks (LOCAL_WORLD_SIZE=8 (torchrun))", "half a core: the 4 of this cgroup's CPU
+        quota (docker --cpus, a CPU limit) among 8 ranks (...)"."""
+        ranks, amount = self.ranks, cores_text(self.exact)
+        why = ranks.source if ranks.known else f"one rank: {ranks.source}"
         if self.quota is not None:
             quota = f"the {self.quota} of this cgroup's CPU quota (docker --cpus, a CPU limit)"
             if ranks.count == 1:
-                why = ranks.source if ranks.known else f"one rank: {ranks.source}"
-                return f"{self.cores} usable {noun} ({why}; {quota})"
+                return f"{counted(self.cores, 'usable core')} ({why}; {quota})"
             mask = f", within the {self.affinity} the launcher bound it to" if self.bound else ""
-            return f"{self.cores} {noun}: {quota} among {ranks.count} ranks{mask} ({ranks.source})"
+            return f"{amount}: {quota} among {ranks.count} ranks{mask} ({ranks.source})"
         if self.bound:
-            among = f"; {ranks.count} ranks ({ranks.source})" if ranks.known else ""
+            among = f"; {counted(ranks.count, 'rank')} ({ranks.source})" if ranks.known else ""
             return (
-                f"{self.cores} {noun}: this process's affinity mask, which the launcher bound "
-                f"to {self.affinity} of the host's {self.pool}{among}"
+                f"{amount}: this process's affinity mask, which the launcher bound to "
+                f"{self.affinity} of the host's {self.pool}{among}"
             )
         if ranks.count == 1:
-            why = ranks.source if ranks.known else f"one rank: {ranks.source}"
-            return f"{self.cores} usable {noun} ({why})"
+            return f"{counted(self.cores, 'usable core')} ({why})"
         mask = "" if self.affinity == self.pool else f"this process's {self.affinity} of "
         return (
-            f"{self.cores} {noun}: {mask}the host's {self.pool} among {ranks.count} ranks "
-            f"({ranks.source})"
+            f"{amount}: {mask}the host's {counted(self.pool, 'core')} among {ranks.count} "
+            f"ranks ({ranks.source})"
         )
+
+
+# Shares of a core said in words; others as "2/7 of a core".
+_PARTS = {2: "half a core", 3: "a third of a core", 4: "a quarter of a core"}
+
+
+def cores_text(cores: Fraction) -> str:
+    """A share of cores in words: "14 cores", "1 core" (whole cores, rounded down from 1 on),
+    "half a core", "a quarter of a core", "2/7 of a core"."""
+    if cores >= 1:
+        return counted(int(cores), "core")
+    if cores.numerator == 1 and cores.denominator in _PARTS:
+        return _PARTS[cores.denominator]
+    return f"{cores.numerator}/{cores.denominator} of a core"
 
 
 def host_share(
@@ -152,6 +223,8 @@ def host_share(
     affinity: int | None = None,
     pool: int | None = None,
     quota: int | None = None,
+    cpus: int | None = None,
+    read: Callable[[str], str] | None = None,
 ) -> HostShare:
     """This rank's cores, from the ranks on this host (`local_ranks(ranks_per_host, environ)`),
     the cores in this process's affinity mask (`affinity`: `affinity_cores()` unless given) and
@@ -161,50 +234,57 @@ def host_share(
     - when the mask is narrower than the pool and the ranks' masks could be disjoint
       (ranks x mask <= pool), a launcher bound each rank to its cores (srun --cpu-bind, mpirun
       --bind-to, taskset per rank): the mask is this rank's share, not divided again;
-    - else the ranks share the mask: its cores divided among them (at least 1);
+    - else the ranks share the mask: its cores divided among them (at least 1; `exact` keeps
+      the fraction, below 1 when the ranks outnumber the cores);
     - and at most its part of the cgroup's CPU quota (`quota`: `cpu_quota_cores()` unless
       `pool` is given), which all the ranks of a container or job share: quota / ranks.
 
     So 8 ranks of torchrun on a 112-core host get 14 cores each, 8 ranks that srun bound to
     14 cores each get those 14, and 8 ranks in a container given `--cpus=16` get 2 each.
-    `affinity`, `pool` and `quota` are for tests of hosts this is not.
+    `affinity`, `pool` and `quota` are for tests of hosts this is not; so are `cpus` (the
+    host's CPUs, `os.cpu_count()` unless given) and `read(path) -> text`, which reads the
+    cgroup files (`prefetch._cgroup`, bounded by `cpus`) of containers this is not.
     """
     ranks = local_ranks(ranks_per_host, environ)
     if quota is None and pool is None:
-        quota = cpu_quota_cores()
+        quota = cpu_quota_cores(read, cpus)
     mask = affinity_cores() if affinity is None else affinity
-    host = pool if pool is not None else (cgroup_cores() or os.cpu_count() or mask)
-    host = max(host, mask)
+    if pool is None:
+        pool = cgroup_cores(read, cpus) or cpus or os.cpu_count() or mask
+    host = max(pool, mask)
     bound = mask < host and ranks.count * mask <= host
-    cores = mask if bound else max(1, mask // ranks.count)
-    if quota is None or quota // ranks.count >= cores:
-        return HostShare(ranks, cores, host, mask, bound)
+    share = HostShare(ranks, mask if bound else max(1, mask // ranks.count), host, mask, bound)
+    if quota is None or Fraction(quota, ranks.count) >= share.exact:
+        return share
     return HostShare(ranks, max(1, quota // ranks.count), quota, mask, bound, quota)
 
 
-def _whole(text: str, least: int = 1) -> int | None:
-    """`text` as a whole number >= `least`, or None."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        return None
-    return value if value >= least else None
+def _count(
+    name: str,
+    text: str,
+    meaning: str,
+    *,
+    least: int = 1,
+    below: int | None = None,
+) -> int:
+    """`text` (the value of `name`) as a whole number >= `least` (and < `below`), or ValueError
+    naming the variable, the value and what is accepted."""
+    match = _WHOLE.fullmatch(text)
+    value = int(match[1]) if match else -1
+    if value < least or (below is not None and value >= below):
+        accepted = f">= {least}" if below is None else f"from {least} to {below - 1}"
+        fix = ", or pass ranks_per_host= to the Loader (read before any variable)"
+        if name == RANKS_VARIABLE:
+            fix = ""
+        raise ValueError(
+            f"{name} must be a whole number {accepted} ({meaning}), got {_shown(text)}: fix "
+            f"or unset it{fix}"
+        )
+    return value
 
 
-def _slurm_count(text: str, node: str | None) -> int | None:
-    """A SLURM tasks-per-node value ("8", "2(x3),1") for this node: its entry by `node` (the
-    SLURM_NODEID), the one value when all nodes run alike, else the largest; None when it is
-    not such a list."""
-    counts: list[int] = []
-    for part in text.split(","):
-        value, _, repeat = part.partition("(x")
-        count, times = _whole(value), _whole(repeat.rstrip(")")) if repeat else 1
-        if count is None or times is None:
-            return None
-        counts.extend([count] * times)
-    if not counts:
-        return None
-    index = _whole(node or "", least=0)
-    if index is not None and index < len(counts):
-        return counts[index]
-    return max(counts)
+def _shown(text: str, quote: bool = True) -> str:
+    """`text` for a message: its repr (or itself), cut to `_SHOWN_CHARS` characters."""
+    cut = text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}..."
+    shown = repr(cut) if quote else cut
+    return shown if cut is text else f"{shown} ({len(text)} characters)"

@@ -30,7 +30,8 @@ also derive from `RuntimeError`, so code that catches `RuntimeError` keeps worki
                                 process, holding that worker's formatted traceback
     UserWarning
      +-- TooManyWorkersWarning  a worker count above this rank's share of the cores (or
-                                ranks x workers above the host's cores): said once, then run
+                                ranks x workers above the host's cores), or more ranks than
+                                the cores they share: said once, then run
 
 Programming errors keep Python's types: a bad option is a `ValueError` or `TypeError`, and a
 call in the wrong state (re-sharding a loader that has begun an epoch) a `RuntimeError`.
@@ -162,5 +163,13 @@ class TooManyWorkersWarning(UserWarning):
     a little (docs/tuning.md, "Workers and cores", measured). The message names the count, the
     cores and where the share came from (the ranks on this host, `prefetch._host`), and the fix:
     leave `workers` unset, or at most the share. Not said for remote URLs, whose workers wait
-    on the network. Silence it with `warnings.simplefilter("ignore", TooManyWorkersWarning)`.
+    on the network.
+
+    Also said, once per process, when the ranks on this host outnumber the cores they share
+    (8 ranks on 2 cores, or under a CPU quota of 4: this rank's share is a fraction of a core),
+    whatever `workers` is: each rank still runs at least one worker beside its training loop.
+    The message names the ranks, the cores and the fraction ("a quarter of a core: the host's
+    2 cores among 8 ranks"), and the fix: fewer ranks on these cores, or more cores.
+
+    Silence it with `warnings.simplefilter("ignore", TooManyWorkersWarning)`.
     """

@@ -18,6 +18,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ import pytest
 import prefetch
 from prefetch._cgroup import cgroup_cores, cpu_list_size, cpu_quota_cores
 from prefetch._host import UNKNOWN, host_share, local_ranks
+from prefetch._messages import counted
 from prefetch.backends import ShmRoom
 from prefetch.runtime import LoaderOptions
 from prefetch.runtime import _choice as choice
@@ -98,10 +100,15 @@ def test_slurm_counts_only_inside_an_srun_task_and_per_node() -> None:
     assert local_ranks(environ=uneven).count == 4  # node unknown: the largest
 
 
-def test_a_malformed_launcher_variable_is_passed_over_but_ours_is_refused(folder: Path) -> None:
-    ranks = local_ranks(environ={"LOCAL_WORLD_SIZE": "eight", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
-    assert ranks.count == 4 and "Open MPI" in ranks.source
-    assert local_ranks(environ={"LOCAL_WORLD_SIZE": "0"}).count == 1
+def test_a_malformed_count_is_refused_naming_the_variable_ours_or_a_launchers(
+    folder: Path,
+) -> None:
+    # A launcher's count that is set but not a count was passed over (and "eight" fell through
+    # to the next launcher): now each is refused with its name and value (tests/test_rank_env.py).
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be a whole number >= 1"):
+        local_ranks(environ={"LOCAL_WORLD_SIZE": "eight", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    with pytest.raises(ValueError, match="got '0'"):
+        local_ranks(environ={"LOCAL_WORLD_SIZE": "0"})
     with pytest.raises(ValueError, match="PREFETCH_RANKS_PER_HOST must be a whole number"):
         local_ranks(environ={"PREFETCH_RANKS_PER_HOST": "many"})
     with pytest.raises(ValueError, match="ranks_per_host must be an int >= 1, got 0"):
@@ -118,7 +125,7 @@ def test_eight_torchrun_ranks_on_a_112_core_host_take_14_cores_and_13_workers_ea
     assert (share.cores, share.bound) == (14, False)
     assert prefetch.runtime.default_workers(share.cores) == 13  # one core for the training loop
     assert share.describe() == (
-        "14 cores: the host's 112 among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))"
+        "14 cores: the host's 112 cores among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))"
     )
 
 
@@ -158,17 +165,17 @@ def test_the_cpuset_cgroup_is_the_hosts_pool_for_cgroup_v2_and_v1() -> None:
         "/proc/self/cgroup": "0::/job_7/step_0\n",
         "/sys/fs/cgroup/job_7/step_0/cpuset.cpus.effective": "0-13,56-69\n",
     }
-    assert cgroup_cores(reading(v2)) == 28
+    assert cgroup_cores(reading(v2), cpus=112) == 28
     v1 = {
         "/proc/self/cgroup": "4:memory:/x\n3:cpuset,cpu:/docker/abc\n0::/\n",
         "/sys/fs/cgroup/cpuset/docker/abc/cpuset.effective_cpus": "0-3",
     }
-    assert cgroup_cores(reading(v1)) == 4
+    assert cgroup_cores(reading(v1), cpus=112) == 4
     own_root = {  # a container that sees the host's path but has its own cgroup mounted
         "/proc/self/cgroup": "0::/docker/abc\n",
         "/sys/fs/cgroup/cpuset.cpus.effective": "0-7",
     }
-    assert cgroup_cores(reading(own_root)) == 8
+    assert cgroup_cores(reading(own_root), cpus=112) == 8
     assert cgroup_cores(reading({})) is None
     assert cgroup_cores(reading({"/proc/self/cgroup": "0::/\n"})) is None
     assert cpu_list_size("0-3,8-11,16\n") == 9
@@ -176,14 +183,14 @@ def test_the_cpuset_cgroup_is_the_hosts_pool_for_cgroup_v2_and_v1() -> None:
 
 def test_a_cgroup_cpu_quota_is_read_from_v2_and_v1_the_least_over_the_folders_above() -> None:
     docker_v2 = {"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "400000 100000\n"}
-    assert cpu_quota_cores(reading(docker_v2)) == 4  # docker run --cpus=4
+    assert cpu_quota_cores(reading(docker_v2), cpus=64) == 4  # docker run --cpus=4
     nested = {  # a pod's limit above a container's own (none): the least applies
         "/proc/self/cgroup": "0::/kubepods/pod1/ctr\n",
         "/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max": "max 100000",
         "/sys/fs/cgroup/kubepods/pod1/cpu.max": "250000 100000",
         "/sys/fs/cgroup/kubepods/cpu.max": "max 100000",
     }
-    assert cpu_quota_cores(reading(nested)) == 3  # 2.5 cores' time: rounded up
+    assert cpu_quota_cores(reading(nested), cpus=64) == 3  # 2.5 cores' time: rounded up
     v1 = {
         "/proc/self/cgroup": "5:memory:/x\n4:cpu,cpuacct:/docker/abc\n",
         "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "800000",
@@ -191,9 +198,9 @@ def test_a_cgroup_cpu_quota_is_read_from_v2_and_v1_the_least_over_the_folders_ab
         "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1",
         "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000",
     }
-    assert cpu_quota_cores(reading(v1)) == 8
+    assert cpu_quota_cores(reading(v1), cpus=64) == 8
     tiny = {"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "10000 100000"}
-    assert cpu_quota_cores(reading(tiny)) == 1  # a tenth of a core is still one worker
+    assert cpu_quota_cores(reading(tiny), cpus=64) == 1  # a tenth of a core is still one worker
     unlimited = {"/proc/self/cgroup": "0::/a\n", "/sys/fs/cgroup/a/cpu.max": "max 100000"}
     assert cpu_quota_cores(reading(unlimited)) is None
     assert cpu_quota_cores(reading({"/proc/self/cgroup": "1:cpu:/\n"})) is None
@@ -261,7 +268,9 @@ def test_eight_ranks_on_112_cores_start_13_processes_and_231_mb_of_slots_each(
 
     assert (decision.backend, decision.workers) == ("process", 13)
     assert decision.ring_bytes == 6 * 256 * (224 * 224 * 3 + 4 + 8) == 231_229_440
-    assert "13 workers, one per core of 14 cores: the host's 112 among 8 ranks" in decision.reason
+    assert "13 workers, one per core of 14 cores: the host's 112 cores among 8 ranks" in (
+        decision.reason
+    )
     assert "(LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training thread" in decision.reason
     assert "batch slots 221 MiB of " in decision.reason
     assert "this rank's share 63.0 GiB: 504.0 GiB among 8 ranks" in decision.reason
@@ -328,13 +337,15 @@ def test_workers_above_the_cores_warn_once_with_the_counts_and_the_fix(folder: P
     assert f"pass at most workers={cores}" in message and "Leave workers unset" in message
 
 
+@pytest.mark.skipif(prefetch.runtime.usable_cores() < 2, reason="needs a core for each rank")
 def test_ranks_times_workers_above_the_hosts_cores_warns_with_both_counts(folder: Path) -> None:
-    cores = prefetch.runtime.usable_cores()
+    cores = prefetch.runtime.usable_cores()  # 2 ranks: each its share, cores // 2
     with pytest.warns(prefetch.TooManyWorkersWarning) as caught:
-        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=2 * cores)
+        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=2)
     message = str(caught[0].message)
-    assert f"workers={cores} on each of {2 * cores} ranks (ranks_per_host={2 * cores})" in message
-    assert f"is {2 * cores * cores} workers for this host's {cores} cores" in message
+    assert f"workers={cores} on each of 2 ranks (ranks_per_host=2)" in message
+    assert f"is {2 * cores} workers for this host's {cores} cores" in message
+    assert f"pass at most workers={cores // 2}" in message
 
 
 def test_remote_workers_wait_on_the_network_and_are_not_warned_about() -> None:
@@ -347,6 +358,117 @@ def test_remote_workers_wait_on_the_network_and_are_not_warned_about() -> None:
         choice.planned_workers(options, share, remote=False)
 
 
+# ---- ranks beyond the cores: a fraction of a core each, said ------------------------------
+
+
+def test_ranks_beyond_the_cores_get_a_fraction_of_a_core_said_in_words() -> None:
+    cases = [  # (ranks, affinity, pool): what each rank's share says
+        (8, 2, 2, "a quarter of a core: the host's 2 cores among 8 ranks"),
+        (4, 2, 2, "half a core: the host's 2 cores among 4 ranks"),
+        (3, 1, 1, "a third of a core: the host's 1 core among 3 ranks"),
+        (7, 2, 2, "2/7 of a core: the host's 2 cores among 7 ranks"),
+        (16, 2, 16, "1/8 of a core: this process's 2 of the host's 16 cores among 16 ranks"),
+        (2, 2, 2, "1 core: the host's 2 cores among 2 ranks"),
+    ]
+    for ranks, affinity, pool, said in cases:
+        share = host_share(ranks, affinity=affinity, pool=pool)
+        assert share.describe() == f"{said} (ranks_per_host={ranks})"
+        assert share.cores == 1 and share.crowded == (ranks > affinity)
+        assert share.exact == Fraction(affinity, ranks)
+
+
+def test_a_container_with_a_cpu_quota_of_4_running_8_ranks_gives_each_half_a_core(
+    folder: Path,
+) -> None:
+    """`docker run --cpus=4` on a 64-core host, 8 torchrun ranks in it: each rank's mask shows
+    64 cores, its share is half a core's time."""
+    said = (
+        "half a core: the 4 of this cgroup's CPU quota (docker --cpus, a CPU limit) among 8 "
+        "ranks (LOCAL_WORLD_SIZE=8 (torchrun))"
+    )
+    given = host_share(environ=TORCHRUN_8, affinity=64, pool=64, quota=4)
+    assert (given.cores, given.pool, given.quota, given.describe()) == (1, 4, 4, said)
+    v2 = {"/proc/self/cgroup": "0::/docker/abc\n", "/sys/fs/cgroup/docker/abc/cpu.max": "400000"}
+    v1 = {
+        "/proc/self/cgroup": "3:cpu,cpuacct:/docker/abc\n",
+        "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "400000\n",
+        "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+    }
+    options, reader = reader_of(folder, batch_size=4)
+    for files in (v2, v1):  # the quota files of each cgroup version, as the kernel shows them
+        share = host_share(environ=TORCHRUN_8, affinity=64, cpus=64, read=reading(files))
+        assert (share.cores, share.quota, share.exact) == (1, 4, Fraction(1, 2))
+        assert share.describe() == said and share.crowded
+        decision = choice.decide(options, reader, NO_BATCH, share, 1, tuned=False, remote=False)
+        assert f"; 1 worker, the least, on {said};" in decision.reason
+        warning = choice.too_many_ranks(share, None)
+        assert f"each rank's share of the cores is {said}, yet each rank runs a worker" in warning
+        assert "8 workers and 8 training loops take turns on 4 cores (the CPU quota)" in warning
+        assert "Run at most 4 ranks on these cores, or give them more" in warning
+
+
+def test_the_reason_of_a_crowded_rank_says_one_worker_on_its_fraction(folder: Path) -> None:
+    options, reader = reader_of(folder, batch_size=4)
+    share = host_share(environ=TORCHRUN_8, affinity=2, pool=2)
+    decision = choice.decide(options, reader, NO_BATCH, share, 1, tuned=False, remote=False)
+    assert (
+        "; 1 worker, the least, on a quarter of a core: the host's 2 cores among 8 ranks "
+        "(LOCAL_WORLD_SIZE=8 (torchrun)); "
+    ) in decision.reason
+    one = replace(options, workers=1)
+    decision = choice.decide(one, reader, NO_BATCH, share, 1, tuned=False, remote=False)
+    assert "; 1 worker (workers=1) on a quarter of a core: the host's 2 cores" in decision.reason
+
+
+CROWDED = """
+import json, sys, warnings
+import prefetch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")  # every call shown: what is said once is prefetch's doing
+    prefetch.Loader(sys.argv[1], image_size=16)
+    prefetch.Loader(sys.argv[1], image_size=16, workers=1)  # the same as the default
+    for _ in range(2):
+        prefetch.Loader(sys.argv[1], image_size=16, workers="auto")
+    prefetch.Loader(sys.argv[1], image_size=16, workers=4)
+print(json.dumps([[w.category.__name__, w.filename, str(w.message)] for w in caught]))
+"""
+
+
+@pytest.mark.timeout(120)  # two interpreters on 2 busy cores
+def test_each_rank_beyond_the_cores_warns_once_whatever_workers_says(folder: Path) -> None:
+    """Real rank processes under torchrun's variables, twice as many as the cores: each
+    warns once for all its loaders (default, workers=1, "auto"), and once more for
+    workers=4, whose advice is the truth: no worker count helps, fewer ranks or more cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ranks = 2 * (cores or 1)
+    environ = {"LOCAL_WORLD_SIZE": str(ranks)}
+    share = host_share(environ=environ)  # what each rank computes: half a core
+    assert share.describe().startswith("half a core: ")
+    clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN_8}
+    for rank in (0, 1):
+        done = subprocess.run(
+            [sys.executable, "-c", CROWDED, str(folder)],
+            env={**clean, **environ, "LOCAL_RANK": str(rank)},
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        assert len(said) == 2, said
+        assert [category for category, _, _ in said] == ["TooManyWorkersWarning"] * 2
+        assert all(filename == "<string>" for _, filename, _ in said)  # the user's lines
+        default, four = (message for _, _, message in said)
+        assert default.startswith(f"prefetch: each rank's share of the cores is {share.describe()}")
+        assert f"{ranks} workers and {ranks} training loops take turns on {cores} " in default
+        assert four.startswith(f"prefetch: workers=4 on each of {ranks} ranks is {4 * ranks} ")
+        assert f"each rank's share of the cores is {share.describe()}" in four
+        assert "Fewer workers cannot fix it: with workers=1, the least" in four
+        assert f"Run at most {counted(cores or 1, 'rank')} on these cores, or give" in four
+        assert "at most workers=" not in four
+
+
 # ---- the real path: torchrun's variables and a narrowed mask, in a subprocess -----------
 
 RANK = """
@@ -354,12 +476,15 @@ import json, os, sys, warnings
 import prefetch
 if len(sys.argv) > 2:
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(sys.argv[2])]))
-loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=16, seed=0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loader = prefetch.Loader(sys.argv[1], batch_size=4, image_size=16, seed=0)
 planned = loader.workers
 with loader:
     images = sum(len(batch.images) for batch in loader)
 stats = loader.stats()
 print(json.dumps({"planned": planned, "workers": stats.workers, "images": images,
+                  "warnings": [str(w.message) for w in caught],
                   "backend": stats.backend, "reason": stats.backend_reason}))
 """
 
@@ -394,7 +519,7 @@ def test_a_default_loader_under_torchrun_takes_at_most_its_share(folder: Path) -
     crowded = run_rank(folder, TORCHRUN_8)
     assert crowded["planned"] == crowded["workers"] == max(1, cores // 8)
     assert crowded["images"] == 8 and crowded["backend"] == "process"
-    assert f"the host's {cores} among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))" in str(
+    assert f"the host's {cores} cores among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun))" in str(
         crowded["reason"]
     )
     # A mask the launcher narrowed to one core: that core is the rank's share, not divided.
@@ -459,3 +584,26 @@ def test_a_default_loader_in_a_cgroup_with_a_cpu_quota_takes_the_quotas_cores(
     assert rank["planned"] == rank["workers"] == 1 and rank["images"] == 8
     assert "this cgroup's CPU quota" in str(rank["reason"])
     assert prefetch.runtime.usable_cores() == cores  # this process, outside the cgroup
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform != "linux", reason="cgroups are Linux's")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a quota of 1 core narrows only 2 or more")
+def test_four_ranks_in_a_cgroup_with_a_quota_of_one_core_take_a_quarter_each_and_say_so(
+    folder: Path,
+) -> None:
+    """A container's quota, for real: a cgroup with one core's time, a rank of 4 in it."""
+    said = (
+        "a quarter of a core: the 1 of this cgroup's CPU quota (docker --cpus, a CPU limit) "
+        "among 4 ranks (LOCAL_WORLD_SIZE=4 (torchrun))"
+    )
+    with cpu_quota_cgroup(1.0) as group:
+        joined = f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+        rank = run_rank(folder, {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "2"}, first=joined)
+    assert rank["planned"] == rank["workers"] == 1 and rank["images"] == 8
+    assert f"; 1 worker, the least, on {said};" in str(rank["reason"])
+    warned = rank["warnings"]
+    assert isinstance(warned, list) and len(warned) == 1, warned
+    assert warned[0].startswith(f"prefetch: each rank's share of the cores is {said}, yet ")
+    assert "4 workers and 4 training loops take turns on 1 core (the CPU quota)" in warned[0]
+    assert "Run at most 1 rank on these cores, or give them more" in warned[0]

@@ -7,7 +7,10 @@ one); so 8 ranks of torchrun on a 112-core host take 13 worker processes each, n
 - `planned_workers`, when the Loader is made: `workers=N` as given (said once with a
   `TooManyWorkersWarning` when N is above the rank's cores, unless the files are remote URLs,
   whose workers wait on the network), else one per core of the share, less one from
-  `SPARE_CORE_FROM` cores on (`prefetch._machine.default_workers`).
+  `SPARE_CORE_FROM` cores on (`prefetch._machine.default_workers`). Ranks that outnumber the
+  cores they share (a share below one core: 8 ranks on 2 cores, or under `--cpus=4`) still
+  run a worker each: said with a `TooManyWorkersWarning` once per process and text, whatever
+  `workers` is (`too_many_ranks`).
 - `decide`, when the workers first start: the backend (`choose_backend` for "auto"; threads when
   the process backend's batch slots do not fit this rank's share of /dev/shm), the worker count
   (tuned remote URLs start above one per core: `remote_start`) and the slots' memory (`ring_bytes`
@@ -21,13 +24,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch._host import HostShare
+from prefetch._host import RANKS_VARIABLE, HostShare
 from prefetch._machine import SPARE_CORE_FROM, default_workers
+from prefetch._messages import counted
 from prefetch.backends import (
     ROWS_AHEAD_PER_READER,
     SlotLayout,
@@ -66,15 +71,57 @@ class Decision:
     reason: str
 
 
+# The texts of the crowded-ranks warnings this process has said (each is said once).
+_SAID: set[str] = set()
+_SAID_LOCK = threading.Lock()
+
+
 def planned_workers(options: LoaderOptions, share: HostShare, remote: bool) -> int:
     """The worker count a loader is made with (see the module docstring); warns once about a
-    fixed count above the share of the cores."""
-    if options.workers is None or isinstance(options.workers, Autotune):
-        return default_workers(share.cores)
-    asked = int(options.workers)
-    if asked > share.cores and not remote:
+    fixed count above the share of the cores, and once per process about ranks that
+    outnumber their cores."""
+    workers = options.workers
+    asked = None if workers is None or isinstance(workers, Autotune) else int(workers)
+    if share.crowded:
+        _say_once(too_many_ranks(share, asked))
+    elif asked is not None and asked > share.cores and not remote:
         warnings.warn(too_many_workers(asked, share), TooManyWorkersWarning, _user_level())
-    return asked
+    return default_workers(share.cores) if asked is None else asked
+
+
+def too_many_ranks(share: HostShare, asked: int | None) -> str:
+    """The warning for ranks that outnumber the cores they share (`share.crowded`): the
+    ranks, the cores, this rank's fraction of one, and the fix, which is fewer ranks or more
+    cores (no worker count can be below one); with `workers=asked` above one, what that adds."""
+    ranks = share.ranks.count
+    cores = share.quota if share.quota is not None else share.affinity
+    on = f"{counted(cores, 'core')}{' (the CPU quota)' if share.quota is not None else ''}"
+    crowd = f"{counted(ranks, 'worker')} and {ranks} training loops"
+    what = f"each rank's share of the cores is {share.describe()}"
+    if asked is not None and asked > 1:
+        what = (
+            f"workers={asked} on each of {ranks} ranks is {asked * ranks} workers for {on}; "
+            f"{what}. Fewer workers cannot fix it: with workers=1, the least, {crowd} still "
+            f"take turns on {on}"
+        )
+    else:
+        what += f", yet each rank runs a worker: {crowd} take turns on {on}"
+    return (
+        f"prefetch: {what}. Run at most {counted(cores, 'rank')} on these "
+        "cores, or give them more (more CPUs for the job or container, a larger docker --cpus "
+        f"or CPU limit); if fewer ranks share this host, pass ranks_per_host= or set "
+        f"{RANKS_VARIABLE}"
+    )
+
+
+def _say_once(message: str) -> None:
+    """Warn `message` (a TooManyWorkersWarning naming the user's line) unless this process
+    has said it: it is about the process's ranks, not about one Loader."""
+    with _SAID_LOCK:
+        if message in _SAID:
+            return
+        _SAID.add(message)
+    warnings.warn(message, TooManyWorkersWarning, _user_level())
 
 
 def too_many_workers(asked: int, share: HostShare) -> str:
@@ -84,8 +131,8 @@ def too_many_workers(asked: int, share: HostShare) -> str:
     if ranks.count > 1:
         what = (
             f"workers={asked} on each of {ranks.count} ranks ({ranks.source}) is "
-            f"{asked * ranks.count} workers for this host's {share.pool} cores; this rank's "
-            f"share is {share.describe()}"
+            f"{asked * ranks.count} workers for this host's {counted(share.pool, 'core')}; "
+            f"this rank's share is {share.describe()}"
         )
     else:
         what = f"workers={asked} on {share.describe()}"
@@ -184,13 +231,15 @@ def _workers_text(
     """The worker count and where it came from, e.g. "13 workers, one per core of 14 cores: the
     host's 112 among 8 ranks (LOCAL_WORLD_SIZE=8 (torchrun)), less one for the training
     thread"."""
-    cores = share.describe()
+    cores, workers = share.describe(), counted(count, "worker")
     if options.workers is not None and not isinstance(options.workers, Autotune):
-        return f"{count} workers (workers={options.workers}) on {cores}"
+        return f"{workers} (workers={options.workers}) on {cores}"
     if tuned and remote:
-        return f"{count} workers to start, tuned (remote URLs: reads wait) on {cores}"
+        return f"{workers} to start, tuned (remote URLs: reads wait) on {cores}"
+    first = f"{workers}{' to start, tuned' if tuned else ''}"
+    if share.crowded:
+        return f"{first}, the least, on {cores}"
     spare = ", less one for the training thread" if share.cores >= SPARE_CORE_FROM else ""
-    first = f"{count} workers{' to start, tuned' if tuned else ''}"
     return f"{first}, one per core of {cores}{spare}"
 
 
