@@ -155,18 +155,22 @@ class ImageFolder(FileList):
     - `keep_listing`: where the listing of a local `root` is kept, so that the other ranks of
       the host and later runs read it instead of listing the folder again: `True` (default)
       for your cache folder (`$PREFETCH_CACHE_DIR/listings`, else
-      `~/.cache/prefetch/listings`; off when the environment sets `PREFETCH_KEEP_LISTING=0`),
-      a folder of your own (ValueError when another user owns it or may write to it), or
-      `False` to list every time. A kept listing is used only while every folder it walked is
-      unchanged (docs/scale.md); `self.listing` (a `ListingReport`) says whether the files
-      were read from it or listed now, and the `prefetch.loader` logger says so at INFO.
+      `$XDG_CACHE_HOME/prefetch/listings`, else `~/.cache/prefetch/listings`; off when the
+      environment sets `PREFETCH_KEEP_LISTING` to 0, false, no or off), a folder of your own
+      (ValueError when another user owns it or may write to it), or `False` to list every
+      time. A kept listing is used only while every folder it walked is unchanged, and one
+      nobody used for 30 days is removed (docs/scale.md); `self.listing` (a `ListingReport`)
+      says whether the files were read from it or listed now, and the `prefetch.loader`
+      logger says so at INFO.
 
     Classes are the sorted names of the subdirectories of `root` (hidden ones, starting with
     ".", are skipped), or the given `class_names` in the given order. Files are found
     recursively, directories walked in sorted path order and files sorted within each, keeping
     the extensions .jpg .jpeg .png .bmp .gif in any case. Label i is `class_names[i]`. The
     paths are `index_directory`'s: those Keras reports in `file_paths` for the same `root`
-    (unshuffled), joined from `root` as given.
+    (unshuffled), joined from `root` as given. The listing is complete or an error: a folder
+    under `root` that cannot be read (after retries of errors such as EIO or EMFILE) raises
+    an `OSError` naming it, where Keras leaves it out, and nothing is kept.
 
     `root` may be an fsspec URL (`"gs://bucket/train"`, `"memory://..."`, an `http(s)://`
     folder whose index page links its files; the `remote` extra, docs/remote.md): it is listed

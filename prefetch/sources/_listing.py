@@ -89,12 +89,15 @@ def index_directory(
     non-hidden subfolders of `directory` (symlinks to folders count), or `class_names` in their
     order, which must all be such subfolders (else Keras's ValueError); `labels` (int32) index
     them. Otherwise every image under `directory` is listed with label 0 and `class_names` is
-    empty. Each class folder is walked with `os.walk` (into linked folders only with
+    empty. Each class folder is walked as `os.walk` walks it (into linked folders only with
     `follow_links`), folders in sorted path order, files sorted within each, hidden ones
-    included, extensions compared lower-cased. A path is `os.path.join(folder, name)` of the
+    included, extensions compared lower-cased; but a folder that cannot be read raises an
+    `OSError` of its kind naming it (errors transient by nature retried first: `FolderWalk`),
+    where `os.walk` leaves it out. A path is `os.path.join(folder, name)` of the
     walk from `os.path.join(directory, class)` with `directory` as given (not normalised): the
     string Keras puts in `file_paths` for the same argument. A missing `directory` raises
-    `os.listdir`'s own OSError when labels are inferred, as in Keras.
+    FileNotFoundError (its `filename` the directory) when labels are inferred, as in Keras,
+    and lists nothing otherwise, as Keras does.
 
     A local `directory`'s listing is kept as a file and taken from it while no folder in it has
     changed (`keep_listing`, as `ImageFolder`'s; docs/scale.md). A URL `directory` (`is_url`) is

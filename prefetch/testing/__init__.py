@@ -13,7 +13,8 @@ of its own); `run_together` runs the ranks of a job as processes on loopback;
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
 and scan bombs, and the tricks that hide a size from a header walk), `corpus` (the mutated JPEG
-corpus), `rewrites` (files rewritten in place while read), `shards`.
+corpus), `rewrites` (files rewritten in place while read), `flaky_listings` (folders whose
+listing fails: a flaky mount, a low open-file limit, a failing `ls`), `shards`.
 """
 
 from __future__ import annotations
