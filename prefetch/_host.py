@@ -106,16 +106,16 @@ def local_ranks(
             continue
         if launcher == "SLURM":
             count = slurm_count(count_name, value, env.get("SLURM_NODEID"))
-            given = _shown(value, quote=False)  # the list, as SLURM wrote it
+            shown = _shown(value, quote=False)  # the list, as SLURM wrote it
         else:
             count = _count(count_name, value, f"{launcher}'s count of the processes on this host")
-            given = str(count)
+            shown = str(count)
         rank = env.get(rank_name)
         place = None
         if rank is not None:
             among = f"this process's place among the {count} of {count_name}"
             place = _count(rank_name, rank, among, least=0, below=count)
-        return LocalRanks(count, place, f"{count_name}={given} ({launcher})")
+        return LocalRanks(count, place, f"{count_name}={shown} ({launcher})")
     return LocalRanks(1, None, UNKNOWN)
 
 
