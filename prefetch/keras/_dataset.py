@@ -24,6 +24,11 @@ framework for it, so this module imports Keras only. Contract:
   handed out again as the first of the next epoch, so no batch is lost to that look.
 - An error raised by the loader is recorded on its Coordinator before it propagates, so that
   `with loader:` re-raises the original when TensorFlow has wrapped it in its own type.
+- `state_dict()` is the loader's state naming the first batch not handed to Keras (a batch
+  taken for the model's build, to be handed again, is not counted; `prefetch.plan.Handoff`).
+  Keras's own input pipeline may read ahead of its steps: under the TensorFlow backend a
+  `prefetch(AUTOTUNE)` buffer, under JAX on an accelerator one batch; what it holds counts as
+  handed. Under torch, and JAX on the CPU, it reads none ahead.
 - In a multi-process JAX job (`jax.distributed.initialize()`, Keras's `keras.distribution`
   across hosts) the loader is sharded by process (`jax.process_index()` of
   `jax.process_count()`, `Loader.shard`) when the dataset is made, as `prefetch.torch` shards
@@ -39,6 +44,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from prefetch.plan import Handoff
 from prefetch.runtime import Loader
 from prefetch.sources import is_file_source, label_spec
 
@@ -74,6 +80,8 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         self._first: Any = None  # the first of them
         self._looked = False  # whether Keras took that first one to build the model
         self._again: Any = None  # such a batch, to hand out again
+        self._handoff = Handoff(loader.state_dict)  # the first batch not handed to Keras
+        self._run = 0  # the handoff's run of `_stream`
 
     @property
     def num_batches(self) -> int:
@@ -82,6 +90,16 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def state_dict(self) -> dict[str, int]:
+        """The loader's `state_dict()`, naming the first batch not handed to Keras (see
+        `prefetch.keras.dataset` for Keras's own read-ahead)."""
+        return self._handoff.state()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """The loader's `load_state_dict(state)`: its next epoch resumes there."""
+        self.loader.load_state_dict(state)
+        self._handoff.begin()  # what the last epoch handed out is no longer the state
 
     def on_epoch_begin(self) -> None:
         """Called by Keras as an epoch begins."""
@@ -97,11 +115,13 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         if dropped and self._taken == 1 and self._looked:  # Keras built the model from it
             again = tuple(np.copy(part) for part in first)
             self._again = again if self.loader.options.label_mode is not None else again[0]
+            self._handoff.given_back()
             return
         stream = self._stream
         if stream is not None and stream.epoch is not None and stream.position >= len(self):
             next(stream, None)  # ends the delivered epoch as plain iteration does (its stats)
             self._stream = None
+            self._handoff.end(self._run)
         elif dropped:  # Keras dropped its iterator mid-epoch: a new one starts the next epoch
             self._end_stream()
 
@@ -109,6 +129,7 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+            self._handoff.end(self._run)
 
     def __getitem__(self, index: int) -> Any:
         """The next batch of the loader's running epoch (the index is not used)."""
@@ -119,19 +140,32 @@ class LoaderPyDataset(keras.utils.PyDataset):  # type: ignore[misc]
             self._looked = _called_from_keras("_symbolic_build", 16)
         if self._again is not None:
             again, self._again = self._again, None
+            self._handoff.handed()
             return again
         try:
-            batch = None if self._stream is None else next(self._stream, None)
-            if batch is None:
-                self._stream = iter(self.loader)
-                batch = next(self._stream)
+            batch = self._next_batch()
         except Exception as error:
             self._stream = None
+            self._handoff.end(self._run)
             self.loader.record_undelivered_error(error)
             raise
+        self._handoff.handed()
         if self._looked and self._taken == 1:  # kept only while Keras builds the model
             self._first = batch if self.loader.options.label_mode is not None else (batch.images,)
         return tuple(batch) if self.loader.options.label_mode is not None else batch.images
+
+    def _next_batch(self) -> Any:
+        """The next batch of the running stream, or the first of a new one if it has ended."""
+        if self._stream is not None:
+            self._handoff.asking(self._run)
+            batch = next(self._stream, None)
+            if batch is not None:
+                return batch
+            self._handoff.end(self._run)
+        self._stream = iter(self.loader)
+        self._run = self._handoff.begin()
+        self._handoff.asking(self._run)
+        return next(self._stream)
 
     def _spec_batch(self, index: int) -> Any:
         """Zeros of the loader's shapes and dtypes, for Keras's look at the tensor spec."""
@@ -159,7 +193,9 @@ def jax_processes() -> tuple[int, int] | None:
     `jax.process_count()` is above 1 (an older JAX, or a TPU pod that initialised itself).
     JAX is never imported here (a process that has not imported it runs no JAX job), and
     `process_count` is asked only in those two cases: it starts JAX's backend, which takes
-    accelerator memory, in a process that may use JAX for something else.
+    accelerator memory, in a process that may use JAX for something else. What JAX returns is
+    checked: ValueError naming it unless the count is an int >= 1 and the index an int below
+    it.
     """
     jax = sys.modules.get("jax")
     if jax is None:
@@ -167,8 +203,24 @@ def jax_processes() -> tuple[int, int] | None:
     initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
     if not (callable(initialized) and initialized()) and keras.backend.backend() != "jax":
         return None
-    count = int(jax.process_count())
-    return (count, int(jax.process_index())) if count > 1 else None
+    count = _asked(jax, "process_count", 1, None)
+    return (count, _asked(jax, "process_index", 0, count)) if count > 1 else None
+
+
+def _asked(jax: Any, function: str, least: int, bound: int | None) -> int:
+    """`jax.<function>()`, checked: an int >= `least` (and below `bound`), else ValueError
+    naming what JAX returned (a count taken as it comes would shard by a wrong one)."""
+    value = getattr(jax, function)()
+    integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not integral or value < least or (bound is not None and value >= bound):
+        wanted = f"an int >= {least}" if bound is None else f"an int in [0, {bound})"
+        raise ValueError(
+            f"jax.{function}() returned {value!r}, not {wanted}: prefetch.keras.dataset shards "
+            "the loader by JAX process with it. Check the JAX installation and "
+            "jax.distributed.initialize(), or pass distributed=False (then shard yourself "
+            "with loader.shard(num_shards, shard_index))"
+        )
+    return int(value)
 
 
 def _shard_by_process(loader: Loader, distributed: bool | None) -> None:

@@ -10,7 +10,11 @@ re-sharded so that each input pipeline reads its own disjoint part of every epoc
 TensorFlow wraps Python errors raised in a generator in its own error types; the original is
 recorded on the loader and re-raised when `with loader:` exits (or by `loader.close()`).
 The dataset does not own the loader. Like Keras's datasets, it carries `class_names` and
-`file_paths` (None where the loader has none).
+`file_paths` (None where the loader has none), and `state_dict()`: the loader's state naming
+the first batch the dataset's consumer has not been handed (`prefetch.plan.Handoff`). The
+loader's own state counts the batch in the `prefetch(1)` buffer; a map stage after that buffer
+counts each element as the consumer takes it (a `py_function`, run in the consumer's own call
+for the element, in order).
 
 TensorFlow calls the generator from its own threads (a py_func, in the `prefetch(1)` thread here
 or in any asynchronous stage added after it), and after delivering an error it still calls it
@@ -32,13 +36,14 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
 from prefetch.errors import add_note
+from prefetch.plan import Handoff
 from prefetch.runtime import Loader
 from prefetch.sources import is_file_source, label_spec
 from prefetch.tf._device import check_device
@@ -206,7 +211,18 @@ def dataset(
     - `malloc_fix`: apply `restore_malloc_thresholds()` as each epoch starts (after
       TensorFlow has applied its malloc patch).
 
-    The dataset has two attributes, as Keras's `image_dataset_from_directory` gives them:
+    `ds.state_dict()` is the loader's `state_dict()` naming the first batch this dataset has
+    not handed to its consumer (a loop over it, or Keras's `fit`), however that consumer
+    stopped (a `break`, an exception, a callback that stops `fit`): the batch waiting in the
+    dataset's buffer is not counted, as `loader.state_dict()` counts it. Save it to resume
+    (`loader.load_state_dict(state)` before making the dataset). What reads ahead of the
+    consumer outside the dataset is counted as handed: stages you add that read ahead
+    (`prefetch`, a parallel `map`) and a `tf.distribute` strategy's own input pipeline. With
+    `device`, one batch waits in the device's buffer out of the dataset's sight: the state then
+    names the first batch not handed or the one before it (never a later one), so a resume
+    reads at most that one batch again, and loses none.
+
+    The dataset has two more attributes, as Keras's `image_dataset_from_directory` gives them:
 
     - `class_names`: the loader's class names (a list of str), or None when its source has
       none.
@@ -230,8 +246,11 @@ def dataset(
     if input_context is not None:
         _apply_input_context(loader, input_context)
     shard = (loader.options.num_shards, loader.options.shard_index)
+    # A batch in prefetch_to_device's buffer is counted as handed as it leaves for it.
+    handoff = Handoff(loader.state_dict, lag=0 if device is None else 1)
 
     def batches() -> Generator[Any, None, None]:
+        run, stream = handoff.begin(), iter(loader)
         try:
             if (loader.options.num_shards, loader.options.shard_index) != shard:
                 raise RuntimeError(
@@ -242,11 +261,18 @@ def dataset(
                 )
             if malloc_fix:
                 restore_malloc_thresholds()
-            for batch in loader:
+            while True:
+                handoff.asking(run)
+                batch = next(stream, None)
+                if batch is None:
+                    return
                 yield tuple(batch) if loader.options.label_mode is not None else batch.images
         except Exception as error:
             loader.record_undelivered_error(error)
             raise
+        finally:
+            stream.close()
+            handoff.end(run)
 
     ds = tf.data.Dataset.from_generator(
         lambda: _start_run(batches(), loader), output_signature=output_signature(loader)
@@ -254,7 +280,7 @@ def dataset(
     # Every epoch has len(loader) batches, except one resumed mid-way (load_state_dict).
     if loader.options.on_error.action == "raise" and loader.state_dict()["position"] == 0:
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(loader)))
-    ds = ds.prefetch(1)
+    ds = ds.prefetch(1).map(_counting(handoff.handed))
     options = tf.data.Options()
     options.autotune.enabled = False
     options.threading.private_threadpool_size = 1
@@ -266,7 +292,27 @@ def dataset(
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=1))
     ds.class_names = list(loader.class_names) or None
     ds.file_paths = loader.source.paths.tolist() if is_file_source(loader.source) else None
+    ds.state_dict = handoff.state
     return ds
+
+
+def _counting(handed: Callable[[], None]) -> Callable[..., Any]:
+    """A map function that passes each element on unchanged after calling `handed()`.
+
+    A `py_function`, which tf.data runs in order, in the call that takes the element from the
+    stage (nothing in this dataset reads ahead of it but `prefetch_to_device`)."""
+
+    def count() -> bool:
+        handed()
+        return True
+
+    def passed_on(*element: Any) -> Any:
+        done = tf.py_function(count, [], tf.bool)
+        with tf.control_dependencies([done]):
+            parts = tuple(tf.identity(part) for part in element)
+        return parts if len(parts) > 1 else parts[0]
+
+    return passed_on
 
 
 def _apply_input_context(loader: Loader, context: tf.distribute.InputContext) -> None:

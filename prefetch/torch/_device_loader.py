@@ -18,7 +18,9 @@ Contract:
 - Under `torch.distributed` (initialized, world size > 1) the loader is sharded by rank with
   `Loader.shard` when the DeviceLoader is made, as `prefetch.tf.dataset` does for tf.distribute.
 - An error of batch k+1, met while reading ahead, is raised when the consumer asks for batch
-  k+1. `state_dict()` counts the batches handed to the consumer, not the one read ahead.
+  k+1. `state_dict()` names the first batch not handed to the consumer (the one read ahead is
+  not counted), also once the loop has ended early: a `break`, an exception, `close()`, or the
+  iterator collected (`prefetch.plan.Handoff`).
 - Not thread-safe: one consumer iterates it.
 """
 
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from prefetch.plan import Handoff
 from prefetch.runtime import Batch, Loader
 
 # Pinned host buffers per DeviceLoader: one being copied to the device while the next is filled.
@@ -145,8 +148,7 @@ class DeviceLoader:
         self._side = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         self._pinned: list[_Pinned] = []
         self._turn = 0
-        self._stream: Any = None  # the loader stream of the epoch being iterated
-        self._ahead = False  # whether a batch of it was read but not yet handed out
+        self._handoff = Handoff(loader.state_dict)  # the first batch not handed out
         self._shard(distributed)
 
     def _shard(self, distributed: bool | None) -> None:
@@ -175,44 +177,46 @@ class DeviceLoader:
         return LoaderDataset(self)
 
     def state_dict(self) -> dict[str, int]:
-        """The loader's `state_dict()`, counting the batches handed out, not those read ahead."""
-        stream = self._stream
-        reading = stream is not None and stream.epoch is not None
-        return self.loader.state_dict(held_back=1 if reading and self._ahead else 0)
+        """The loader's `state_dict()`, naming the first batch not handed out: the batch read
+        ahead is not counted, during the loop or after it ended (a `break`, an exception,
+        `close()`). Take it between steps, on the thread that iterates."""
+        return self._handoff.state()
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """The loader's `load_state_dict(state)`: the next iteration resumes there."""
         self.loader.load_state_dict(state)
+        self._handoff.begin()  # what the last iteration was handed is no longer the state
 
     # ---- the epoch ---------------------------------------------------------------------
 
     def _epoch(self) -> Generator[Any, None, None]:
-        stream = self._stream = iter(self.loader)
+        stream = iter(self.loader)
+        run = self._handoff.begin()
         converter = None
         if not self._cuda:
             converter = ThreadPoolExecutor(1, thread_name_prefix="prefetch-torch-convert")
         try:
-            ahead = self._read(stream, converter)
+            ahead = self._read(stream, converter, run)
             while ahead is not None:
                 if isinstance(ahead, BaseException):
                     raise ahead
                 current = ahead
-                ahead = self._read(stream, converter)  # the next copy, before this step runs
-                yield self._hand_out(current)
+                ahead = self._read(stream, converter, run)  # the next copy, before this step
+                batch = self._hand_out(current)
+                self._handoff.handed()
+                yield batch
         finally:
-            self._ahead = False
             if converter is not None:
                 converter.shutdown(wait=True, cancel_futures=True)
             stream.close()
-            if self._stream is stream:
-                self._stream = None
+            self._handoff.end(run)
 
     def _read(
-        self, stream: Iterator[Batch], converter: ThreadPoolExecutor | None
+        self, stream: Iterator[Batch], converter: ThreadPoolExecutor | None, run: int
     ) -> _Ready | Future[_Ready] | BaseException | None:
         """The next batch sent towards the device (on a CPU device, a future of it being
         converted in `converter`), the error reading it raised, or None."""
-        self._ahead = False
+        self._handoff.asking(run)
         try:
             batch = next(stream)
         except StopIteration:
@@ -223,7 +227,6 @@ class DeviceLoader:
             ready: _Ready | Future[_Ready] = converter.submit(self._convert_cpu, batch)
         else:
             ready = self._send_cuda(batch)
-        self._ahead = True
         return ready
 
     def _hand_out(self, ready: _Ready | Future[_Ready]) -> Any:
