@@ -229,7 +229,7 @@ def test_writing_a_listing_removes_those_unused_for_30_days_but_none_in_use(
         for path in paths:
             age(path, 31)
     age(files[3][0], 29)  # used 29 days ago
-    ImageFolder(roots[2], keep_listing=kept)  # used now (its time was 31 days back)
+    assert ImageFolder(roots[2], keep_listing=kept).listing.read  # used now (31 days back)
     orphans = [kept / (".partial-" + "e" * 32 + "-0123456789abcdef"), kept / ("f" * 32 + ".lock")]
     for orphan in orphans:
         orphan.write_bytes(b"")
