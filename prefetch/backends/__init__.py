@@ -1,10 +1,14 @@
-"""The backends run batch tasks in parallel: worker threads, or worker processes on shared memory.
+"""The backends run batch tasks in parallel: worker threads, worker processes on shared memory,
+or decode actors on the nodes of a Ray cluster.
 
 What the runtime (`Workers`, `Stream`) uses: `make_backend` builds the backend a loader asked
 for (after "auto" has been decided by `choose`, a short measurement); the `Backend` protocol
 (`_base`: `submit`, `PendingBatch`, `set_workers`, `time_out`, `close`) and a finished batch
 (`BatchOutcome`); the slot ring (`_ring`) and the process backend's shared memory (`_shm`);
-`ProcessOptions` and the constants of the process backend (`_options`); how worker processes
+`ProcessOptions`, `RayOptions` and the constants of the process and Ray backends (`_options`);
+the Ray backend (`_ray`: its actors `_ray_actor`, the cluster `_ray_cluster`, its parts and
+where rows were decoded, `DecodePlace`, `_ray_parts`; Ray is imported only when it starts); how
+worker processes
 start and stop, with the shutdown order and its deadlines (`_lifecycle`, used by the shard
 writer too) and the open files they need (`_file_limit`). What every backend runs,
 `SampleReader`, and the task and slot it is given (`BatchTask`, `Slot`) are the layer below's,
@@ -35,10 +39,15 @@ from prefetch.backends._lifecycle import (
 from prefetch.backends._options import (
     BATCHES_AT_ONCE,
     MAX_REMOTE_READERS_PER_PROCESS,
+    RAY_PART_ROWS,
+    RAY_PARTS_PER_ACTOR,
     ROWS_AHEAD_PER_READER,
     ProcessOptions,
+    RayOptions,
 )
 from prefetch.backends._processes import ProcessBackend
+from prefetch.backends._ray import RayBackend
+from prefetch.backends._ray_parts import DecodePlace
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
@@ -59,8 +68,18 @@ def make_backend(
     depth: int,
     coordinator: Coordinator,
     process: ProcessOptions,
+    ray: RayOptions | None = None,
+    shard: tuple[int, int] = (1, 0),
+    sample_timeout_s: float | None = None,
 ) -> Backend:
-    """A new, not yet started backend: `name` is "thread" or "process"."""
+    """A new, not yet started backend: `name` is "thread", "process" or "ray" (with `ray`'s
+    options, this loader's `shard` (num_shards, shard_index) of the job, whose ranks share the
+    cluster's CPUs, and the `sample_timeout_s` its actors are watched for)."""
+    if name == "ray":
+        options = ray or RayOptions()
+        return RayBackend(
+            reader, workers, batch_size, coordinator, options, shard, sample_timeout_s
+        )
     if name == "process":
         return ProcessBackend(
             reader,
@@ -74,7 +93,7 @@ def make_backend(
         )
     if name == "thread":
         return ThreadBackend(reader, workers, batch_size, coordinator)
-    raise ValueError(f"backend must be 'thread' or 'process' here, got {name!r}")
+    raise ValueError(f"backend must be 'thread', 'process' or 'ray' here, got {name!r}")
 
 
 def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: int) -> int:
@@ -92,15 +111,20 @@ __all__ = [
     "DRAIN_S",
     "EXIT_OUT_OF_FILES",
     "MAX_REMOTE_READERS_PER_PROCESS",
+    "RAY_PARTS_PER_ACTOR",
+    "RAY_PART_ROWS",
     "ROWS_AHEAD_PER_READER",
     "Backend",
     "BatchOutcome",
     "Coordinator",
+    "DecodePlace",
     "FileNeeds",
     "OutOfFiles",
     "PendingBatch",
     "ProcessBackend",
     "ProcessOptions",
+    "RayBackend",
+    "RayOptions",
     "ShmRoom",
     "SlotLayout",
     "SlotRing",

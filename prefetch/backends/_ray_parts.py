@@ -1,0 +1,150 @@
+"""The Ray backend's bookkeeping: a batch's parts, the decode actors, and where rows came from.
+
+A batch is a `ProcessPending` (the process backend's: settled once every part is) whose rows
+are cut into `RayPart`s. A part is sent to one actor at a time; `deaths` counts the actors
+that died running it, and once it is settled (answered, cancelled, failed) any later answer
+for it is dropped: a part runs again only when its actor is lost, and counts once.
+`ActorState` is what the backend keeps per actor: its handle, node and the parts it holds (at
+most `RAY_PARTS_PER_ACTOR`, with their object refs); `NodeTally` what a node's actors decoded,
+and `DecodePlace` one node's figures in `Loader.stats().decoded_on`. Plain data; the backend's
+lock guards it all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prefetch.backends._process_pending import ProcessPending
+from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
+
+
+@dataclass(eq=False)
+class RayPart:
+    """Rows [start, stop) of the batch `pending` (its part `number`), to decode from `task`."""
+
+    pending: ProcessPending
+    number: int
+    task: BatchTask
+    slot: Slot
+    start: int
+    stop: int
+    deaths: int = 0  # actors that died while running it
+    settled: bool = False  # answered, dropped or failed: a later answer is dropped
+
+    def sent(self) -> BatchTask:
+        """What an actor is sent: the part's samples, rows numbered from 0 (its rows that
+        timed out too, renumbered)."""
+        task = self.task
+        skipped = tuple(row - self.start for row in task.timed_out if self.start <= row < self.stop)
+        return replace(task, indices=task.indices[self.start : self.stop], timed_out=skipped)
+
+    def answered(self, images: Any, labels: Any, outcome: ChunkOutcome) -> ChunkOutcome:
+        """Copy an actor's rows into the batch's slot; returns `outcome` with its skipped
+        samples at their rows in the batch."""
+        self.slot.images[self.start : self.stop] = images
+        self.slot.labels[self.start : self.stop] = labels
+        outcome.skipped = [
+            Skipped(s.position + self.start, s.path, s.error) for s in outcome.skipped
+        ]
+        return outcome
+
+    def stop_clocks(self) -> None:
+        """No row of the part is being read any more (its actor answered or is gone)."""
+        if self.slot.started is not None:
+            self.slot.started[self.start : self.stop] = 0.0
+
+    def samples(self) -> list[int]:
+        """The part's sample indices."""
+        return [int(index) for index in self.task.indices[self.start : self.stop]]
+
+
+@dataclass(eq=False)
+class ActorState:
+    """One decode actor: its handle, its node, whether it is ready (`ready` is the object ref
+    of its `where()` until it answered) and the parts it holds by object ref (in the order
+    sent, each with when it was sent)."""
+
+    handle: Any
+    name: str
+    node_id: str
+    node_ip: str
+    local: bool
+    ready: Any  # the object ref of its where() until it answered, then None
+    described: str = ""  # its own name for itself, with pid and node (where())
+    running: dict[Any, tuple[RayPart, float]] = field(default_factory=dict)
+    retiring: bool = False
+    probed_at: float = 0.0  # when its stuck rows were last asked for (`sample_timeout_s`)
+
+    def label(self) -> str:
+        """How errors and logs name it: its own description once ready, else its name."""
+        return self.described or f"ray actor {self.name} on node {self.node_ip}"
+
+    def began(self) -> float:
+        """When the part it is decoding now began: when the one before it was answered, or
+        when it was sent (`time.monotonic()`)."""
+        return min((began for _, began in self.running.values()), default=time.monotonic())
+
+
+@dataclass(frozen=True)
+class DecodePlace:
+    """Where a Ray backend's batches were decoded: one node's figures (`stats().decoded_on`).
+
+    - `node`: the node's address ("10.0.0.5").
+    - `node_id`: the node's id in Ray (nodes of one machine share an address).
+    - `local`: whether it is the training process's own node (its actors are the loader's
+      `workers`).
+    - `actors`: its decode actors running now.
+    - `images`: the images its actors decoded for delivered or pending batches.
+    - `busy_s`: the seconds its actors spent decoding them, summed over its actors.
+    - `images_per_s`: what the node decodes while kept busy: images per busy second of one
+      actor, times its actors now (0 once it has none).
+    - `lost_actors`: its actors that died (the node left, or an actor crashed or was stopped
+      by `sample_timeout_s`); their parts ran again elsewhere.
+    """
+
+    node: str
+    node_id: str
+    local: bool
+    actors: int
+    images: int
+    busy_s: float
+    images_per_s: float
+    lost_actors: int = 0
+
+
+@dataclass
+class NodeTally:
+    """What one node's actors did: images decoded, seconds busy, actors lost."""
+
+    node_ip: str
+    local: bool
+    images: int = 0
+    busy_s: float = 0.0
+    lost: int = 0
+
+
+def places(actors: list[ActorState], tallies: dict[str, NodeTally]) -> tuple[DecodePlace, ...]:
+    """One `DecodePlace` per node in `tallies` (by node id), with its actors now among
+    `actors`; this process's node first, then by address."""
+    running: dict[str, int] = {}
+    for actor in actors:
+        running[actor.node_id] = running.get(actor.node_id, 0) + 1
+    found = []
+    for node_id, tally in tallies.items():
+        count = running.get(node_id, 0)
+        rate = tally.images / tally.busy_s * count if tally.busy_s > 0 else 0.0
+        found.append(
+            DecodePlace(
+                tally.node_ip,
+                node_id,
+                tally.local,
+                count,
+                tally.images,
+                tally.busy_s,
+                rate,
+                tally.lost,
+            )
+        )
+    return tuple(sorted(found, key=lambda place: (not place.local, place.node, place.node_id)))
