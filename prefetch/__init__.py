@@ -16,7 +16,7 @@ hush_interrupt()  # Ctrl-C while `python -m prefetch` imports: one line, not a t
 import importlib
 from typing import Any
 
-from prefetch.backends import ProcessOptions
+from prefetch.backends import DecodePlace, ProcessOptions, RayOptions
 from prefetch.background import Background, background
 from prefetch.coordinator import Coordinator
 from prefetch.decode import DecodeOptions, decode_image
@@ -56,6 +56,7 @@ __all__ = [
     "Coordinator",
     "CorruptShardError",
     "DecodeOptions",
+    "DecodePlace",
     "ErrorPolicy",
     "FileList",
     "ImageFolder",
@@ -65,6 +66,7 @@ __all__ = [
     "PrefetchError",
     "ProcessOptions",
     "RandomResizedCrop",
+    "RayOptions",
     "RemoteOptions",
     "SampleTimeoutError",
     "Source",

@@ -31,7 +31,7 @@ import numpy as np
 
 from prefetch._checks import check_shard
 from prefetch._messages import counted, moved_keywords, suggest_keywords
-from prefetch.backends import ProcessOptions
+from prefetch.backends import ProcessOptions, RayOptions
 from prefetch.coordinator import Coordinator
 from prefetch.decode import Decoder
 from prefetch.io import RemoteOptions
@@ -44,6 +44,7 @@ from prefetch.runtime._options import (
     LoaderOptions,
     as_error_policy,
     as_workers,
+    backend_groups,
     check_group,
     check_validation_split,
     decode_options,
@@ -128,9 +129,9 @@ class Loader:
     - `depth`: how many decoded batches may wait for the consumer, an int >= 1: the batches
       kept in flight (being decoded or waiting), or more when the workers need more rows to
       all be busy (two per worker).
-    - `backend`: how workers run: `"auto"` (processes for files; for another source, threads
-      or processes chosen from a short measurement), `"thread"`, `"process"`, or a
-      `ProcessOptions` (processes, with their restarts, start method and reader threads).
+    - `backend`: how workers run: `"auto"` (processes for files, else threads or processes
+      as a short measurement says), `"thread"`, `"process"`, a `ProcessOptions` (restarts,
+      start method, reader threads) or `RayOptions` (Ray actors too: docs/beyond-the-host.md).
     - `on_error`: `"raise"`: a sample that fails to load raises at its batch, with a note
       naming it; `"skip"`: it is dropped, logged and counted in `stats()`; or an
       `ErrorPolicy("skip", max_skipped=..., sample_timeout_s=...)`: with a cap on skipped
@@ -172,7 +173,7 @@ class Loader:
         decoder: Decoder | str | None = "auto",
         workers: int | str | Autotune | None = None,
         depth: int = 2,
-        backend: str | ProcessOptions = "auto",
+        backend: str | ProcessOptions | RayOptions = "auto",
         on_error: str | ErrorPolicy = "raise",
         remote: RemoteOptions | None = None,
         ranks_per_host: int | None = None,
@@ -215,8 +216,7 @@ class Loader:
             decoder=decoder,
             workers=as_workers(workers),
             depth=depth,
-            backend="process" if isinstance(backend, ProcessOptions) else backend,
-            process=backend if isinstance(backend, ProcessOptions) else ProcessOptions(),
+            **backend_groups(backend),
             on_error=policy,
             remote=remote,
             ranks_per_host=ranks_per_host,
@@ -234,7 +234,7 @@ class Loader:
     workers = property(lambda self: self._epochs.workers.count, doc="The worker count now.")
     backend_name = property(
         lambda self: self._epochs.workers.backend_name,
-        doc='"thread" or "process" ("auto" before start).',
+        doc='"thread", "process" or "ray" ("auto" before start).',
     )
     backend_reason = property(
         lambda self: self._epochs.workers.backend_reason, doc="Why that backend."
@@ -309,8 +309,9 @@ class Loader:
             self._reconfigure(num_shards=num_shards, shard_index=shard_index)
 
     def _reconfigure(self, **changes: Any) -> None:
-        """Replace `options` (and the epochs' copy) with `changes` applied."""
-        self.options = self._epochs.options = replace(self.options, **changes)
+        """Replace `options` (and the epochs' and workers' copies) with `changes` applied."""
+        options = self.options = self._epochs.options = replace(self.options, **changes)
+        self._epochs.workers.options = options  # the Ray backend's ranks: the shards
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -383,8 +384,8 @@ class Loader:
     # ---- reporting ---------------------------------------------------------------------
 
     def stats(self) -> LoaderStats:
-        """A snapshot of throughput, consumer wait, producer busy time and skipped samples."""
-        return self._epochs.snapshot()
+        """Throughput, consumer wait, busy time, skips; where batches were decoded (Ray)."""
+        return replace(self._epochs.snapshot(), decoded_on=self._epochs.workers.places())
 
     def reset_stats(self) -> None:
         """Start counting afresh (for example at the start of each epoch)."""

@@ -2,11 +2,11 @@
 
 `LoaderOptions` is `loader.options`: everything a `Loader` was made with, normalized (a string
 `on_error` as an `ErrorPolicy`, `workers="auto"` as `Autotune()`, `backend=ProcessOptions(...)`
-as "process" and its options, the drawn seed) and its host split (`Loader.shard`). The option
-groups a `Loader` takes beside its flat keywords: `ErrorPolicy` (what a failing sample does),
-`Autotune` (a tuned worker count), `ProcessOptions` (prefetch.backends), `RemoteOptions`
-(prefetch.io), `Augment` (prefetch.plan). A bad value raises ValueError naming the option, the
-value and what would be accepted.
+as "process" and `backend=RayOptions(...)` as "ray", with their options, the drawn seed) and its
+host split (`Loader.shard`). The option groups a `Loader` takes beside its flat keywords:
+`ErrorPolicy` (what a failing sample does), `Autotune` (a tuned worker count), `ProcessOptions`
+and `RayOptions` (prefetch.backends), `RemoteOptions` (prefetch.io), `Augment` (prefetch.plan).
+A bad value raises ValueError naming the option, the value and what would be accepted.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from prefetch._checks import one_of, positive
 from prefetch._messages import suggest_keywords
-from prefetch.backends import ProcessOptions
+from prefetch.backends import ProcessOptions, RayOptions
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, check_max_pixels
 from prefetch.io import DEFAULT_MAX_PIXELS, RemoteOptions
 from prefetch.plan import Augment
@@ -32,7 +32,7 @@ ON_ERROR = ("raise", "skip")
 REMOTE_READER_THREADS = 8
 # Worker processes per core that a loader of remote URLs starts with (then tuned).
 REMOTE_PROCESSES_PER_CORE = 2
-BACKENDS = ("thread", "process", "auto")
+BACKENDS = ("thread", "process", "ray", "auto")
 # The keywords a Loader no longer takes, and their spelling now (CHANGELOG.md).
 MOVED = {
     "max_restarts": "backend=ProcessOptions(max_restarts=...)",
@@ -140,8 +140,10 @@ class LoaderOptions:
     - `workers`: an int, None (one per usable core, less one from 4 cores on) or an
       `Autotune` (for "auto").
     - `depth`: the most batches in flight.
-    - `backend`: "auto", "thread" or "process" (a `ProcessOptions` given is "process").
+    - `backend`: "auto", "thread", "process" or "ray" (a `ProcessOptions` given is "process",
+      a `RayOptions` "ray").
     - `process`: the `ProcessOptions` of the process backend.
+    - `ray`: the `RayOptions` of the Ray backend (for backend="ray"; else None).
     - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
     - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
     - `ranks_per_host`: as given (None: read from the launcher, `prefetch._host.local_ranks`).
@@ -171,6 +173,7 @@ class LoaderOptions:
     depth: int = 2
     backend: str = "auto"
     process: ProcessOptions = field(default_factory=ProcessOptions)
+    ray: RayOptions | None = None
     on_error: ErrorPolicy = field(default_factory=ErrorPolicy)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
     ranks_per_host: int | None = None
@@ -180,12 +183,20 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         positive("batch_size", self.batch_size)
         positive("depth", self.depth)
-        if self.workers is not None and not isinstance(self.workers, Autotune):
+        # With the Ray backend, workers=0 runs no actor on this node: all decode on the others.
+        none_here = self.backend == "ray" and self.workers == 0 and self.workers is not False
+        if self.workers is not None and not isinstance(self.workers, Autotune) and not none_here:
             positive("workers", self.workers)
         if self.ranks_per_host is not None:
             positive("ranks_per_host", self.ranks_per_host)
         one_of("label_mode", self.label_mode, LABEL_MODES)
         one_of("backend", self.backend, BACKENDS)
+        if self.backend == "ray" and isinstance(self.workers, Autotune):
+            raise ValueError(
+                "workers='auto' tunes the worker count of this host; with backend=RayOptions(...) "
+                "the workers are the decode actors on this node, beside the cluster's "
+                "(RayOptions.cpus): pass workers=N, or None for one per core of this rank's share"
+            )
         if self.augment.crop is not None:
             check_crop(self.decode, self.decoder)
 
@@ -225,6 +236,17 @@ def as_workers(workers: int | str | Autotune | None) -> int | Autotune | None:
             raise ValueError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
         return Autotune()
     return workers
+
+
+def backend_groups(backend: str | ProcessOptions | RayOptions) -> dict[str, Any]:
+    """The `backend` keyword as `LoaderOptions`' `backend`, `process` and `ray` fields: an
+    option group as its backend's name and itself, "ray" as `RayOptions()`."""
+    process = backend if isinstance(backend, ProcessOptions) else ProcessOptions()
+    if isinstance(backend, RayOptions) or backend == "ray":
+        ray = backend if isinstance(backend, RayOptions) else RayOptions()
+        return {"backend": "ray", "process": process, "ray": ray}
+    name = "process" if isinstance(backend, ProcessOptions) else backend
+    return {"backend": name, "process": process, "ray": None}
 
 
 def as_error_policy(on_error: str | ErrorPolicy) -> ErrorPolicy:

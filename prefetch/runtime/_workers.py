@@ -11,12 +11,20 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from prefetch._host import HostShare, host_share
-from prefetch.backends import Backend, SlotRing, make_backend, sweep_stale
+from prefetch.backends import (
+    Backend,
+    DecodePlace,
+    RayBackend,
+    SlotRing,
+    make_backend,
+    sweep_stale,
+)
 from prefetch.coordinator import Coordinator
 from prefetch.runtime._autoscale import WorkerTuner, tuner_for
 from prefetch.runtime._choice import asked_for, decide, in_flight, planned_workers, ring_bytes
@@ -45,7 +53,8 @@ class Workers:
         self.remote = reads_over_network(reader.source)
         self.share: HostShare = host_share(options.ranks_per_host)
         self.count = planned_workers(options, self.share, self.remote)
-        self.tuned = options.tuned or (options.workers is None and self.remote)
+        remote_tuned = options.workers is None and self.remote and options.backend != "ray"
+        self.tuned = options.tuned or remote_tuned
         self.backend_name = options.backend
         self.backend_reason = asked_for(options)  # until `decide` at the first start
         self.coordinator = Coordinator()
@@ -53,12 +62,15 @@ class Workers:
         self.ring: SlotRing | None = None
         self.tuner: WorkerTuner | None = None
         self._decided = False
+        self._decided_reason = ""
+        self._places: tuple[DecodePlace, ...] = ()  # a closed Ray backend's (`places`)
         self._lock = threading.Lock()
 
-    def start(self, first_batch: np.ndarray) -> tuple[Backend, SlotRing]:
+    def start(self, first_batch: Callable[[], np.ndarray]) -> tuple[Backend, SlotRing]:
         """Start the workers unless they run; returns the backend and its ring.
 
-        `first_batch` (sample indices) is what backend="auto" measures to choose.
+        `first_batch()` (sample indices) is what backend="auto" measures to choose, asked for
+        only at the first start.
         """
         with self._lock:
             if self.backend is not None and self.ring is not None:
@@ -70,14 +82,14 @@ class Workers:
                 decision = decide(
                     options,
                     self.reader,
-                    first_batch,
+                    first_batch(),
                     self.share,
                     self.count,
                     tuned=self.tuned,
                     remote=self.remote,
                 )
                 self.backend_name, self.count = decision.backend, decision.workers
-                self.backend_reason = decision.reason
+                self.backend_reason = self._decided_reason = decision.reason
                 self._decided = True
                 log.info("prefetch %s", decision.reason)
             backend = make_backend(
@@ -88,8 +100,13 @@ class Workers:
                 depth=self.in_flight(),
                 coordinator=self.coordinator,
                 process=options.process,
+                ray=options.ray,
+                shard=(options.num_shards, options.shard_index),
+                sample_timeout_s=options.on_error.sample_timeout_s,
             )
             backend.start()
+            if isinstance(backend, RayBackend):  # where it decodes, known once it joined
+                self.backend_reason = f"{self._decided_reason}; {backend.describe()}"
             if self.tuned and self.tuner is None:
                 height, width, channels = self.reader.options.shape
                 row_bytes = height * width * channels + 4
@@ -115,8 +132,17 @@ class Workers:
 
     def in_flight(self) -> int:
         """Batches an epoch keeps submitted (`_choice.in_flight`: `depth`, or more for many
-        workers)."""
-        return in_flight(self.options, self.reader, self.backend_name, self.count)
+        workers; with the Ray backend, for the decode actors ready now)."""
+        backend, count = self.backend, self.count
+        if isinstance(backend, RayBackend):
+            count = backend.actors()
+        return in_flight(self.options, self.reader, self.backend_name, count)
+
+    def places(self) -> tuple[DecodePlace, ...]:
+        """Where the Ray backend decoded batches (`stats().decoded_on`), as of its close once
+        closed; () for the other backends."""
+        backend = self.backend
+        return backend.places() if isinstance(backend, RayBackend) else self._places
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""
@@ -142,6 +168,8 @@ class Workers:
             _OPEN.discard(self)
         if backend is None:
             return
+        if isinstance(backend, RayBackend):
+            self._places = backend.places()
         self.coordinator.request_stop()  # shutdown step 1 (prefetch.backends._lifecycle)
         backend.close()  # steps 4 to 6: one deadline for all the workers
         # Step 7: the first undelivered error; no more waiting (the backend's close did).
