@@ -34,6 +34,8 @@ from prefetch._host import RANKS_VARIABLE, HostShare
 from prefetch._machine import SPARE_CORE_FROM, default_workers
 from prefetch._messages import counted
 from prefetch.backends import (
+    RAY_PART_ROWS,
+    RAY_PARTS_PER_ACTOR,
     ROWS_AHEAD_PER_READER,
     SlotLayout,
     choose_backend,
@@ -200,7 +202,15 @@ def in_flight(options: LoaderOptions, reader: SampleReader, backend: str, worker
     than that to all be busy: `ROWS_AHEAD_PER_READER` rows for every reader (a worker
     thread, or each reader thread of a worker process), so that dozens of workers, or
     workers waiting on remote storage, each have a sample to read while the oldest batch's
-    last rows finish. Both backends share every batch's rows among their workers."""
+    last rows finish. Both backends share every batch's rows among their workers.
+
+    For the Ray backend (`workers`: its decode actors ready now) the window is deeper: every
+    actor holds `RAY_PARTS_PER_ACTOR` parts of up to `RAY_PART_ROWS` rows (one decoding, the
+    next on its way over the network), and this window is the only bound on them."""
+    if backend == "ray":
+        part = min(options.batch_size, RAY_PART_ROWS)
+        rows = RAY_PARTS_PER_ACTOR * part * workers
+        return max(options.depth, -(-rows // options.batch_size))
     readers = workers
     if backend == "process":
         readers *= reader_threads(options.process, reader, options.batch_size)
