@@ -18,11 +18,15 @@ object: the others wait for that copy), every copy's bytes are counted in the fo
 before it is written, and with a `limit` (`RemoteOptions.cache_limit`) the least recently read
 copies are evicted first, never one that is being read. Under the "keep" policy
 (`RemoteOptions.cache_policy`, the default) a loader's read (`decoded(url, decode, epoch)`)
-evicts only copies that nobody read since the first read of the epoch before (in this
-process; in the first epoch it sees, none): a shuffled pass over a set larger than the limit
-keeps the copies it has, where evicting the least recently read would drop each one shortly
-before the next epoch reads it. A copy that does not fit (larger than the limit, or every other
-copy in use or kept) is decoded from a private temporary file and not kept.
+evicts only copies that nobody read since the first read of the epoch before (by any process
+of the host's loaders: worker processes and ranks share their epochs through `EpochMarks`;
+while one still reads the epoch before, since the first read of the one before that; in the
+first epoch, none): a shuffled pass over a set larger than the limit keeps the copies it has,
+where evicting the least recently read would drop each one shortly before the next epoch
+reads it. A copy that does not
+fit (larger than the limit, or every other copy in use or kept) is decoded from a private
+temporary file and not kept; so is one whose name holds something that is no copy (a folder,
+a symlink, another user's file: never replaced).
 
 The folder is the user's own, and every check goes through the descriptor that is then used
 (`prefetch.io._cache_folder`): opened with O_NOFOLLOW, created with mode 0700 when missing,
@@ -44,17 +48,16 @@ import hashlib
 import logging
 import os
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefetch.io._cache_files import (
     PARTIAL_PREFIX,
-    TOUCH_AFTER_S,
+    EpochMarks,
     is_copy_name,
     key_of,
-    lock_object,
+    odd_entry,
     pin,
     unlock_object,
 )
@@ -75,8 +78,6 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _warned: set[str] = set()  # the warnings given in this process (each once)
-# The epochs whose first read an `ObjectCache` remembers (each a few bytes).
-EPOCHS_REMEMBERED = 4
 
 
 class ObjectCache(CacheFolder):
@@ -97,7 +98,7 @@ class ObjectCache(CacheFolder):
     ) -> None:
         super().__init__(folder, device, inode, limit)
         self.policy = policy
-        self._epochs_began: dict[int, int] = {}  # epoch -> this process's first read for it
+        self._epochs = EpochMarks()  # the epochs the folder's loaders read (this process's part)
 
     @classmethod
     def open(
@@ -131,10 +132,11 @@ class ObjectCache(CacheFolder):
         whether that was a copy kept already (False: it was read from storage just now).
 
         `epoch`, a loader's epoch: under the "keep" policy, room for a new copy is made only
-        from copies that nobody read since this process first read for the epoch before (none
-        in the first epoch it sees: a copy from an earlier run that this one reads again is
-        read before it can go). None, or the "lru" policy: from any copy, least recently read
-        first.
+        from copies that nobody read since the first read for the epoch before (by any
+        process of the host's loaders), or for the one before that while the epoch before is
+        still read (`EpochMarks.keep_since`; none in the first epoch: a copy from an earlier
+        run that this one reads again is read before it can go). None, or the "lru" policy:
+        from any copy, least recently read first.
 
         A kept copy is pinned while `decode` reads it (never evicted meanwhile). One that
         `decode` fails on is removed and the object read again from storage, once; a new copy
@@ -143,9 +145,14 @@ class ObjectCache(CacheFolder):
         same object, this waits for its copy. When no copy can be written, `decode(url)` reads
         the object from storage itself.
         """
+        if epoch is None or self.policy != "keep" or self.limit is None:
+            return self._decoded(url, decode, None)
+        with self._epochs.reading(self._dir(), epoch):  # the host's epochs, in the folder
+            return self._decoded(url, decode, epoch)
+
+    def _decoded(self, url: str, decode: Callable[[str], T], epoch: int | None) -> tuple[T, bool]:
         handle = self._dir()
         name = self.name_for(url)
-        keep_since_ns = self._keep_since(epoch)  # every read notes its epoch's first
         stale = None
         pinned = pin(handle, name)
         if pinned is not None:
@@ -165,7 +172,7 @@ class ObjectCache(CacheFolder):
                 os.close(pinned)
         key = key_of(name)
         try:
-            lock = lock_object(handle, key, wait_s())
+            lock = self._books().lock(key, wait_s())
         except OSError as error:  # no lock file can be made (a quota of files)
             self._cannot_write(error)
             return decode(url), False
@@ -190,26 +197,10 @@ class ObjectCache(CacheFolder):
                         return self._decode_pinned(handle, name, pinned, decode), True
                     finally:
                         os.close(pinned)
-            return self._fetch_and_decode(handle, url, name, decode, keep_since_ns), False
+            keep_since_ns = None if epoch is None else self._epochs.keep_since(handle, epoch)
+            return self._fetch_and_decode(handle, url, name, decode, lock, keep_since_ns), False
         finally:
             unlock_object(handle, key, lock)
-
-    def _keep_since(self, epoch: int | None) -> int | None:
-        """The time (ns) from which copies read are kept for a read of `epoch`: this
-        process's first read for `epoch - 1` (less `TOUCH_AFTER_S`, the precision of a
-        copy's time of use), 0 (every copy) when it had none; None without an epoch or under
-        the "lru" policy."""
-        if epoch is None or self.policy != "keep":
-            return None
-        with self._lock:
-            began = self._epochs_began
-            if epoch not in began:
-                began[epoch] = time.time_ns()
-                for old in sorted(began)[:-EPOCHS_REMEMBERED]:
-                    del began[old]
-            since = began.get(epoch - 1)
-            # a copy read since then has an mtime at most TOUCH_AFTER_S older (`pin`)
-            return 0 if since is None else max(0, since - int(TOUCH_AFTER_S * 1e9))
 
     def _decode_pinned(self, handle: int, name: str, pinned: int, decode: Callable[[str], T]) -> T:
         """`decode` of the kept copy `name`, pinned as `pinned`; once more when it failed and
@@ -231,14 +222,14 @@ class ObjectCache(CacheFolder):
         url: str,
         name: str,
         decode: Callable[[str], T],
+        lock: int,
         keep_since_ns: int | None,
     ) -> T:
-        """Under the object's lock: fetch `url`, keep its copy as `name` if it may be kept
-        (evicting only copies older than `keep_since_ns`, when given), and decode it."""
+        """Under the object's lock `lock`: fetch `url`, keep its copy as `name` if it may be
+        kept (evicting only copies older than `keep_since_ns`, when given), and decode it."""
         ledger = self._books()
         partial = PARTIAL_PREFIX + name
-        with contextlib.suppress(FileNotFoundError):
-            self._remove(handle, partial, ledger)  # left by a killed process
+        self._drop_partial(handle, name, ledger)  # left by a killed process
         data, whole = fetch_object(url)
         self._count_fetched(len(data))
         if not whole:
@@ -251,8 +242,12 @@ class ObjectCache(CacheFolder):
                 self.folder,
             )
             return _decode_outside(data, _suffix(url), decode, url)
+        odd = odd_entry(handle, name)
+        if odd is not None:  # not ours to replace: read as without a cache
+            self._cannot_write(OSError(f"{name!r} is {odd}, not a copy: remove it"))
+            return _decode_outside(data, _suffix(url), decode, url)
         try:
-            reserved = ledger.reserve(len(data), keep_since_ns)
+            reserved = ledger.reserve(len(data), keep_since_ns, lock, name)
         except OSError as error:
             self._cannot_write(error)
             return _decode_outside(data, _suffix(url), decode, url)
@@ -286,7 +281,12 @@ class ObjectCache(CacheFolder):
                 self._cannot_write(error)
                 return _decode_outside(data, _suffix(url), decode, url)
             value = decode(self._through(handle, partial))
-            os.replace(partial, name, src_dir_fd=handle, dst_dir_fd=handle)
+            ledger.settle(lock)  # whole and decoded: counted as a copy from here on
+            try:
+                os.replace(partial, name, src_dir_fd=handle, dst_dir_fd=handle)
+            except OSError as error:  # a folder appeared at its name: read, not kept
+                self._cannot_write(error)
+                return value
             kept = True
             with contextlib.suppress(OSError):  # the rename's own durability: best effort
                 os.fsync(handle)
@@ -295,7 +295,7 @@ class ObjectCache(CacheFolder):
             if not kept:
                 with contextlib.suppress(OSError):
                     os.unlink(partial, dir_fd=handle)
-                ledger.release(len(data))
+                ledger.unreserve(len(data), lock)
 
     def _cannot_write(self, error: OSError) -> None:
         _warn_once(

@@ -2,9 +2,11 @@
 
 The rules they follow are `prefetch.io._cache_ledger`'s (its module docstring): a copy is
 `<key><ext>`, its partial file `.partial-<name>`, an object's lock `.lock-<key>` (an exclusive
-`flock`, its file unlinked by its holder), and a reader pins the copy it decodes (a shared
-`flock` on its descriptor), marking it used (its mtime) at most once in `TOUCH_AFTER_S`. Every
-file is opened through the folder's descriptor, never through a link, 0600.
+`flock`, its file unlinked by its holder, holding the record of the bytes its holder reserved
+while it writes the copy), and a reader pins the copy it decodes (a shared `flock` on its
+descriptor), marking it used (its mtime) at most once in `TOUCH_AFTER_S`. `EpochMarks` tells
+the processes that read the folder which epochs they read (`.epoch-<n>`), for the "keep"
+policy. Every file is opened through the folder's descriptor, never through a link, 0600.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import fcntl
 import os
 import re
 import stat
+import threading
 import time
+from collections.abc import Iterator
 
 from prefetch.io._private import flock_within
 
@@ -23,6 +27,7 @@ LEDGER = ".ledger"
 USERS = ".users"
 LOCK_PREFIX = ".lock-"
 PARTIAL_PREFIX = ".partial-"
+EPOCH_PREFIX = ".epoch-"
 # A copy read is marked used (its mtime set) only when it was not for this long: the least
 # recently used order is this coarse, and a reader sees a copy's times change at most once in
 # this span (longer than any decode), so one decode again always reads it unchanged.
@@ -37,7 +42,11 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # How a copy is opened to be read or evicted: never through a link, never blocking.
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | _O_CLOEXEC
-_LOCK = os.O_RDONLY | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
+# An object's lock file is written too: the record of a reservation (`Ledger.reserve`).
+_LOCK = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC
+# What opening an entry at a copy's name that is no copy gives: a symlink (ELOOP), a socket
+# (ENXIO), a device (ENODEV), another user's file (EACCES, EPERM).
+_NOT_A_COPY = (errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EACCES, errno.EPERM)
 
 
 def open_own(handle: int, name: str) -> int:
@@ -109,7 +118,7 @@ def pin(handle: int, name: str) -> int | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
-        if error.errno == errno.ELOOP:  # a symlink: not a copy (renaming a copy replaces it)
+        if error.errno in _NOT_A_COPY:  # not a copy: `odd_entry` names it
             return None
         raise
     try:
@@ -125,3 +134,129 @@ def pin(handle: int, name: str) -> int | None:
         raise
     os.close(fd)
     return None
+
+
+def odd_entry(handle: int, name: str) -> str | None:
+    """What is at the copy's name `name` in the folder when it is no copy (a folder, a
+    symlink, another user's file: never replaced, never read), e.g. "a folder"; None when
+    nothing is there or a regular file of yours."""
+    try:
+        info = os.stat(name, dir_fd=handle, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        kinds = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+        return kinds.get(stat.S_IFMT(info.st_mode), "not a regular file")
+    if info.st_uid != os.geteuid():
+        return f"a file of another user (uid {info.st_uid})"
+    return None
+
+
+class EpochMarks:
+    """The epochs read from the folder, as every process that reads it shares them (the
+    worker processes of a loader, the ranks of a job: their epochs are numbered alike), for
+    the "keep" policy. The first read of epoch n by any of them creates the mark `.epoch-<n>`
+    (0600), whose mtime is then the first read of n on the host; each process holds a shared
+    flock on it while it reads n: from its first read of n until it has begun a later epoch
+    and no read of n is left in flight (a killed process's flock is released by the kernel).
+    So whether any process still reads epoch n (a loader reads the next epoch ahead during its
+    last batches; a rank may be behind another) is one try of an exclusive flock. Thread-safe;
+    one per process and cache."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}  # epoch -> a descriptor of its mark, flock shared
+        self._reading: dict[int, int] = {}  # epoch -> reads in flight in this process
+        self._starts: dict[int, int] = {}  # epoch -> the host's first read of it (ns)
+        self._newest = -1
+
+    @staticmethod
+    def name(epoch: int) -> str:
+        return f"{EPOCH_PREFIX}{epoch}"
+
+    @contextlib.contextmanager
+    def reading(self, handle: int, epoch: int) -> Iterator[None]:
+        """Count a read of `epoch` in flight in this process for the `with` block."""
+        with self._lock:
+            self._reading[epoch] = self._reading.get(epoch, 0) + 1
+            if epoch not in self._held:
+                self._hold(handle, epoch)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reading[epoch] -= 1
+                if not self._reading[epoch]:
+                    del self._reading[epoch]
+                    if epoch < self._newest:
+                        self._let_go(epoch)
+
+    def keep_since(self, handle: int, epoch: int) -> int:
+        """The time (ns) from which copies read are kept for a read of `epoch`: the first
+        read of the epoch before, or of the one before that while a process still reads the
+        epoch before (its copies not yet read again were read in the one before that); less
+        `TOUCH_AFTER_S`, the precision of a copy's time of use. 0 (every copy) when no such
+        epoch was read: the first."""
+        since = self._start(handle, epoch - 1)
+        if since is not None and self._being_read(handle, epoch - 1):
+            since = self._start(handle, epoch - 2)
+        return 0 if since is None else max(0, since - int(TOUCH_AFTER_S * 1e9))
+
+    def _hold(self, handle: int, epoch: int) -> None:
+        """Hold the mark of `epoch` (created now by the first read of it); when it is the
+        newest epoch this process reads, let go of those it no longer reads and remove a mark
+        nobody asks about any more (unless it is held: a rank far behind). Without a mark (a
+        quota of files) nothing is noted: then a read of the next epoch evicts no copy."""
+        try:
+            fd = open_own(handle, self.name(epoch))
+        except OSError:
+            return
+        if not flock_within(fd, fcntl.LOCK_SH, 1.0):  # only held exclusive for a try
+            os.close(fd)
+            return
+        self._held[epoch] = fd
+        self._starts.setdefault(epoch, os.fstat(fd).st_mtime_ns)
+        if epoch > self._newest:
+            self._newest = epoch
+            for older in [held for held in self._held if held < epoch]:
+                if older not in self._reading:
+                    self._let_go(older)
+            for old in [start for start in self._starts if start < epoch - 3]:
+                del self._starts[old]
+            if epoch >= 4 and not self._being_read(handle, epoch - 4):
+                with contextlib.suppress(OSError):  # reads ask about the two epochs before
+                    os.unlink(self.name(epoch - 4), dir_fd=handle)
+
+    def _let_go(self, epoch: int) -> None:
+        fd = self._held.pop(epoch, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _start(self, handle: int, epoch: int) -> int | None:
+        """The first read of `epoch` (its mark's mtime); None when there was none."""
+        if epoch < 0:
+            return None
+        with self._lock:
+            if epoch in self._starts:
+                return self._starts[epoch]
+        try:
+            info = os.stat(self.name(epoch), dir_fd=handle, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        return info.st_mtime_ns
+
+    def _being_read(self, handle: int, epoch: int) -> bool:
+        """Whether a process (this one too) still reads `epoch`."""
+        try:
+            fd = os.open(self.name(epoch), READ_FLAGS, dir_fd=handle)
+        except OSError:
+            return False
+        try:
+            if flock_within(fd, fcntl.LOCK_EX, 0):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return False
+            return True
+        finally:
+            os.close(fd)

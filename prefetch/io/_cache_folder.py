@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from prefetch.io._cache_files import (
+    EPOCH_PREFIX,
     LOCK_PREFIX,
     PARTIAL_PREFIX,
     USERS,
     is_key,
     key_of,
-    lock_object,
+    odd_entry,
     open_own,
     pin,
     unlock_object,
@@ -160,26 +161,31 @@ class CacheFolder:
         return self._ledger
 
     def _sweep(self, alone: bool) -> None:
-        """Remove the partial copies and lock files of killed processes (those whose object's
-        lock is free); alone, also recount the folder's bytes from its files."""
+        """Remove what killed processes left (those whose object's lock is free): partial
+        copies and lock files, returning the bytes they had reserved (`Ledger.lock`); alone,
+        also the loaders' epoch marks, and recount the folder's bytes from its files."""
         handle, ledger = self._dir(), self._books()
         now = time.time()
+        prefixes = (PARTIAL_PREFIX, LOCK_PREFIX) + ((EPOCH_PREFIX,) if alone else ())
         with os.scandir(handle) as entries:
-            left = [e.name for e in entries if e.name.startswith((PARTIAL_PREFIX, LOCK_PREFIX))]
+            left = [e.name for e in entries if e.name.startswith(prefixes)]
         for name in left:
             partial = name.startswith(PARTIAL_PREFIX)
             key = key_of(name) if partial else name[len(LOCK_PREFIX) :]
             with contextlib.suppress(OSError):  # another process's sweep got there first
+                if name.startswith(EPOCH_PREFIX):  # alone: no loader reads the folder
+                    os.unlink(name, dir_fd=handle)
+                    continue
                 if not is_key(key):  # an older prefetch's partial copy: by its age
                     info = os.stat(name, dir_fd=handle, follow_symlinks=False)
                     if partial and now - info.st_mtime > PARTIAL_MAX_AGE_S:
                         os.unlink(name, dir_fd=handle)
                     continue
-                lock = lock_object(handle, key, 0)
+                lock = ledger.lock(key, 0)
                 if lock is not None:  # its fetch is over: what it left goes (a lock file too)
                     try:
                         if partial:
-                            self._remove(handle, name, ledger)
+                            self._drop_partial(handle, name[len(PARTIAL_PREFIX) :], ledger)
                     finally:
                         unlock_object(handle, key, lock)
         if alone:
@@ -187,11 +193,18 @@ class CacheFolder:
 
     @staticmethod
     def _remove(handle: int, name: str, ledger: Ledger) -> None:
-        """Unlink `name` and count its bytes out of the ledger (a partial copy's reservation
-        was at least its size; a copy's was its size)."""
+        """Unlink the copy `name` and count its bytes out of the ledger."""
         size = os.stat(name, dir_fd=handle, follow_symlinks=False).st_size
         os.unlink(name, dir_fd=handle)
         ledger.release(size)
+
+    @classmethod
+    def _drop_partial(cls, handle: int, name: str, ledger: Ledger) -> None:
+        """Under the object's lock (`Ledger.lock`: a reservation recorded there is returned
+        already): remove a partial copy of `name` that a killed process left without a
+        record, settled (whole, about to be renamed), so counted as its size."""
+        with contextlib.suppress(FileNotFoundError):
+            cls._remove(handle, PARTIAL_PREFIX + name, ledger)
 
     def _through(self, handle: int, name: str) -> str:
         """A path to `name` in the folder that resolves through `handle`, not the folder's
@@ -221,14 +234,20 @@ class CacheFolder:
             self._fetched_bytes += size
 
     def pinned_copy(
-        self, name: str, size: int, fetch: Callable[[BinaryIO], None], good: Callable[[int], bool]
+        self,
+        name: str,
+        size: int,
+        fetch: Callable[[BinaryIO], None],
+        good: Callable[[int], bool],
+        needed: str = "",
     ) -> tuple[int, bool]:
         """`(descriptor, fetched)`: a pinned descriptor (never evicted while open; the caller
         closes it) of the copy `name` in the folder (a shard of `size` bytes), and whether it
         was fetched now: the kept one when `good(descriptor)`, else one written now by
         `fetch(file)` (which raises when what it wrote is not the object), under the object's
         lock (another process's fetch of it is waited for). Raises OSError when the limit
-        leaves no room for it beside the copies in use."""
+        leaves no room for it beside the copies in use (saying what the caller reads at once:
+        `needed`), or when something that is no copy is at its name."""
         handle, ledger = self._dir(), self._books()
         pinned = pin(handle, name)
         if pinned is not None and good(pinned):
@@ -236,7 +255,7 @@ class CacheFolder:
         if pinned is not None:
             os.close(pinned)
         key = key_of(name)
-        lock = lock_object(handle, key, wait_s())
+        lock = ledger.lock(key, wait_s())
         if lock is None:
             raise TimeoutError(
                 f"another process fetched {name!r} into cache_dir {self.folder!r} for longer "
@@ -250,23 +269,28 @@ class CacheFolder:
                 os.close(pinned)
                 with contextlib.suppress(FileNotFoundError):
                     self._remove(handle, name, ledger)  # not the object indexed: replaced
-            partial = PARTIAL_PREFIX + name
-            with contextlib.suppress(FileNotFoundError):
-                self._remove(handle, partial, ledger)
-            if not ledger.reserve(size):
+            odd = odd_entry(handle, name)
+            if odd is not None:
+                raise OSError(
+                    f"{os.path.join(self.folder, name)!r} is {odd}, not a copy: cache_dir "
+                    f"keeps the shard {name!r} there; remove it, or give another cache_dir"
+                )
+            self._drop_partial(handle, name, ledger)
+            if not ledger.reserve(size, None, lock, name):
                 raise OSError(
                     f"{name!r} ({size} bytes) does not fit cache_limit={self.limit} of "
                     f"cache_dir {self.folder!r} beside the copies in use and being fetched: "
-                    "raise cache_limit to hold the shards a loader reads at once (those of "
-                    "the batches in flight and the next few fetched ahead: about ten)"
+                    "raise cache_limit to hold the shards a loader reads at once "
+                    f"({needed or 'those of the batches in flight and a few fetched ahead'})"
                 )
-            kept = False
+            partial, kept = PARTIAL_PREFIX + name, False
             try:
                 flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
                 with os.fdopen(os.open(partial, flags, 0o600, dir_fd=handle), "w+b") as file:
                     fetch(file)
                     file.flush()
                     os.fsync(file.fileno())
+                ledger.settle(lock)  # whole: counted as a copy from here on
                 os.replace(partial, name, src_dir_fd=handle, dst_dir_fd=handle)
                 kept = True
                 self._count_fetched(size)
@@ -274,7 +298,7 @@ class CacheFolder:
                 if not kept:
                     with contextlib.suppress(OSError):
                         os.unlink(partial, dir_fd=handle)
-                    ledger.release(size)
+                    ledger.unreserve(size, lock)
             pinned = pin(handle, name)
             if pinned is None:
                 raise OSError(f"the copy {name!r} in {self.folder!r} vanished once written")

@@ -12,10 +12,11 @@ made on the host (the files' names, the per-object locks and the pins are
   in `TOUCH_AFTER_S`, and `ObjectCache` decodes a copy whose times alone changed once more.
 - `.partial-<name>`: the copy `name` being written, only by the holder of its object's lock.
 - `.lock-<key>`: the lock of one object (`lock_object`: flock, exclusive), held while its copy
-  is fetched, written and renamed into place, replaced or evicted. Its holder unlinks it when
-  done; a waiter that then holds an unlinked file opens the new one. The kernel releases the
-  lock of a killed process; its file and partial copy are removed by the next holder, or by
-  the sweep of the next `CacheFolder.open`.
+  is fetched, written and renamed into place, replaced or evicted, and the record of the
+  bytes its holder reserved meanwhile. Its holder unlinks it when done; a waiter that then
+  holds an unlinked file opens the new one. The kernel releases the lock of a killed process;
+  its file, reservation and partial copy are returned by the next holder, or by the sweep of
+  the next `CacheFolder.open`.
 - `.users`: each process that uses the folder holds a shared flock on it (`CacheFolder`); one
   that can take it exclusive is alone (it sweeps and recounts). A file of the folder that only
   you may open, not the folder itself: another user who may read the folder (a 0755 one)
@@ -30,8 +31,15 @@ made on the host (the files' names, the per-object locks and the pins are
 A copy's bytes are reserved in the ledger (`Ledger.reserve`) before it is written, after
 evicting the least recently used copies when the folder would pass its limit: so the copies
 and partial copies never hold more than the ledger counts, nor the ledger (its own bytes
-included) more than the limit. A killed process can leave the count too high, never too low;
-`Ledger.recount`, run by a process that opens the folder alone, sets it from the files.
+included) more than the limit. The reservation is recorded in the object's lock file (its
+bytes and the copy's name: 56 bytes, counted with it) until the copy is renamed into place
+(`settle`) or given up (`unreserve`): a process killed meanwhile (mid-download) leaves the
+record in a lock file nobody holds, and whoever takes that lock next (`Ledger.lock`: the next
+reader of the object, eviction, the sweep of the next `CacheFolder.open`) returns the bytes
+and removes the partial copy. Each step writes the count before the record and clears the
+record before the count, so a process killed between the two leaves the count too high, never
+too low; `Ledger.recount`, run by a process that opens the folder alone, sets it from the
+files. A header with a number out of range (a damaged ledger) is counted from the files too.
 
 Which copies may go: any not in use (least recently used first), or, for a reserve that keeps
 the copies read since a time (`keep_since_ns`: `ObjectCache` keeps those a loader read in this
@@ -78,8 +86,11 @@ _HEADER = struct.Struct("<8sqqqq")
 _RECORD = struct.Struct("<qq48s")
 _MAGIC = b"pfcache2"
 _USED, _HEAD, _COUNT, _OLDEST = 0, 1, 2, 3
-# `_OLDEST` when every copy was queued: no copy left out is older than anything.
+# `_OLDEST` when every copy was queued: no copy left out is older than anything; also the
+# most bytes a header may count (a larger number is a damaged ledger, counted from the files).
 _NEWEST = 2**62
+# A reservation's record in its object's lock file: its bytes and the copy's name.
+_RESERVATION = struct.Struct("<q48s")
 # The eviction queue covers the oldest copies of limit / QUEUE_SHARE bytes, at most QUEUE_MAX
 # of them (4 MiB of ledger): a folder is scanned (one stat a copy) once per eighth of its limit
 # evicted, and the ledger stays a small part of the limit.
@@ -117,12 +128,12 @@ class Ledger:
         raw, again = b"", os.pread(self._fd, _HEADER.size, 0)
         while raw != again:
             raw, again = again, os.pread(self._fd, _HEADER.size, 0)
-        if len(raw) != _HEADER.size or raw[:8] != _MAGIC:
-            return 0
-        used: int = _HEADER.unpack(raw)[1]
-        return max(0, used)
+        numbers = _numbers(raw)
+        return 0 if numbers is None else numbers[_USED]
 
-    def reserve(self, size: int, keep_since_ns: int | None = None) -> bool:
+    def reserve(
+        self, size: int, keep_since_ns: int | None = None, lock: int = -1, name: str = ""
+    ) -> bool:
         """Count `size` more bytes (a copy about to be written), after evicting the least
         recently used copies when the folder would pass the limit; False (nothing counted)
         when even that leaves no room (at once, evicting nothing, for a copy larger than the
@@ -131,13 +142,62 @@ class Ledger:
         scanning the folder again (the header's `_OLDEST`). Copies are taken from the eviction
         queue under the ledger's locks and removed after they are released (still counted
         until then, so nobody counts their room twice): the serial step is the queue's, not
-        the unlinks'."""
+        the unlinks'. With `lock`, the descriptor of the lock of the object copied as `name`
+        (`lock`), the reservation is recorded there until `settle` or `unreserve`."""
+        counted = size + (_RESERVATION.size if lock >= 0 else 0)  # the record's bytes too
+        if not self.fits_alone(size):
+            return False  # not even alone in the folder: nothing is evicted for it
+        if not self._count_in(counted, keep_since_ns):
+            return False
+        if lock >= 0:
+            try:
+                os.pwrite(lock, _RESERVATION.pack(size, name.encode("ascii")), 0)
+            except OSError:  # no room for the record (a full disk): nothing reserved
+                self.release(counted)
+                raise
+        return True
+
+    def settle(self, lock: int) -> None:
+        """The reservation recorded in `lock` is a copy now (about to be renamed into place):
+        its bytes stay counted, as a copy's; the record's are counted out."""
+        os.ftruncate(lock, 0)
+        self.release(_RESERVATION.size)
+
+    def unreserve(self, size: int, lock: int) -> None:
+        """Give up the reservation of `size` bytes recorded in `lock` (its partial copy is
+        removed already)."""
+        os.ftruncate(lock, 0)
+        self.release(size + _RESERVATION.size)
+
+    def lock(self, key: str, timeout_s: float) -> int | None:
+        """`lock_object` of `key`; a reservation its last holder left (killed mid-copy) is
+        returned, and its partial copy removed, before this returns."""
+        lock = lock_object(self._dir, key, timeout_s)
+        if lock is None:
+            return None
+        try:
+            raw = os.pread(lock, _RESERVATION.size, 0)
+            if len(raw) == _RESERVATION.size:
+                size, name = _RESERVATION.unpack(raw)
+                copy = name.rstrip(b"\0").decode("ascii", "replace")
+                if 0 < size < _NEWEST and is_copy_name(copy) and key_of(copy) == key:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(PARTIAL_PREFIX + copy, dir_fd=self._dir)
+                    os.ftruncate(lock, 0)
+                    self.release(size + _RESERVATION.size)
+                else:
+                    os.ftruncate(lock, 0)
+        except BaseException:
+            unlock_object(self._dir, key, lock)
+            raise
+        return lock
+
+    def _count_in(self, size: int, keep_since_ns: int | None) -> bool:
+        """`reserve`'s count: `size` more bytes, after evicting what the limit asks."""
         if self.limit is None:
             with self._held() as header:
                 header[_USED] += size
             return True
-        if not self.fits_alone(size):
-            return False  # not even alone in the folder: nothing is evicted for it
         goal, everything, evicted = self.limit // QUEUE_SHARE, False, True
         while True:
             with self._held() as header:
@@ -170,8 +230,9 @@ class Ledger:
                     self.evicted_bytes += sum(sizes)
 
     def fits_alone(self, size: int) -> bool:
-        """Whether a copy of `size` bytes fits the limit with no other copy in the folder."""
-        return self.limit is None or size + _HEADER.size <= self.limit
+        """Whether a copy of `size` bytes fits the limit with no other copy in the folder (the
+        ledger's header and the reservation's record beside it)."""
+        return self.limit is None or size + _HEADER.size + _RESERVATION.size <= self.limit
 
     def release(self, size: int) -> None:
         """Count `size` bytes fewer (a copy, or a reservation, removed)."""
@@ -187,17 +248,17 @@ class Ledger:
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[list[int]]:
-        """The header's numbers [used, head, count], under the ledger's locks; written back
-        when changed. A ledger that is new (empty) or not one is counted from the files."""
+        """The header's numbers [used, head, count, oldest], under the ledger's locks; written
+        back when changed. A ledger that is new (empty), not one, or has a number out of range
+        (`_numbers`) is counted from the files."""
         if not self._lock.acquire(timeout=LEDGER_WAIT_S):
             raise OSError(errno.ETIMEDOUT, "another thread held the cache's ledger too long")
         try:
             if not flock_within(self._fd, fcntl.LOCK_EX, LEDGER_WAIT_S):
                 raise OSError(errno.ETIMEDOUT, "another process held the cache's ledger too long")
             try:
-                raw = os.pread(self._fd, _HEADER.size, 0)
-                magic, *numbers = _HEADER.unpack(raw) if len(raw) == _HEADER.size else (b"", -1)
-                if magic != _MAGIC or min(numbers) < 0:
+                numbers = _numbers(os.pread(self._fd, _HEADER.size, 0))
+                if numbers is None:  # new, not a ledger, or damaged: counted from the files
                     counted = sum(size for _, size, _ in self._copies(partials=True))
                     numbers = [counted, 0, 0, 0]
                     self._write(numbers)
@@ -293,7 +354,7 @@ class Ledger:
         if info.st_mtime_ns != mtime_ns or not stat.S_ISREG(info.st_mode):
             return None  # read since it was queued (or not a copy): it stays
         key = key_of(name)
-        lock = lock_object(self._dir, key, 0)
+        lock = self.lock(key, 0)
         if lock is None:
             return None  # being fetched or replaced
         try:
@@ -313,3 +374,15 @@ class Ledger:
                 os.close(fd)
         finally:
             unlock_object(self._dir, key, lock)
+
+
+def _numbers(raw: bytes) -> list[int] | None:
+    """The numbers of the ledger header `raw` ([used, head, count, oldest]); None when it is
+    not one (new, another file's) or a number is out of range (damaged)."""
+    if len(raw) != _HEADER.size:
+        return None
+    magic, *numbers = _HEADER.unpack(raw)
+    used, head, count, oldest = numbers
+    if magic != _MAGIC or not (0 <= used <= _NEWEST and 0 <= head <= count <= QUEUE_MAX):
+        return None
+    return numbers if 0 <= oldest <= _NEWEST else None

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from prefetch._messages import counted
 from prefetch.io import ObjectCache, RemoteOptions, download, is_url, spooled_name, using
 from prefetch.plan import EpochPlan, StreamingPlan
 from prefetch.runtime._workers import forget_dummy_thread
@@ -76,6 +77,7 @@ class ShardSpool:
         self._last_use: dict[int, int] = {}
         self.fetched = 0  # shards fetched from storage (stats)
         self._begun: tuple[int, int] | None = None
+        self._needed = ""  # what the epoch holds at once, for a cache_limit too small
 
     def path(self, shard: int) -> str:
         """Where the copy of shard number `shard` is kept."""
@@ -96,6 +98,33 @@ class ShardSpool:
                 first.setdefault(int(shard), number)
                 self._last_use[int(shard)] = number
         self._first_use = sorted((batch, shard) for shard, batch in first.items())
+        self._needed = self._at_once(first)
+
+    def _at_once(self, first: dict[int, int]) -> str:
+        """What the epoch whose shards are first read by the batches `first` (and last by
+        `_last_use`) holds at once, at least: at each batch, the shards read from their first
+        batch to their last and the `READAHEAD_SHARDS` fetched ahead, as the advice of a
+        `cache_limit` that cannot hold them ("" for none)."""
+        if self.cache is None or not first:
+            return ""
+        order = sorted(first, key=first.__getitem__)
+        starts = np.array([first[shard] for shard in order], np.int64)
+        sizes = np.array([self.source.indexes[shard].identity.size for shard in order], np.int64)
+        ends = np.array([self._last_use[shard] for shard in order], np.int64)
+        by_end = np.argsort(ends, kind="stable")
+        # at each batch that first reads a shard: those begun and not ended, and those ahead
+        begun = np.searchsorted(starts, starts, "right")
+        ended = np.searchsorted(ends[by_end], starts, "left")
+        sums = np.concatenate([[0], np.cumsum(sizes)])
+        ended_sums = np.concatenate([[0], np.cumsum(sizes[by_end])])
+        ahead = np.minimum(begun + READAHEAD_SHARDS, len(order))
+        shards = int(np.max(ahead - ended))
+        held = int(np.max(sums[ahead] - ended_sums[ended]))
+        return (
+            f"this epoch reads up to {counted(shards, 'shard')} at once, {held} bytes: those "
+            f"of the batches in flight (a shuffle_buffer of {self.source.shuffle_buffer} "
+            f"samples draws from every shard it spans) and {READAHEAD_SHARDS} fetched ahead"
+        )
 
     def ready(self, batch: int) -> None:
         """Return once the shards batch `batch` reads are local; start fetching the next
@@ -179,7 +208,7 @@ class ShardSpool:
 
         with using(self.remote):
             pinned, fetched = self.cache.pinned_copy(
-                spooled_name(url), index.identity.size, fetch, good
+                spooled_name(url), index.identity.size, fetch, good, self._needed
             )
         with self._pins_lock:
             self._pins[shard], earlier = pinned, self._pins.get(shard)
