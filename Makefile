@@ -85,5 +85,10 @@ sanitize: $(VENV)/.installed
 			"$$reports sanitizer reports (in $(SANITIZE_DIR)/reports and pytest.log)"; \
 		test "$$(cat status)" -eq 0 && test $$reports -eq 0
 
+# Everything the install, the tools and the builds leave in the checkout: the venv, the tool
+# caches (pytest's, mypy's, ruff's, import-linter's and grimp's), the docs site, setuptools'
+# build/ and *.egg-info, and the compiled decoder built into the package (the next install
+# builds it again).
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache site \
+		build *.egg-info prefetch/decode/*.so

@@ -136,10 +136,15 @@ def main() -> None:
     print(f"validation accuracy: {accuracy:.3f} (chance {1 / len(classes):.3f})")
     if stats.consumer_wait_fraction > INPUT_BOUND_WAIT:
         folder = args.root or str(Path(args.sample_dir) / "train")
-        print(
-            f"training was input-bound: try `prefetch bench {folder}` (this machine's decode "
-            'limit and other loaders), more --workers, or processes (backend="process")'
-        )
+        print(f"training was input-bound: try {input_bound_advice(folder, stats.backend)}")
+
+
+def input_bound_advice(folder: str, backend: str) -> str:
+    """What to try when training waited for data: processes only where threads ran."""
+    advice = f"`prefetch bench {folder}` (this machine's decode limit and other loaders)"
+    if backend == "thread":
+        return f'{advice}, more --workers, or processes (backend="process")'
+    return f"{advice} or more --workers"
 
 
 if __name__ == "__main__":
