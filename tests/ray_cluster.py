@@ -96,9 +96,9 @@ def running_cluster(decode_nodes: int, cpus: int, head_cpus: int = 0) -> Iterato
         assert not left, f"processes of Ray left after the cluster shut down: {left}"
 
 
-def add_decode_node(cluster: Any, cpus: int = 1) -> Any:
-    """One more decode node (with `RESOURCE`), joined and settled."""
-    node = cluster.add_node(num_cpus=cpus, resources={RESOURCE: 1})
+def add_decode_node(cluster: Any, cpus: int = 1, resource: str = RESOURCE) -> Any:
+    """One more decode node (declaring `resource`), joined and settled."""
+    node = cluster.add_node(num_cpus=cpus, resources={resource: 1})
     cluster.wait_for_nodes()
     settle()
     return node
