@@ -106,7 +106,8 @@ class Example:
 
     @property
     def id(self) -> str:
-        return block(self.page, self.blocks[-1]).where
+        """The page and the text that finds its (last) block: stable as the page grows."""
+        return f"{self.page}:{self.blocks[-1]}"
 
     def code(self) -> str:
         """The page's code of the example: its blocks joined (or the last spliced in)."""

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from doc_blocks import block, environment, run_folder, sample_data
+from doc_blocks import block, environment, run_all, run_folder, sample_data
 
-from prefetch.testing import free_ports, log_tails, run_together
+from prefetch.testing import free_ports
 
 PAGE = "docs/many-gpus.md"
 SAMPLES = 300  # data/train of the sample
@@ -74,10 +74,12 @@ def run_processes(folder: Path, script: str, envs: list[dict[str, str]]) -> list
     """Run `script` once per environment, at once, in `folder`; each process's result."""
     (folder / "example.py").write_text(script, encoding="utf-8")
     outs = [folder / f"result{i}.json" for i in range(len(envs))]
-    logs = [folder / f"process{i}.log" for i in range(len(envs))]
     commands = [[sys.executable, "example.py", str(out)] for out in outs]
-    codes = run_together(commands, envs, logs, DEADLINE_S, cwd=folder)
-    assert codes == [0] * len(envs), f"exit codes {codes} (None: hung)\n{log_tails(logs)}"
+    results = run_all(commands, folder, envs, DEADLINE_S)
+    for result in results:
+        assert result.returncode == 0, f"exit codes {[r.returncode for r in results]}\n" + (
+            "\n".join(r.stderr[-3000:] for r in results)
+        )
     return [json.loads(out.read_text()) for out in outs]
 
 

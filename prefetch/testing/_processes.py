@@ -10,14 +10,10 @@ from pathlib import Path
 
 
 def run_together(
-    commands: list[list[str]],
-    envs: list[dict[str, str]],
-    logs: list[Path],
-    timeout_s: float,
-    cwd: Path | None = None,
+    commands: list[list[str]], envs: list[dict[str, str]], logs: list[Path], timeout_s: float
 ) -> list[int | None]:
-    """Run the commands at once (in `cwd`, else the current directory), each writing its output
-    to its log; stop when all end, one fails, or `timeout_s` passes.
+    """Run the commands at once, each writing its output to its log; stop when all end, one
+    fails, or `timeout_s` passes.
 
     Returns their exit codes (None: still running at the deadline). Any process still running
     then is killed and every one is waited for, so nothing outlives the call.
@@ -27,9 +23,7 @@ def run_together(
         for command, env, log in zip(commands, envs, logs, strict=True):
             with open(log, "wb") as output:
                 processes.append(
-                    subprocess.Popen(
-                        command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT
-                    )
+                    subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
                 )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
