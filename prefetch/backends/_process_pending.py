@@ -46,18 +46,6 @@ class Part:
         return self.stop - self.start
 
 
-def split_rows(size: int, parts: int) -> list[tuple[int, int]]:
-    """[0, size) in `parts` contiguous ranges (at most `size`) whose lengths differ by <= 1."""
-    parts = max(1, min(parts, size))
-    step, extra = divmod(size, parts)
-    bounds, start = [], 0
-    for k in range(parts):
-        stop = start + step + (1 if k < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 class ProcessPending:
     """A batch whose parts were sent to workers; its parts' answers arrive through the pump."""
 

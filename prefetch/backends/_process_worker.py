@@ -45,7 +45,7 @@ from prefetch.backends._options import BATCHES_AT_ONCE
 from prefetch.backends._remote_error import portable, with_traceback_text
 from prefetch.backends._shm import FileId, SlotLayout, unlink_if_same
 from prefetch.coordinator import POLL_S
-from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Skipped, Slot
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Skipped, Slot, split_rows
 
 
 class Cancelled:
@@ -282,9 +282,7 @@ def _start_batch(
     reader: SampleReader, message: Task, slot: Slot, name: str, pool: _Readers
 ) -> list[Future[ChunkOutcome]]:
     """Split the part in contiguous chunks across `pool`'s threads; the chunks' futures."""
-    first, stop = message.start, message.stop
-    step = -(-(stop - first) // pool.threads)
-    bounds = [(start, min(start + step, stop)) for start in range(first, stop, step)]
+    bounds = split_rows(message.stop - message.start, pool.threads, message.start)
     return [
         pool.executor.submit(reader.read_into, message.task, slot, a, b, name) for a, b in bounds
     ]

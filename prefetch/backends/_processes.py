@@ -53,7 +53,6 @@ from prefetch.backends._process_pending import (
     Part,
     ProcessPending,
     WorkerHandle,
-    split_rows,
 )
 from prefetch.backends._process_worker import Cancel, Cancelled, Forget, Segment, SentTask
 from prefetch.backends._process_worker import worker_main as _worker_main
@@ -64,7 +63,7 @@ from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
 from prefetch.backends._spawning import check_picklable
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
-from prefetch.sample import BatchTask, SampleReader, Skipped, Slot
+from prefetch.sample import BatchTask, SampleReader, Skipped, Slot, split_rows
 
 log = logging.getLogger("prefetch.backends")
 

@@ -18,9 +18,13 @@ import numpy as np
 from prefetch.backends._base import BatchOutcome, compact
 from prefetch.backends._lifecycle import STUCK_THREAD_JOIN_S, THREAD_JOIN_S
 from prefetch.coordinator import POLL_S, Coordinator
-from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot
+from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot, split_rows
 
 log = logging.getLogger("prefetch.backends")
+
+# Chunks a batch is cut into per worker thread: about two keep every thread busy when sample
+# costs vary, and take the GIL once per chunk, not per sample.
+CHUNKS_PER_THREAD = 2
 
 
 class ThreadPending:
@@ -81,7 +85,6 @@ class ThreadBackend:
         ]
         self._tasks = queue.SimpleQueue()
         self._threads: dict[int, threading.Thread] = {}
-        self._chunk = 1
         self._stuck = False
 
     def start(self) -> None:
@@ -90,8 +93,6 @@ class ThreadBackend:
     def set_workers(self, count: int) -> None:
         """Run `count` worker threads: start missing ones; surplus ones exit after their chunk."""
         self.workers = count
-        # About two chunks per worker keeps all workers busy when sample costs vary.
-        self._chunk = max(1, -(-self._batch_size // (2 * count)))
         for i in range(count):
             running = self._threads.get(i)
             if running is not None and running.is_alive():
@@ -127,9 +128,9 @@ class ThreadBackend:
     def submit(self, task: BatchTask, slot: Slot) -> ThreadPending:
         size = len(task.indices)
         futures = []
-        for start in range(0, size, self._chunk):
+        for start, stop in split_rows(size, CHUNKS_PER_THREAD * self.workers):
             future: Future[ChunkOutcome] = Future()
-            self._tasks.put((future, task, slot, start, min(start + self._chunk, size)))
+            self._tasks.put((future, task, slot, start, stop))
             futures.append(future)
         return ThreadPending(futures, slot, size)
 

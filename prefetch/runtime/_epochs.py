@@ -137,21 +137,19 @@ class Epochs:
 
     # ---- the workers' lifetime ----------------------------------------------------------
 
-    def start(
-        self, epoch: int | None = None, position: int = 0, batches: list[np.ndarray] | None = None
-    ) -> tuple[Backend, SlotRing]:
+    def start(self, epoch: int | None = None, position: int = 0) -> tuple[Backend, SlotRing]:
         """Start the workers unless they run, with a new `window`; returns the backend and its
-        ring. The first of `batches` (given with `epoch`; else where the next iteration
-        begins) is what backend="auto" measures; for a streamed source, its shards are fetched
-        first."""
-        if epoch is None or batches is None:
+        ring. The first batch of `epoch` from `position` (else where the next iteration
+        begins) is what backend="auto" measures; for a streamed source, its shards are
+        fetched first."""
+        if epoch is None:
             epoch, position = self.cursor.next_epoch, self.cursor.next_position
-            batches = self._draw(epoch, position)
-        batches = batches or self.plan.batches(epoch)
         if self.spool is not None:
-            self.spool.begin(epoch, batches, position)
+            self.spool.begin(epoch, self._draw(epoch, position), position)
             self.spool.ready(position)
-        backend, ring = self.workers.start(batches[0])
+        backend, ring = self.workers.start(
+            lambda: (self._draw(epoch, position) or self.plan.batches(epoch))[0]
+        )
         with self._lock:
             if self.window is None or self.window.backend is not backend:
                 spool = self.spool
@@ -206,10 +204,8 @@ class Epochs:
         with self._lock:
             self._streams += 1
         epoch, position = self.cursor.begin()
+        self.start(epoch, position)
         window = self.window
-        if window is None or not self.workers.owns(window.backend):
-            self.start(epoch, position, self._draw(epoch, position))
-            window = self.window
         assert window is not None
         run = window.claim(self.plan, epoch, position, self._draw)
         self._drawn = None  # claimed: the run holds them

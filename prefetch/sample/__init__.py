@@ -9,7 +9,14 @@ plan, sources, io) below and the backends above: backends only run these tasks i
 from __future__ import annotations
 
 from prefetch.sample._reader import SampleReader
-from prefetch.sample._task import BatchTask, ChunkOutcome, Skipped, Slot, thread_clocks
+from prefetch.sample._task import (
+    BatchTask,
+    ChunkOutcome,
+    Skipped,
+    Slot,
+    split_rows,
+    thread_clocks,
+)
 
 __all__ = [
     "BatchTask",
@@ -17,5 +24,6 @@ __all__ = [
     "SampleReader",
     "Skipped",
     "Slot",
+    "split_rows",
     "thread_clocks",
 ]

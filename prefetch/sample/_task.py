@@ -3,8 +3,8 @@
 `BatchTask` (which samples of which epoch), `Slot` (the preallocated batch its rows are written
 into: RAM, or a shared-memory segment of the process backend), `Skipped` (a sample dropped under
 `on_error="skip"`) and `ChunkOutcome` (what reading rows [start, stop) came to). Plain values,
-picklable: a worker process receives the task and answers with the outcome. `thread_clocks`
-times the reading thread.
+picklable: a worker process receives the task and answers with the outcome. `split_rows` shares
+a batch's rows among workers; `thread_clocks` times the reading thread.
 """
 
 from __future__ import annotations
@@ -43,6 +43,21 @@ class BatchTask:
     epoch: int
     seed: int
     timed_out: tuple[int, ...] = ()
+
+
+def split_rows(size: int, parts: int, first: int = 0) -> list[tuple[int, int]]:
+    """Rows [first, first + size) in `parts` contiguous ranges (at most `size`, at least one)
+    whose lengths differ by at most 1: how every backend shares a batch's rows among its
+    workers (thread chunks, one part per worker process, a process's reader threads, a
+    remote part)."""
+    parts = max(1, min(parts, size))
+    step, extra = divmod(size, parts)
+    bounds, start = [], first
+    for k in range(parts):
+        stop = start + step + (1 if k < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
 
 
 @dataclass
