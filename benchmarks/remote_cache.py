@@ -23,7 +23,9 @@ folder reached.
 
 With `--steps DIR`, instead: the cost of each step a cache folder in DIR (its filesystem) takes,
 20,000 times each: a read's pin (open, shared flock, fstat, touch, close) beside a bare open
-and close, counting bytes in or out of the ledger, and taking and releasing an object's lock.
+and close, counting bytes in or out of the ledger, taking and releasing an object's lock (and
+checking it for a killed holder's reservation), and a kept miss's reservation (counted in,
+recorded in the lock file, settled: its record counted out; then released here).
 
     .venv/bin/python benchmarks/remote_cache.py --folder /tmp/photos [--size 224]
         [--latency-ms 80] [--bandwidth-mbps 20] [--epochs 3]
@@ -50,7 +52,7 @@ from remote_latency import served_in_child
 
 import prefetch
 from prefetch.io._cache import ObjectCache
-from prefetch.io._cache_files import lock_object, pin, unlock_object
+from prefetch.io._cache_files import pin, unlock_object
 from prefetch.testing import FolderSizeSampler, folder_bytes, serve_folder
 
 
@@ -223,8 +225,16 @@ def step_costs(where: str, count: int = 20_000) -> None:
             ledger.reserve(100)
             ledger.release(100)
 
-        def lock() -> None:
-            unlock_object(handle, "b" * 40, lock_object(handle, "b" * 40, 0))  # type: ignore[arg-type]
+        def lock() -> None:  # a miss's: the lock, and the check for a killed holder's record
+            unlock_object(handle, "b" * 40, ledger.lock("b" * 40, 0))  # type: ignore[arg-type]
+
+        held = ledger.lock("c" * 40, 0)
+        assert held is not None
+
+        def reservation() -> None:  # a kept miss's: counted, recorded, settled (and released)
+            ledger.reserve(100, None, held, "c" * 40 + ".jpg")
+            ledger.settle(held)
+            ledger.release(100)
 
         print(f"# {platform.platform()}, {os.cpu_count()} cores; {' '.join(sys.argv)}")
         print("| step | us |\n|---|---:|")
@@ -232,6 +242,8 @@ def step_costs(where: str, count: int = 20_000) -> None:
         print(f"| a bare open and close | {timed(bare):.1f} |")
         print(f"| bytes counted into the ledger, or out | {timed(count_in_and_out) / 2:.1f} |")
         print(f"| an object's lock taken and released | {timed(lock):.1f} |")
+        print(f"| a reservation counted, recorded, settled, released | {timed(reservation):.1f} |")
+        unlock_object(handle, "c" * 40, held)
 
 
 def main() -> None:
