@@ -1,6 +1,6 @@
 """Benchmark: single-core decode + resize cost and pixel fidelity of each decoder, and a GIL check.
 
-On ImageNet-sized JPEGs (500x375, textured like benchmarks/tf_handoff.py's photos) decoded to
+On ImageNet-sized JPEGs (500x375, textured: a shape plus noise, `write_photos`) decoded to
 224x224 RGB, one image at a time on one thread (OpenCV and TensorFlow limited to one thread):
 
 1. per decoder: CPU ms per image (this process's CPU time, robust to other busy processes) and

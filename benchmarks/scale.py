@@ -31,17 +31,18 @@ Python), with stand-ins for the package's `__init__` that would load its compile
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from listing import run_child  # benchmarks/listing.py, beside this
-
 CHILD = r"""
 import gc, json, os, sys, time
 mode, root, kept, torchvision_dir = sys.argv[1:5]
+
 def memory(field="VmRSS"):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
@@ -102,6 +103,21 @@ gc.collect()
 result.update(held=memory() - before, peak=memory("VmHWM") - before)
 print(json.dumps(result))
 """
+
+
+def run_child(child: str, mode: str, *args: str) -> dict[str, float]:
+    """The JSON the program `child` prints last, run with `mode` and `args` in a fresh
+    interpreter; SystemExit with its stderr when it fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", child, mode, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    if done.returncode:
+        raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def measure(mode: str, root: Path, kept: Path, torchvision: str) -> dict[str, float]:

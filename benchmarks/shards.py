@@ -63,9 +63,9 @@ over the rounds, and the rounds' own values):
    shuffle: the tf.data buffer of 1,000 samples is the whole dataset for the default folders, as
    prefetch's exact permutation is (`--tf-shuffle 0` drops the shuffle from both:
    `shuffle=False` for prefetch). The crop pair: tf.data with Model Garden's ImageNet training
-   recipe (the one benchmarks/training_shape.py runs on a folder: extract_jpeg_shape,
-   sample_distorted_bounding_box with area 0.08-1 and ratio 3/4-4/3, 10 attempts, the centre
-   crop when the draw fails, decode_and_crop_jpeg, bilinear resize, random_flip_left_right)
+   recipe (`prefetch bench --crop`'s and benchmarks/current.py's: extract_jpeg_shape,
+   sample_distorted_bounding_box with area 0.08-1 and ratio 3/4-4/3, 10 attempts, the whole
+   image when the draw fails, decode_and_crop_jpeg, bilinear resize, random_flip_left_right)
    after the same parse, against prefetch with `Augment(prefetch.RandomResizedCrop(), flip=True)`.
    Each row as a training job runs it, in a fresh process (this script again, `--row`):
    tf.data `.repeat()`ed with ONE iterator, prefetch one open Loader; one epoch's worth of
@@ -107,10 +107,11 @@ from typing import Any
 
 import numpy as np
 from remote_latency import served_in_child
-from training_shape import random_window
 
 import prefetch
+from prefetch.decode import DecodeOptions
 from prefetch.sources.shards._index import INDEX_SUFFIX
+from prefetch.tools.bench._frameworks import model_garden_crop
 from prefetch.tools.shards import write_shards
 
 BATCH = 32
@@ -134,7 +135,7 @@ def augment(crop: bool) -> dict[str, Any]:
 
 def timed(epoch: Callable[[], int], seconds: float) -> dict[str, Any]:
     """One warm-up epoch, then whole epochs until `seconds` have passed (as
-    benchmarks/training_shape.py times its rows): images/s over those, and this process's
+    a training job reads them): images/s over those, and this process's
     CPU time per image (all its threads; not the children of a process backend)."""
     epoch()
     began, cpu = time.perf_counter(), time.process_time()
@@ -576,19 +577,15 @@ def tf_dataset(files: list[str], crop: bool, shuffle: int) -> Any:
         "image/class/label": tf.io.FixedLenFeature([], tf.int64),
     }
 
-    # Model Garden's windows, as in benchmarks/training_shape.py (which keeps them inside its
-    # own tf_dataset, so they are written again here).
     def load(record: Any) -> tuple[Any, Any]:
         example = tf.io.parse_single_example(record, features)
         contents = example["image/encoded"]
-        if crop:
-            window = random_window(tf.io.extract_jpeg_shape(contents))
-            image = tf.io.decode_and_crop_jpeg(contents, window, channels=3)
+        if crop:  # Model Garden's recipe: prefetch bench's tf.data row with a crop
+            recipe = prefetch.RandomResizedCrop()
+            image = model_garden_crop(tf, contents, recipe, DecodeOptions((SIZE, SIZE)))
         else:
             image = tf.io.decode_jpeg(contents, channels=3)
-        image = tf.image.resize(image, (SIZE, SIZE), method="bilinear")
-        if crop:
-            image = tf.image.random_flip_left_right(image)
+            image = tf.image.resize(image, (SIZE, SIZE), method="bilinear")
         return tf.cast(image, tf.uint8), example["image/class/label"]
 
     data = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)

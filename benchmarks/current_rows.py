@@ -1,0 +1,305 @@
+"""The rows and cells of benchmarks/current.py: one loader on one shape of the work, as a
+training job runs it (a helper module, not a program; current.py's docstring says what each
+row measures). `ROWS` names the rows, `cells_of` lists their cells, `setup_of` gives a cell
+the settings its row shares, `floors` measures each row's entropy floor.
+
+A cell is named by a `Cell` (its row, its loader, and for the rank rows its rank), which
+travels to the cell's own spawned process as the `key` of `prefetch.tools.bench.measure_row`
+(JSON); `make(key, setup)` builds its contender there. Three loaders:
+
+- `prefetch`: one open `prefetch.Loader` with its defaults (workers, backend, decoder) and the
+  row's `Augment`; on a rank, `loader.shard(ranks, rank)`, as the framework adapters do;
+- `tf.data`: `prefetch bench`'s tf.data row (`TfDataContender`: Model Garden's recipe with
+  `decode_and_crop_jpeg` for a crop, AUTOTUNE, `.repeat()` and one iterator); on a rank, its
+  share of the files (`files[rank::ranks]`, what `Dataset.shard` before the map reads);
+- `DataLoader`: `prefetch bench`'s torch row (`TorchContender`: `DataLoader(num_workers=...,
+  persistent_workers=True)`, spawned workers) over `PillowWindow`, the per-sample code a
+  PyTorch user writes with Pillow; on a rank, its `Subset` (what `DistributedSampler` gives)
+  with the rank's share of the cores as workers.
+
+`measure_ranks` runs the `ranks` cells: one spawned process per rank, the environment torchrun
+sets (`LOCAL_WORLD_SIZE`, `LOCAL_RANK`), every batch taken together (a barrier per step, as the
+collective of synchronous training makes them); the host's images/s is the sum of the ranks'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import queue as queue_module
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+import prefetch
+from prefetch.decode import DecodeOptions, decode_image
+from prefetch.plan import Box, CenterCrop, Crop
+from prefetch.runtime import usable_cores
+from prefetch.tools.bench import (
+    Contender,
+    OpenLoader,
+    RowFailed,
+    RowResult,
+    Setup,
+    Span,
+    entropy_decoder,
+    floor_rate,
+    floor_sample,
+    make_contender,
+    measure_stream,
+)
+
+LOADERS = ("prefetch", "tf.data", "DataLoader")
+# Seconds a rank may wait for the others at one step before the row is taken for hung (every
+# rank takes as many batches as the others: a longer wait is a rank that failed or hung).
+RANK_WAIT_S = 120.0
+SIZE, BATCH = 224, 64
+# row -> (what it is, the folder option it reads, its crop: see Cell.crop)
+ROWS: dict[str, tuple[str, str, str | None]] = {
+    "train": ("training crop", "photos", "train"),
+    "eval": ("centre crop", "photos", "eval"),
+    "large": ("2 MP photos, training crop", "large", "train"),
+    "fit-crop": ("fit-crop shards of the 2 MP photos", "large", "train"),
+    "ranks": ("{ranks} ranks, training crop", "photos", "train"),
+    "resize": ("whole image resized", "photos", None),
+}
+DEFAULT_ROWS = "train,eval,large,fit-crop,ranks"
+# The row whose cells a row's ratios and floor are taken against (fit-crop: the originals).
+REFERENCE_ROW = {"fit-crop": "large"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One loader (`loader`, one of LOADERS) on one row: its crop (None: the whole image
+    resized), the tar shards it reads instead of the folder (`shards`, prefetch only), and
+    for a rank row `ranks` and this process's `rank`."""
+
+    row: str
+    loader: str
+    crop: str | None = "train"  # "train": RandomResizedCrop + flip; "eval": CenterCrop(0.875)
+    shards: str | None = None
+    ranks: int = 1
+    rank: int | None = None
+
+    def key(self) -> str:
+        """The cell as JSON: the key its spawned process gets (`parse` reads it back)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @staticmethod
+    def parse(key: str) -> Cell:
+        return Cell(**json.loads(key))
+
+    def augment(self) -> prefetch.Augment | None:
+        """The `Augment` of the cell's crop, as a user passes it to the Loader."""
+        if self.crop is None:
+            return None
+        if self.crop == "eval":
+            return prefetch.Augment(CenterCrop(0.875))
+        return prefetch.Augment(prefetch.RandomResizedCrop(), flip=True)
+
+
+def cells_of(
+    rows: Sequence[str], loaders: Sequence[str], shards: str | None, ranks: int
+) -> list[Cell]:
+    """The cells of `rows` x `loaders`, in that order (the fit-crop row: prefetch only,
+    on `shards`; the ranks row on `ranks` ranks)."""
+    cells = []
+    for row in rows:
+        for loader in loaders:
+            if row == "fit-crop" and loader != "prefetch":
+                continue  # its references are the large row's cells
+            cell = Cell(row, loader, ROWS[row][2])
+            if row == "fit-crop":
+                cell = dataclasses.replace(cell, shards=shards)
+            elif row == "ranks":
+                cell = dataclasses.replace(cell, ranks=ranks)
+            cells.append(cell)
+    return cells
+
+
+def setup_of(folder: prefetch.ImageFolder, cell: Cell) -> Setup:
+    """What every loader of the cell's row shares (the DataLoader's workers: usable cores)."""
+    options = DecodeOptions((SIZE, SIZE))
+    crop = crop_of(cell)
+    return Setup(folder, options, BATCH, usable_cores(), 2, 0, decode_image, "pillow", crop)
+
+
+def floors(
+    cells: list[Cell], folders: dict[str, prefetch.ImageFolder], passes: int
+) -> dict[str, float]:
+    """Row -> its entropy floor in images/s (one core, median of `passes` timed passes after
+    an untimed one, x usable cores); empty when this build has no entropy-only decoder."""
+    decode = entropy_decoder()
+    found: dict[str, float] = {}
+    if decode is None:
+        return found
+    for cell in {cell.row: cell for cell in cells}.values():
+        paths = [str(path) for path in folders[ROWS[cell.row][1]].paths]
+        sample = floor_sample(paths, crop_of(cell), DecodeOptions((SIZE, SIZE)))
+        rates = [floor_rate(sample, decode) for _ in range(passes + 1)][1:]
+        found[cell.row] = statistics.median(rates) * usable_cores()
+    return found
+
+
+def crop_of(cell: Cell) -> Crop | None:
+    """The cell's crop: what `Setup.crop`, the tf.data recipe and the floor take."""
+    augment = cell.augment()
+    return None if augment is None else augment.crop
+
+
+class PillowWindow:
+    """The per-sample code a PyTorch user writes with Pillow (torchvision's RandomResizedCrop,
+    CenterCrop and RandomHorizontalFlip do the same on a PIL image): open the file, draw the
+    window (prefetch's own `box`: torchvision's algorithm), `draft` the JPEG to the smallest
+    DCT scale that keeps the window at least the target, cut and resize the window (bilinear),
+    flip half of the training samples, return uint8 HxWx3. Draws come from a generator of its
+    own per process (random every epoch, as torch's are). Picklable."""
+
+    def __init__(self, crop: Crop | None, flip: bool) -> None:
+        self.crop, self.flip = crop, flip
+        self.rng: np.random.Generator | None = None
+
+    def __call__(self, path: str, options: DecodeOptions) -> np.ndarray:
+        if self.rng is None:
+            self.rng = np.random.default_rng()
+        height, width = options.image_size
+        with Image.open(path) as image:
+            full_w, full_h = image.size
+            box = Box(0, 0, full_h, full_w)
+            if self.crop is not None:
+                box = self.crop.box(full_h, full_w, options.image_size, self.rng)
+            image.draft("RGB", (math.ceil(full_w * width / box.width),
+                                math.ceil(full_h * height / box.height)))  # fmt: skip
+            x, y = image.width / full_w, image.height / full_h
+            window = (box.left * x, box.top * y, (box.left + box.width) * x,
+                      (box.top + box.height) * y)  # fmt: skip
+            out = image.convert("RGB").resize((width, height), Image.BILINEAR, box=window)
+        if self.flip and self.rng.random() < 0.5:
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        return np.array(out)  # writable: torch makes a tensor of it
+
+
+class PrefetchCell(OpenLoader):
+    """One open `prefetch.Loader` with its defaults, as a user makes it for the cell."""
+
+    def __init__(self, cell: Cell, setup: Setup) -> None:
+        source: Any = setup.folder if cell.shards is None else prefetch.TarSource(cell.shards)
+        augment = cell.augment()
+        self.loader = prefetch.Loader(
+            source,
+            batch_size=setup.batch_size,
+            image_size=setup.options.image_size,
+            seed=setup.seed,
+            **({} if augment is None else {"augment": augment}),
+        )
+        if cell.rank is not None:
+            self.loader.shard(cell.ranks, cell.rank)
+
+
+def rank_share(setup: Setup, cell: Cell) -> Setup:
+    """The setup of a tf.data or DataLoader rank: its share of the files and of the cores (its
+    DataLoader's workers). The share is `DistributedSampler`'s (and `Loader.shard`'s count):
+    every `ranks`-th file from `rank`, the first files again at the end so that every rank has
+    as many, hence as many batches as the others at every step."""
+    if cell.rank is None:
+        return setup
+    files = np.arange(len(setup.folder))
+    padded = np.concatenate([files, files[: -len(files) % cell.ranks]])
+    folder = setup.folder.subset(padded[cell.rank :: cell.ranks])
+    folder.root = setup.folder.root  # type: ignore[attr-defined]  # what the tf.data row names
+    workers = max(1, usable_cores() // cell.ranks)
+    return dataclasses.replace(setup, folder=folder, workers=workers)  # type: ignore[arg-type]
+
+
+def make(key: str, setup: Setup) -> Contender:
+    """The contender of cell `key` (`Cell.key()`), in the cell's own process."""
+    cell = Cell.parse(key)
+    if cell.loader == "prefetch":
+        return PrefetchCell(cell, setup)
+    setup = rank_share(setup, cell)
+    if cell.loader == "tf.data":
+        return make_contender("tf.data", setup)
+    crop = crop_of(cell)
+    window = PillowWindow(crop, flip=crop is not None and not isinstance(crop, CenterCrop))
+    return make_contender(
+        "torch", dataclasses.replace(setup, decoder=window, decoder_name="pillow")
+    )
+
+
+def rank_span(span: Span, ranks: int) -> Span:
+    """A rank's part of `span`: each rank reads its share of every epoch."""
+    return Span(math.ceil(span.warmup / ranks), math.ceil(span.timed / ranks))
+
+
+def measure_ranks(cell: Cell, setup: Setup, span: Span, step_s: float) -> RowResult:
+    """Cell `cell` on `cell.ranks` spawned ranks taking each batch together (module
+    docstring): images/s and cold start of the host (the ranks' sums), and the share of the
+    timed span a rank did not step (waiting for its batch or at the barrier for another's).
+    Raises `RowFailed` naming the rank when one fails or exits."""
+    context = multiprocessing.get_context("spawn")
+    barrier: Any = context.Barrier(cell.ranks)
+    answers: Any = context.Queue()
+    share = rank_span(span, cell.ranks)
+    ranks = [
+        context.Process(
+            target=_rank,
+            args=(dataclasses.replace(cell, rank=r).key(), setup, share, step_s, barrier, answers),
+            name=f"current-rank-{r}",
+        )
+        for r in range(cell.ranks)
+    ]
+    for process in ranks:
+        process.start()
+    results: dict[int, RowResult] = {}
+    try:
+        while len(results) < cell.ranks:
+            try:
+                rank, outcome = answers.get(timeout=0.5)
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(ranks) if not p.is_alive() and r not in results]
+                if dead:
+                    code = ranks[dead[0]].exitcode
+                    raise RowFailed(f"rank {dead[0]} exited with code {code}") from None
+                continue
+            if isinstance(outcome, str):
+                raise RowFailed(f"rank {rank}: {outcome}")
+            results[rank] = outcome
+    finally:
+        barrier.abort()  # a rank still waiting at a step gives up at once
+        for process in ranks:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+        answers.close()
+        answers.join_thread()
+    rows = [results[r] for r in range(cell.ranks)]
+    host = sum(r.images_per_s for r in rows)
+    # A rank that waits at the barrier for another's batch idles as if waiting for its own:
+    # the wait is the share of the span not stepping (each rank steps once per batch).
+    stepping = host / cell.ranks / setup.batch_size * step_s
+    wait = max(0.0, 1.0 - stepping) if step_s > 0 else None
+    return RowResult(host, wait, sum(r.cold_images_per_s for r in rows), rows[0].described)
+
+
+def _rank(key: str, setup: Setup, span: Span, step_s: float, barrier: Any, answers: Any) -> None:
+    """One rank: the launcher's environment, then the cell, a barrier after every batch."""
+    cell = Cell.parse(key)
+    os.environ.update(LOCAL_WORLD_SIZE=str(cell.ranks), LOCAL_RANK=str(cell.rank))
+    try:
+        result: RowResult | str = measure_stream(
+            key, setup, span, step_s, lambda: barrier.wait(RANK_WAIT_S), make
+        )
+    except Exception as error:
+        lines = str(error).strip().splitlines()
+        result = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    answers.put((cell.rank, result))
+    answers.close()
+    answers.join_thread()
