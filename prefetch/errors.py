@@ -161,7 +161,7 @@ class TooManyWorkersWarning(UserWarning):
     Workers beyond the cores only take turns on them: each worker process's start-up (imports,
     on cores the others are starting on too) delays the first batch, and the steady rate falls
     a little (docs/tuning.md, "Workers and cores", measured). The message names the count, the
-    cores and where the share came from (the ranks on this host, `prefetch._host`), and the fix:
+    cores and where the share came from (the ranks on this host, `prefetch.host`), and the fix:
     leave `workers` unset, or at most the share. Not said for remote URLs, whose workers wait
     on the network.
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 import prefetch
-from prefetch._cgroup import cgroup_cores, cpu_quota_cores
-from prefetch._host import host_share, local_ranks
+from prefetch.host import cgroup_cores, cpu_quota_cores, host_share, local_ranks
 from prefetch.testing import write_image_folder
 
 pytestmark = pytest.mark.timeout(60)

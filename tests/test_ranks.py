@@ -1,6 +1,6 @@
 """A host shared by its ranks (issue 41.1): each rank's defaults take its share, not the host.
 
-The detection (`prefetch._host`) is read from the variables a launcher sets, passed in as a
+The detection (`prefetch.host`) is read from the variables a launcher sets, passed in as a
 mapping; the cores of hosts this machine is not (16, 112) are passed in as counts; the real
 path runs in a subprocess under torchrun's variables and a narrowed affinity mask.
 """
@@ -25,10 +25,16 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch._cgroup import cgroup_cores, cpu_list_size, cpu_quota_cores
-from prefetch._host import UNKNOWN, host_share, local_ranks
 from prefetch._messages import counted
 from prefetch.backends import ShmRoom
+from prefetch.host import (
+    UNKNOWN,
+    cgroup_cores,
+    cpu_list_size,
+    cpu_quota_cores,
+    host_share,
+    local_ranks,
+)
 from prefetch.runtime import LoaderOptions
 from prefetch.runtime import _choice as choice
 from prefetch.runtime._autoscale import tuner_for

@@ -16,7 +16,7 @@
 The layer imports the backends, plan, sources and io below it, never the frameworks above.
 """
 
-from prefetch._machine import available_memory_bytes, default_workers, usable_cores
+from prefetch.host import available_memory_bytes, default_workers, usable_cores
 from prefetch.runtime._loader import Batch, Loader, Stream
 from prefetch.runtime._options import Autotune, ErrorPolicy, LoaderOptions
 from prefetch.runtime._spool import ShardSpool

@@ -44,8 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefetch._machine import available_memory_bytes, usable_cores
 from prefetch.backends import ROWS_AHEAD_PER_READER
+from prefetch.host import available_memory_bytes, usable_cores
 
 GROW_WAIT = 0.05
 SHRINK_WAIT = 0.01
@@ -292,7 +292,7 @@ def tuner_for(
     GIL to wait for). Each worker also costs the batch rows it keeps in flight
     (`Workers.in_flight`): `ROWS_AHEAD_PER_READER` rows per reader, thread or reader thread of
     a process. `cores` is this rank's share of the host's cores (default: the usable cores) and
-    `ranks` the ranks on the host (`prefetch._host.host_share`): the default budget is their
+    `ranks` the ranks on the host (`prefetch.host.host_share`): the default budget is their
     equal part of the quarter.
     """
     cores = cores or usable_cores()

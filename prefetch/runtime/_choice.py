@@ -1,13 +1,13 @@
 """The one place where a loader's workers are sized and `backend="auto"` is settled.
 
-Every default here is this rank's share of the host, not the host (`prefetch._host.host_share`:
+Every default here is this rank's share of the host, not the host (`prefetch.host.host_share`:
 the ranks on the host from the launcher or `ranks_per_host=`, and the cores that leaves this
 one); so 8 ranks of torchrun on a 112-core host take 13 worker processes each, not 111.
 
 - `planned_workers`, when the Loader is made: `workers=N` as given (said once with a
   `TooManyWorkersWarning` when N is above the rank's cores, unless the files are remote URLs,
   whose workers wait on the network), else one per core of the share, less one from
-  `SPARE_CORE_FROM` cores on (`prefetch._machine.default_workers`). Ranks that outnumber the
+  `SPARE_CORE_FROM` cores on (`prefetch.host.default_workers`). Ranks that outnumber the
   cores they share (a share below one core: 8 ranks on 2 cores, or under `--cpus=4`) still
   run a worker each: said with a `TooManyWorkersWarning` once per process and text, whatever
   `workers` is (`too_many_ranks`).
@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch._host import RANKS_VARIABLE, HostShare
-from prefetch._machine import SPARE_CORE_FROM, default_workers
 from prefetch._messages import counted
+from prefetch.host import RANKS_VARIABLE, SPARE_CORE_FROM, HostShare, default_workers
 from prefetch.backends import (
     RAY_PART_ROWS,
     RAY_PARTS_PER_ACTOR,

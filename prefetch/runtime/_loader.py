@@ -11,9 +11,9 @@ the only part of it that the `Stream` of each epoch uses. Contract:
   `ring_capacity` of that many batches (`Workers.ring_bytes`).
 - `with loader:` owns the workers across epochs, and the next epoch's first batches are
   submitted as the current epoch's last are consumed (the loader's one `Window` of batches in
-  flight); without it, each epoch starts them and stops them when it ends or is dropped. `close()` is idempotent. A
-  loader that is dropped, or still open when the interpreter exits, is closed quietly
-  (`weakref.finalize`, an exit hook).
+  flight); without it, each epoch starts them and stops them when it ends or is dropped.
+  `close()` is idempotent. A loader that is dropped, or still open when the interpreter exits,
+  is closed quietly (`weakref.finalize`, an exit hook).
 - An error in a worker is raised at the batch where it happened, with its original type and
   traceback and a note naming the file. Errors that TensorFlow swallowed are re-raised by
   `close()` and by leaving the `with` block.

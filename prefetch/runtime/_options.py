@@ -146,7 +146,7 @@ class LoaderOptions:
     - `ray`: the `RayOptions` of the Ray backend (for backend="ray"; else None).
     - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
     - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
-    - `ranks_per_host`: as given (None: read from the launcher, `prefetch._host.local_ranks`).
+    - `ranks_per_host`: as given (None: read from the launcher, `prefetch.host.local_ranks`).
     - `num_shards`: the number of host shards, set by `Loader.shard`.
     - `shard_index`: this loader's host shard, set by `Loader.shard`.
 

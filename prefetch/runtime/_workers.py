@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from prefetch._host import HostShare, host_share
 from prefetch.backends import (
     Backend,
     DecodePlace,
@@ -26,6 +25,7 @@ from prefetch.backends import (
     sweep_stale,
 )
 from prefetch.coordinator import Coordinator
+from prefetch.host import HostShare, host_share
 from prefetch.runtime._autoscale import WorkerTuner, tuner_for
 from prefetch.runtime._choice import asked_for, decide, in_flight, planned_workers, ring_bytes
 from prefetch.runtime._options import LoaderOptions

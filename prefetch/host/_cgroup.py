@@ -3,8 +3,8 @@
 A container (`docker run --cpus=4`, a Kubernetes CPU limit) or a SLURM job may give a process
 fewer cores than its affinity mask shows: a cpuset (which CPUs) or a quota (how much CPU time
 per period, over any CPUs: `--cpus=4` on a 64-core host still shows 64 cores in the mask, and
-64 busy workers are throttled to 4 cores' time). The bottom layer: `prefetch._machine` caps
-the usable cores with the quota, `prefetch._host` the host's pool with both. Pure reads of
+64 busy workers are throttled to 4 cores' time). The bottom layer: `prefetch.host._share` caps
+each rank's cores with the quota. Pure reads of
 `/proc/self/cgroup` and `/sys/fs/cgroup`, cgroup v2 and v1; nothing is cached. What is read is
 bounded: at most `MAX_FILE_CHARS` of a file, and no count above the host's CPUs (a cpuset of
 "0-999999999" or a quota of a billion cores is not this host's): a file that is not what the
