@@ -1,7 +1,8 @@
 """How prefetch words what it tells people: counted nouns, short numbers, unknown keywords.
 
 `counted(1, "shard")` is "1 shard", `counted(2, "shard")` "2 shards" (reprs and messages never
-say "1 shards"); `short(4 / 3)` is "1.333" (four significant digits, for floats in reprs).
+say "1 shards"); `short(4 / 3)` is "1.333" (four significant digits, for floats in reprs);
+`sized(3 * 2**10)` is "3 KiB" (a size in the unit that shows it: never "0 MiB").
 `suggest_keywords` decorates a public function or class (its `__init__`): a call with a keyword
 it does not accept raises TypeError with Python's own wording and the close matches among the
 accepted keywords (`difflib.get_close_matches`: "did you mean image_size?"), or else all of
@@ -35,6 +36,15 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 def short(value: float) -> str:
     """A float in four significant digits, for reprs: 0.75, 1.333, 0.08, 1e-05."""
     return f"{value:.4g}"
+
+
+def sized(nbytes: float) -> str:
+    """`nbytes` in the largest binary unit it fills: "23.5 GiB" (one decimal), "221 MiB",
+    "3 KiB", "512 bytes"; a size under a MiB is never "0 MiB"."""
+    for unit, scale, digits in (("GiB", 2**30, 1), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.{digits}f} {unit}"
+    return counted(round(nbytes), "byte")
 
 
 def suggest_keywords(target: F) -> F:

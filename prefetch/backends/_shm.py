@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch._messages import counted
+from prefetch._messages import counted, sized
 from prefetch.sample import Slot
 
 log = logging.getLogger("prefetch.backends")
@@ -233,10 +233,10 @@ class ShmRoom:
         """E.g. "this rank's share 3.0 GiB: 24.0 GiB among 8 ranks, 23.1 GiB free"; with one
         rank, "23.1 GiB free of 24.0 GiB"."""
         if self.ranks == 1:
-            return f"{_gib(self.free)} free of {_gib(self.total)}"
+            return f"{sized(self.free)} free of {sized(self.total)}"
         return (
-            f"this rank's share {_gib(self.share)}: {_gib(self.total)} among {self.ranks} "
-            f"ranks, {_gib(self.free)} free"
+            f"this rank's share {sized(self.share)}: {sized(self.total)} among {self.ranks} "
+            f"ranks, {sized(self.free)} free"
         )
 
 
@@ -249,10 +249,6 @@ def shm_room(ranks: int = 1) -> ShmRoom | None:
     return ShmRoom(usage.total, usage.free, ranks, SHM_DIR)
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
-
-
 def check_free_space(needed_bytes: int, slots: int, batch_size: int) -> None:
     """Fail before starting when /dev/shm cannot hold the ring, saying how to fix it."""
     if not os.path.isdir(SHM_DIR):
@@ -260,8 +256,8 @@ def check_free_space(needed_bytes: int, slots: int, batch_size: int) -> None:
     free = shutil.disk_usage(SHM_DIR).free
     if free < needed_bytes:
         raise MemoryError(
-            f"the process backend needs {needed_bytes / 2**20:.0f} MiB of shared memory for "
-            f"{slots} batches of {batch_size}, but {SHM_DIR} has {free / 2**20:.0f} MiB free. "
+            f"the process backend needs {sized(needed_bytes)} of shared memory for "
+            f"{slots} batches of {batch_size}, but {SHM_DIR} has {sized(free)} free. "
             + how_to_fix(needed_bytes)
         )
 
