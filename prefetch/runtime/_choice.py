@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefetch._messages import counted
-from prefetch.host import RANKS_VARIABLE, SPARE_CORE_FROM, HostShare, default_workers
+from prefetch._messages import counted, sized
 from prefetch.backends import (
     RAY_PART_ROWS,
     RAY_PARTS_PER_ACTOR,
@@ -43,6 +42,7 @@ from prefetch.backends import (
     shm_room,
 )
 from prefetch.errors import TooManyWorkersWarning
+from prefetch.host import RANKS_VARIABLE, SPARE_CORE_FROM, HostShare, default_workers
 from prefetch.runtime._autoscale import connection_cap
 from prefetch.runtime._options import (
     REMOTE_PROCESSES_PER_CORE,
@@ -176,7 +176,7 @@ def decide(
         if needed > room.share:
             name = "thread"
             why += (
-                f"; but the process backend's batch slots take {_mib(needed)} of shared memory, "
+                f"; but the process backend's batch slots take {sized(needed)} of shared memory, "
                 f"more than {room.folder} holds for it ({room.describe()}; docs/processes.md: "
                 "/dev/shm)"
             )
@@ -187,7 +187,7 @@ def decide(
         where = f"of {room.folder} ({room.describe()})"
     backend = f"auto: {name} ({why})" if auto else why
     workers = _workers_text(options, share, count, tuned, remote)
-    reason = f"{backend}; {workers}; batch slots {_mib(ring)} {where}"
+    reason = f"{backend}; {workers}; batch slots {sized(ring)} {where}"
     return Decision(name, count, ring, reason)
 
 
@@ -250,10 +250,6 @@ def _workers_text(
         return f"{first}, the least, on {cores}"
     spare = ", less one for the training thread" if share.cores >= SPARE_CORE_FROM else ""
     return f"{first}, one per core of {cores}{spare}"
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.0f} MiB"
 
 
 def _user_level() -> int:
