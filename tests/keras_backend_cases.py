@@ -5,6 +5,8 @@ with KERAS_BACKEND set (Keras fixes its backend when imported), as
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import warnings
 from pathlib import Path
@@ -12,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_rank_epochs import OPTIONS as RANK_OPTIONS
+from test_rank_epochs import check_resumed_ranks, folder, ids  # noqa: F401 (a fixture)
 
 import prefetch
 from prefetch.testing import FailingDecoder, small_cnn, write_image_folder
@@ -174,3 +178,58 @@ def test_fit_finishes_a_resumed_epoch_then_runs_whole_ones_without_a_warning(
     assert resumed.stats().epochs == 3
     if BACKEND != "tensorflow":  # TensorFlow's prefetch reads ahead of a short epoch's steps
         assert resumed.stats().batches == steps_left + 2 * len(resumed)
+
+
+class Preempted(Exception):
+    """What a preemption handler raises to leave `fit`."""
+
+
+class LeaveAfter(keras.callbacks.Callback):  # type: ignore[misc]
+    """Leaves `fit` after `batches` steps: stops training, or raises `Preempted` (with
+    `batches=0`, as the first epoch begins: after Keras took a batch to build the model)."""
+
+    def __init__(self, batches: int, raising: bool) -> None:
+        super().__init__()
+        self.batches, self.raising = batches, raising
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        if self.batches == 0:
+            raise Preempted
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if batch + 1 == self.batches:
+            if self.raising:
+                raise Preempted
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("taken, raising", [(3, False), (3, True), (0, True)])
+def test_a_state_taken_after_fit_was_left_resumes_on_other_ranks_reading_each_sample_once(
+    folder: Path,  # noqa: F811 (the fixture)
+    taken: int,
+    raising: bool,
+) -> None:
+    # 2 ranks of batch 3 leave fit after `taken` steps; 3 ranks of batch 2 resume their state.
+    states, epoch_read, looked = [], [], []
+    for rank in range(2):
+        loader = prefetch.Loader(ids(folder), batch_size=3, **RANK_OPTIONS)  # type: ignore[arg-type]
+        loader.shard(2, rank)
+        model = small_cnn(8, 37)
+        with loader:
+            ds = prefetch.keras.dataset(loader, distributed=False)
+            with pytest.raises(Preempted) if raising else contextlib.nullcontext():
+                model.fit(ds, epochs=2, verbose=0, callbacks=[LeaveAfter(taken, raising)])
+            gc.collect()  # Keras's iterator, kept by the error's traceback, stops reading
+            states.append(ds.state_dict())
+            looked.append(loader.state_dict()["position"])
+        epoch_read += [b.tolist() for b in loader.batch_indices(0)[: states[-1]["position"]]]
+    assert [state["epoch"] for state in states] == [0, 0]
+    if BACKEND == "tensorflow":
+        # Keras's own prefetch buffer reads ahead of its steps, each rank as far as it got;
+        # what it took counts as handed (prefetch.keras.dataset's docstring).
+        assert all(state["position"] >= taken for state in states)
+        return
+    assert states == [states[0]] * 2 and states[0]["position"] == taken
+    if taken == 0:  # Keras took batch 0 to build the model; it is handed out again, not lost
+        assert looked == [1, 1]
+    check_resumed_ranks(ids(folder), states[0], 3, 2, True, epoch_read)
