@@ -3,46 +3,45 @@
 Worker threads decode images into preallocated batches while the consumer trains on the
 previous one; a bound on the batches in flight gives order and backpressure; a Coordinator
 stops it all.
-`import prefetch` imports no framework; `prefetch.tf`, `prefetch.keras` and `prefetch.torch`
-import theirs, on first use.
+
+`import prefetch` has no side effect and imports nothing but this module: each public name
+(`prefetch.Loader`, ...) is imported from its layer on first use, and `prefetch.tf`,
+`prefetch.keras` and `prefetch.torch` import their framework on first use.
 """
 
 from __future__ import annotations
 
-from prefetch._as_command import hush_interrupt
-
-hush_interrupt()  # Ctrl-C while `python -m prefetch` imports: one line, not a traceback
-
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefetch.backends import DecodePlace, ProcessOptions, RayOptions
-from prefetch.background import Background, background
-from prefetch.coordinator import Coordinator
-from prefetch.decode import DecodeOptions, decode_image
-from prefetch.errors import (
-    ClosedError,
-    CorruptShardError,
-    PrefetchError,
-    SampleTimeoutError,
-    StopTimeoutError,
-    TooManySkippedError,
-    TooManyWorkersWarning,
-    WorkerCrashedError,
-)
-from prefetch.io import RemoteOptions
-from prefetch.plan import Augment, CenterCrop, RandomResizedCrop
-from prefetch.runtime import (
-    Autotune,
-    Batch,
-    ErrorPolicy,
-    Loader,
-    LoaderOptions,
-    LoaderStats,
-    Stream,
-)
-from prefetch.sources import FileList, ImageFolder, Source
-from prefetch.sources.shards import TarSource, TFRecordSource
+if TYPE_CHECKING:  # for type checkers and the reference; at run time, on first use
+    from prefetch.backends import DecodePlace, ProcessOptions, RayOptions
+    from prefetch.background import Background, background
+    from prefetch.coordinator import Coordinator
+    from prefetch.decode import DecodeOptions, decode_image
+    from prefetch.errors import (
+        ClosedError,
+        CorruptShardError,
+        PrefetchError,
+        SampleTimeoutError,
+        StopTimeoutError,
+        TooManySkippedError,
+        TooManyWorkersWarning,
+        WorkerCrashedError,
+    )
+    from prefetch.io import RemoteOptions
+    from prefetch.plan import Augment, CenterCrop, RandomResizedCrop
+    from prefetch.runtime import (
+        Autotune,
+        Batch,
+        ErrorPolicy,
+        Loader,
+        LoaderOptions,
+        LoaderStats,
+        Stream,
+    )
+    from prefetch.sources import FileList, ImageFolder, Source
+    from prefetch.sources.shards import TarSource, TFRecordSource
 
 __version__ = "0.1.0"
 
@@ -82,9 +81,60 @@ __all__ = [
 ]
 
 
+# Where each public name lives (the layer that defines it), for `__getattr__`.
+_HOMES: dict[str, str] = {
+    "DecodePlace": "prefetch.backends",
+    "ProcessOptions": "prefetch.backends",
+    "RayOptions": "prefetch.backends",
+    "Background": "prefetch.background",
+    "background": "prefetch.background",
+    "Coordinator": "prefetch.coordinator",
+    "DecodeOptions": "prefetch.decode",
+    "decode_image": "prefetch.decode",
+    "ClosedError": "prefetch.errors",
+    "CorruptShardError": "prefetch.errors",
+    "PrefetchError": "prefetch.errors",
+    "SampleTimeoutError": "prefetch.errors",
+    "StopTimeoutError": "prefetch.errors",
+    "TooManySkippedError": "prefetch.errors",
+    "TooManyWorkersWarning": "prefetch.errors",
+    "WorkerCrashedError": "prefetch.errors",
+    "RemoteOptions": "prefetch.io",
+    "Augment": "prefetch.plan",
+    "CenterCrop": "prefetch.plan",
+    "RandomResizedCrop": "prefetch.plan",
+    "Autotune": "prefetch.runtime",
+    "Batch": "prefetch.runtime",
+    "ErrorPolicy": "prefetch.runtime",
+    "Loader": "prefetch.runtime",
+    "LoaderOptions": "prefetch.runtime",
+    "LoaderStats": "prefetch.runtime",
+    "Stream": "prefetch.runtime",
+    "FileList": "prefetch.sources",
+    "ImageFolder": "prefetch.sources",
+    "Source": "prefetch.sources",
+    "TarSource": "prefetch.sources.shards",
+    "TFRecordSource": "prefetch.sources.shards",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """Import `prefetch.tf`, `prefetch.keras`, `prefetch.torch` (and so their framework) on
-    first use."""
-    if name in ("tf", "keras", "torch"):
-        return importlib.import_module(f"prefetch.{name}")
-    raise AttributeError(f"module 'prefetch' has no attribute {name!r}")
+    """A public name, imported from its layer on first use (and kept); a subpackage
+    (`prefetch.tf`, `prefetch.keras`, `prefetch.torch`, which import their framework, or any
+    other) imported on first use."""
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,17 +1,19 @@
 """Ctrl-C while the `prefetch` command is still importing: one line, as later, not a traceback.
 
-`python -m prefetch ...` (and the `prefetch` console script) imports the package first
-(`prefetch/__init__`: numpy, Pillow, every layer; 0.3 s on a quiet machine, seconds on a busy
-one), and only then does `prefetch.cli.main` run and catch Ctrl-C itself. `hush_interrupt()`,
-the first thing `prefetch/__init__` runs, sets `sys.excepthook` so that a KeyboardInterrupt
-that ends the process prints `prefetch: interrupted` instead of a traceback, when (and only
-when) this process is the command: `python -m prefetch` (while `-m` locates its module,
-`sys.argv[0]` is "-m" and `sys.orig_argv` names it) or the console script (`sys.argv[0]`
-named `prefetch`). Python then ends the process as killed by SIGINT (exit status 130 in a
-shell, as `main` returns). Any other error goes to the previous hook, and `prefetch.cli.main`
-puts it back as it starts (`restore_excepthook`). A program that imports prefetch is not
-touched (nor one that emptied, removed or replaced `sys.argv`). Python's own start-up before
-the package is imported (tens of milliseconds) is out of any module's reach.
+`python -m prefetch ...` (and the `prefetch` console script) imports `prefetch.cli` (numpy,
+Pillow, every layer; 0.3 s on a quiet machine, seconds on a busy one), and only then does
+`prefetch.cli.main` run and catch Ctrl-C itself. `hush_interrupt()`, the first statement of
+`prefetch.cli` (the command's module: `import prefetch` itself has no side effect and imports
+nothing yet), sets `sys.excepthook` so that a KeyboardInterrupt that ends the process prints
+`prefetch: interrupted` instead of a traceback, when (and only when) this process is the
+command: `python -m prefetch` (while `-m` locates its module, `sys.argv[0]` is "-m" and
+`sys.orig_argv` names it; once it runs, the path of `prefetch/__main__.py`) or the console
+script (`sys.argv[0]` named `prefetch`). Python then ends the process as killed by SIGINT (exit
+status 130 in a shell, as `main` returns). Any other error goes to the previous hook, and
+`prefetch.cli.main` puts it back as it starts (`restore_excepthook`). A program that imports
+prefetch, or even `prefetch.cli`, is not touched (nor one that emptied, removed or replaced
+`sys.argv`). Python's own start-up before the command's module is imported (tens of
+milliseconds) is out of any module's reach.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ def _is_command() -> bool:
     first = argv[0] if isinstance(argv, list) and argv else None
     if not isinstance(first, str):
         return False
-    return _module_run(first) == "prefetch" or os.path.basename(first) == "prefetch"
+    if os.path.basename(first) == "prefetch":  # the console script
+        return True
+    # `python -m prefetch`: "-m" while it locates the module, then the path of its __main__
+    main = os.path.basename(first) == "__main__.py"
+    return _module_run(first) == "prefetch" or (main and _package_of(first) == "prefetch")
+
+
+def _package_of(main: str) -> str:
+    """The folder name of a `__main__.py` path: the package `python -m` runs."""
+    return os.path.basename(os.path.dirname(os.path.abspath(main)))
 
 
 def _module_run(first: str) -> str | None:

@@ -8,12 +8,15 @@ Bad input is reported as `prefetch <command>: error: <message>` on stderr, witho
 
 from __future__ import annotations
 
+from prefetch._as_command import hush_interrupt, restore_excepthook
+
+hush_interrupt()  # Ctrl-C while the command still imports: one line, not a traceback
+
 import argparse
 import sys
 from collections.abc import Sequence
 
 import prefetch
-from prefetch._as_command import restore_excepthook
 from prefetch.backends import sweep_stale
 from prefetch.tools.bench import add_bench_parser
 from prefetch.tools.shards import add_shards_parser

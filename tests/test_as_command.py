@@ -2,7 +2,7 @@
 that imports prefetch is never touched: its `sys.excepthook` stays, whatever its `sys.argv`
 holds (an embedding application may empty, remove or replace it).
 
-`hush_interrupt` is what `prefetch/__init__` runs first; it is called here with `sys.argv` as
+`hush_interrupt` is what `prefetch.cli` (the command's module) runs first; it is called here with `sys.argv` as
 each kind of process has it while the package imports. The command itself is tested through
 real Ctrl-C in tests/test_shard_write_frictions.py.
 """
@@ -58,6 +58,8 @@ def test_a_program_without_argv_imports_prefetch_untouched(
         (["-c"], ["python", "-c", "import prefetch"], False),
         (["train.py"], ["python", "train.py"], False),
         ([""], ["python"], False),  # the interactive interpreter
+        (["/venv/prefetch/__main__.py"], ["python", "-m", "prefetch"], True),  # -m, running
+        (["/src/train/__main__.py"], ["python", "-m", "train"], False),
     ],
 )
 def test_only_the_prefetch_command_is_hushed(
@@ -92,3 +94,29 @@ def test_a_script_that_imports_prefetch_shows_its_own_ctrl_c_traceback(tmp_path:
     )
     assert "Traceback" in done.stderr and "KeyboardInterrupt" in done.stderr, done.stderr
     assert "prefetch: interrupted" not in done.stderr
+
+
+def test_importing_prefetch_has_no_side_effect_even_in_the_command(tmp_path: Path) -> None:
+    """`import prefetch` imports no layer and leaves `sys.excepthook` alone, even in a process
+    whose `sys.argv` names the command; only the command's module (`prefetch.cli`) hushes."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            sys.argv = ["/venv/bin/prefetch", "shards"]
+            import prefetch
+            assert sys.excepthook is sys.__excepthook__
+            layers = sorted(m for m in sys.modules if m.startswith("prefetch."))
+            assert layers == [], layers
+            assert prefetch.Loader.__name__ == "Loader"  # imported on first use
+            import prefetch.cli
+            assert sys.excepthook is not sys.__excepthook__
+            print("ok")
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=50, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
