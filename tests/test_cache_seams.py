@@ -10,6 +10,8 @@ and cannot recount it from its files.
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import logging
 import multiprocessing
 import os
@@ -88,6 +90,32 @@ def test_an_open_loader_of_many_worker_processes_keeps_every_copy_under_keep(
         (kept, 300 - kept)
     ] * 2
     assert ledger_count(cache_dir) == copies_bytes(cache_dir)
+
+
+def held(mark: Path) -> bool:
+    """Whether a process holds the epoch mark `mark` (a shared flock: it reads that epoch)."""
+    fd = os.open(mark, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_a_loader_marks_the_epochs_it_reads_and_lets_go_of_them_when_gone(tmp_path: Path) -> None:
+    write_set(tmp_path)
+    cache_dir = tmp_path / "cache"
+    with serve_folder(tmp_path) as base:
+        loader = loader_for(base + "train/", cache_dir, 10**6)
+        epochs_of(loader, 2)
+        marks = sorted(cache_dir.glob(".epoch-*"))
+        assert [mark.name for mark in marks] == [".epoch-0", ".epoch-1"]
+        assert [held(mark) for mark in marks] == [False, True]  # it may read on in epoch 1
+        del loader
+        gc.collect()
+    assert not any(held(mark) for mark in marks)  # its descriptors went with its cache
 
 
 def read_shards(url: str, cache_dir: Path, limit: int) -> None:

@@ -49,6 +49,7 @@ import logging
 import os
 import tempfile
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -99,6 +100,7 @@ class ObjectCache(CacheFolder):
         super().__init__(folder, device, inode, limit)
         self.policy = policy
         self._epochs = EpochMarks()  # the epochs the folder's loaders read (this process's part)
+        weakref.finalize(self, self._epochs.close)  # its marks' descriptors go with the cache
 
     @classmethod
     def open(

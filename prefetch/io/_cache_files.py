@@ -202,6 +202,12 @@ class EpochMarks:
             since = self._start(handle, epoch - 2)
         return 0 if since is None else max(0, since - int(TOUCH_AFTER_S * 1e9))
 
+    def close(self) -> None:
+        """Let go of every mark this process holds (its cache is gone). Idempotent."""
+        with self._lock:
+            for epoch in list(self._held):
+                self._let_go(epoch)
+
     def _hold(self, handle: int, epoch: int) -> None:
         """Hold the mark of `epoch` (created now by the first read of it); when it is the
         newest epoch this process reads, let go of those it no longer reads and remove a mark
