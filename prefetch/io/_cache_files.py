@@ -34,9 +34,10 @@ EPOCH_PREFIX = ".epoch-"
 TOUCH_AFTER_S = 1.0
 _NAME_MAX = 48
 # An object's key (32 or 40 hex digits of its URL's SHA-256: a shard, an object), and a copy's
-# name: its key and its URL's extension.
+# name: its key and its URL's extension (printable ASCII, never a "/": a name read back from a
+# reservation's record is used within the folder only).
 _KEY = re.compile(r"[0-9a-f]{32}(?:[0-9a-f]{8})?")
-_COPY = re.compile(_KEY.pattern + r"(?:\.[\x21-\x7e]*)?")
+_COPY = re.compile(_KEY.pattern + r"(?:\.[\x21-\x2e\x30-\x7e]*)?")
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
