@@ -26,6 +26,7 @@ from test_cache_limit import ledger_count, loader_for, write_set
 
 import prefetch.io._cache
 from prefetch import Loader, RemoteOptions, TarSource
+from prefetch.io import spooled_name
 from prefetch.io._cache import ObjectCache
 from prefetch.testing import serve_folder, write_image_folder
 from prefetch.tools.shards import write_shards
@@ -274,3 +275,21 @@ def test_a_limit_too_small_for_a_shuffle_buffer_over_every_shard_says_what_it_ne
     message = str(raised.value)
     assert f"up to 10 shards at once, {sum(shard_sizes)} bytes" in message
     assert "shuffle_buffer of 1000 samples" in message and "about ten" not in message
+
+
+def test_a_folder_at_a_streamed_shards_name_is_an_error_naming_it_and_the_fix(
+    tmp_path: Path, private_cache: Path
+) -> None:
+    # a shard is read where the spool keeps it: without its copy there is nothing to read
+    train = write_set(tmp_path)
+    write_shards(train, tmp_path / "shards", format="tar", shard_size=10, shuffle=False)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    with serve_folder(tmp_path) as base:
+        source = TarSource(base + "shards/shard-*.tar", shuffle_buffer=4)
+        (cache_dir / spooled_name(source.shards[1])).mkdir()
+        with pytest.raises(OSError) as raised:
+            list(loader_for(source, cache_dir, 10**6))
+    message = str(raised.value)
+    assert str(cache_dir / spooled_name(source.shards[1])) in message
+    assert "is a folder, not a copy" in message and "remove it" in message
