@@ -114,6 +114,26 @@ def test_with_every_decode_node_gone_and_no_local_worker_the_batches_fail_in_tim
     assert "no decode actor" in str(raised.value) and "workers >= 1" in str(raised.value)
 
 
+def test_a_node_that_joins_gets_actors_that_take_parts(cluster: Any, folder: Path) -> None:
+    loader = prefetch.Loader(
+        folder, backend=prefetch.RayOptions(resource="joins"), workers=1, decoder=SLOW, **OPTIONS
+    )
+    with loader:
+        wait_ready(loader, 1, 0)  # no node with the resource yet: its worker decodes alone
+        batches = iter(loader)
+        next(batches)
+        joined = add_decode_node(cluster, resource="joins")
+        deadline = time.monotonic() + 60  # listed within 2 s, then the actor starts
+        while time.monotonic() < deadline:
+            places = {p.node_id: p for p in loader.stats().decoded_on}
+            if places.get(joined.node_id) and places[joined.node_id].images > 0:
+                break
+            if next(batches, None) is None:
+                batches = iter(loader)
+        cluster.remove_node(joined)
+    assert places[joined.node_id].images > 0, places
+
+
 DRIVER = """
 import sys
 import time
