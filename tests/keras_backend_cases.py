@@ -233,3 +233,17 @@ def test_a_state_taken_after_fit_was_left_resumes_on_other_ranks_reading_each_sa
     if taken == 0:  # Keras took batch 0 to build the model; it is handed out again, not lost
         assert looked == [1, 1]
     check_resumed_ranks(ids(folder), states[0], 3, 2, True, epoch_read)
+
+
+def test_after_a_whole_epoch_of_fit_the_state_names_the_next_epoch_on_every_backend(
+    folder: Path,  # noqa: F811 (the fixture)
+) -> None:
+    # The way to take an exact state under the TensorFlow backend too: Keras's prefetch buffer
+    # cannot read past the epoch's last batch (docs/training-loops.md).
+    loader = prefetch.Loader(ids(folder), batch_size=3, **RANK_OPTIONS)  # type: ignore[arg-type]
+    loader.shard(2, 1)
+    with loader:
+        ds = prefetch.keras.dataset(loader, distributed=False)
+        fit_quietly(small_cnn(8, 37), ds, epochs=1)
+        state = ds.state_dict()
+    assert state == {**state, "epoch": 1, "position": 0, "samples": 0}
