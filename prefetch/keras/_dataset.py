@@ -269,7 +269,11 @@ def dataset(loader: Loader, *, distributed: bool | None = None) -> LoaderPyDatas
       multi-process JAX job (`jax_processes`: `jax.distributed.initialize()` was called),
       `True` requires one, `False` never. Each process then yields its own share of every
       epoch, `len(loader)` batches on every process (`Loader.shard`): the loader's
-      `batch_size` is the batch of one process; give every process the same `seed`.
+      `batch_size` is the batch of one process; give every process the same `seed`. Keras's
+      distribution must not shard it again: `keras.distribution.DataParallel(
+      auto_shard_dataset=False)` (Keras 3.15 refuses any dataset but a `tf.data.Dataset`
+      across processes otherwise), and every process must start from the same weights
+      (`keras.utils.set_random_seed` before the model is built), as docs/many-gpus.md shows.
 
     To resume mid-epoch, restore the loader (`loader.load_state_dict(state)`), finish its epoch
     with `fit(ds, steps_per_epoch=len(loader) - loader.state_dict()["position"],

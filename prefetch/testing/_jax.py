@@ -1,12 +1,13 @@
-"""A fake `jax` module for a multi-process JAX job that a test machine cannot run.
+"""A fake `jax` module for the multi-process JAX jobs that a test machine cannot run.
 
 A fault-injection fake in the sense of the other fakes: it injects an environment (JAX's
 distributed runtime initialised, this process being one of several), not a result.
-`prefetch.keras.jax_processes` decides from it whether and how to shard; the real JAX is not
-installed where the suite runs (its wheels are ~600 MB), and a real multi-process job needs
-its coordinator. Install it in a process of its own (`sys.modules["jax"] = fake_jax(...)`,
-after Keras is imported: Keras probes a `jax` module it finds at import), never in the test
-runner.
+`prefetch.keras.jax_processes` decides from it whether and how to shard. A real two-process
+job runs too (tests/test_keras_multiprocess.py: JAX is in the `test` extra); the fake stands
+for what that job cannot show: an older JAX without `is_initialized`, a job that initialised
+itself, a backend that must not be started. Install it in a process of its own
+(`sys.modules["jax"] = fake_jax(...)`, after Keras is imported: Keras probes a `jax` module it
+finds at import), never in the test runner.
 """
 
 from __future__ import annotations
