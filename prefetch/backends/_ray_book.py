@@ -170,7 +170,7 @@ class PartBook:
         outcome.skipped = [Skipped(s.position, s.path, rebuild(s.error)) for s in outcome.skipped]
         tally = self.tallies[actor.node_id]
         tally.images += part.stop - part.start - len(outcome.skipped)
-        tally.busy_s += outcome.busy_s
+        tally.busy_s += outcome.work.busy_s
         self.settle(part, part.answered(images, labels, outcome))
 
     def settle(self, part: RayPart, answer: Any) -> None:

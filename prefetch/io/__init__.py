@@ -30,13 +30,15 @@ request), `_storage` (paths and URLs: whole objects, ranges, downloads), `_tree`
 `_headers` (the header walk: the size decoders allocate), `_images` (checked image bytes),
 `_paths` (`PathArray`), `_private` (a folder of the user's own), `_cache_ledger` (a cache
 folder's bytes and eviction, shared by processes), `_cache_files` (its files' names, object
-locks and pins), `_cache_folder` (the folder held in each process), `_cache` (`ObjectCache`).
+locks and pins), `_cache_folder` (the folder held in each process), `_cache` (`ObjectCache`),
+`_counts` (`Tally`: counters that add up, and the cache's `CacheCounts`).
 See docs/remote.md and docs/shards.md.
 """
 
 from __future__ import annotations
 
 from prefetch.io._cache import ObjectCache
+from prefetch.io._counts import CacheCounts, Tally
 from prefetch.io._headers import MAX_HEADER_SEGMENTS, JpegHeader, PngHeader, walk_jpeg, walk_png
 from prefetch.io._images import (
     DEFAULT_MAX_PIXELS,
@@ -88,6 +90,7 @@ __all__ = [
     "MAX_JPEG_SCANS",
     "MAX_JPEG_SCAN_PIXELS",
     "RECORD_OVERHEAD",
+    "CacheCounts",
     "JpegHeader",
     "Location",
     "Member",
@@ -97,6 +100,7 @@ __all__ = [
     "PngHeader",
     "RemoteOptions",
     "RemoteTree",
+    "Tally",
     "active_options",
     "beside",
     "check_image_bytes",

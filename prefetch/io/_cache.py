@@ -62,7 +62,6 @@ from prefetch.io._cache_files import (
     pin,
     unlock_object,
 )
-from prefetch.io._cache_folder import CacheCounts as CacheCounts
 from prefetch.io._cache_folder import CacheFolder, wait_s
 from prefetch.io._storage import fetch_object
 

@@ -21,7 +21,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from prefetch.io._cache_files import (
@@ -37,6 +36,7 @@ from prefetch.io._cache_files import (
     unlock_object,
 )
 from prefetch.io._cache_ledger import LEDGER_WAIT_S, Ledger
+from prefetch.io._counts import CacheCounts
 from prefetch.io._private import flock_within, open_private_folder
 from prefetch.io._remote_options import active_options
 from prefetch.io._retries import READ_RETRIES
@@ -51,17 +51,6 @@ PROC_FD = "/proc/self/fd"
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 C = TypeVar("C", bound="CacheFolder")
-
-
-@dataclass
-class CacheCounts:
-    """What a process's cache did since they were last taken (`CacheFolder.take_counts`):
-    `fetched_bytes` read from storage into copies, `evictions` and `evicted_bytes` of the
-    copies it evicted to make room."""
-
-    fetched_bytes: int = 0
-    evictions: int = 0
-    evicted_bytes: int = 0
 
 
 class CacheFolder:
@@ -224,7 +213,9 @@ class CacheFolder:
         with self._lock:
             evictions, evicted = ledger.evictions, ledger.evicted_bytes
             counts = CacheCounts(
-                self._fetched_bytes, evictions - self._taken[0], evicted - self._taken[1]
+                fetched_bytes=self._fetched_bytes,
+                evictions=evictions - self._taken[0],
+                evicted_bytes=evicted - self._taken[1],
             )
             self._fetched_bytes, self._taken = 0, (evictions, evicted)
         return counts

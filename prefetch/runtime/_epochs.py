@@ -241,18 +241,10 @@ class Epochs:
     def count(self, outcome: BatchOutcome) -> None:
         """Add a finished batch's work to the stats; enforce the skip cap."""
         stats = self.stats
-        stats.producer_busy_s += outcome.busy_s
+        stats.work += outcome.work
         stats.read_s.extend(outcome.read_s)
-        stats.cache_hits += outcome.cache_hits
-        stats.cache_misses += outcome.cache_misses
-        stats.cache_fetched_bytes += outcome.cache_fetched_bytes
-        stats.cache_evictions += outcome.cache_evictions
-        stats.cache_evicted_bytes += outcome.cache_evicted_bytes
         if self.spool is not None and self.spool.cache is not None:  # its fetches, here
-            counts = self.spool.cache.take_counts()
-            stats.cache_fetched_bytes += counts.fetched_bytes
-            stats.cache_evictions += counts.evictions
-            stats.cache_evicted_bytes += counts.evicted_bytes
+            stats.work.cache += self.spool.cache.take_counts()
         self.skips.count(outcome.skipped, stats)
 
     def labels(self, raw: np.ndarray) -> np.ndarray | None:

@@ -8,13 +8,15 @@ iterated, so pauses between epochs (validation, checkpoints) do not dilute the r
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from prefetch._messages import counted
 from prefetch.backends import DecodePlace
+from prefetch.io import CacheCounts
+from prefetch.sample import Work
 
 # How many skipped paths the stats keep (the most recent ones); the count is exact.
 SKIPPED_PATHS_KEPT = 100
@@ -64,14 +66,12 @@ class LoaderStats:
     - `read_p99_s`: the 99th percentile of the same.
     - `in_flight`: batches an epoch keeps submitted to the workers: `depth`, and more when many
       workers wait on remote storage (two rows per thread, two batches per reader process).
-    - `cache_hits`: with `cache_dir`, samples read from a kept local copy.
-    - `cache_misses`: with `cache_dir`, samples whose object was read from storage (and
-      copied) first.
-    - `cache_fetched_bytes`: with `cache_dir`, the bytes read from storage into it (objects,
-      or streamed shards).
-    - `cache_evictions`: with a `cache_limit`, the copies this loader evicted from
-      `cache_dir` to make room (the least recently read).
-    - `cache_evicted_bytes`: the bytes of those copies.
+    - `cache`: with `cache_dir`, what the object cache did, a `CacheCounts`: `hits`, samples
+      read from a kept local copy; `misses`, samples whose object was read from storage (and
+      copied) first; `fetched_bytes`, the bytes read from storage into it (objects, or
+      streamed shards); `evictions` and `evicted_bytes`, the copies this loader evicted from
+      `cache_dir` to make room, with a `cache_limit`. Also read as `cache_hits`,
+      `cache_misses`, `cache_fetched_bytes`, `cache_evictions`, `cache_evicted_bytes`.
     - `cache_bytes`: the bytes `cache_dir` holds now, copies being written included, for
       every process that shares it (its ledger's count); 0 without a cache.
     - `decoded_on`: with the Ray backend, where batches were decoded and at what rate: a
@@ -100,17 +100,26 @@ class LoaderStats:
     read_p90_s: float = 0.0
     read_p99_s: float = 0.0
     in_flight: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_fetched_bytes: int = 0
-    cache_evictions: int = 0
-    cache_evicted_bytes: int = 0
+    cache: CacheCounts = field(default_factory=CacheCounts)
     cache_bytes: int = 0
     decoded_on: tuple[DecodePlace, ...] = ()
 
+    cache_hits = property(lambda self: self.cache.hits, doc="`cache.hits`.")
+    cache_misses = property(lambda self: self.cache.misses, doc="`cache.misses`.")
+    cache_fetched_bytes = property(
+        lambda self: self.cache.fetched_bytes, doc="`cache.fetched_bytes`."
+    )
+    cache_evictions = property(lambda self: self.cache.evictions, doc="`cache.evictions`.")
+    cache_evicted_bytes = property(
+        lambda self: self.cache.evicted_bytes, doc="`cache.evicted_bytes`."
+    )
+
     def as_dict(self) -> dict[str, Any]:
-        """The snapshot as a plain dict (JSON-ready)."""
-        return asdict(self)
+        """The snapshot as a plain dict (JSON-ready); the cache's counters flat, as
+        `cache_hits`, `cache_misses`, ... (`Tally.flat`)."""
+        snapshot = asdict(self)
+        del snapshot["cache"]
+        return {**snapshot, **self.cache.flat("cache_")}
 
     def __str__(self) -> str:
         """One line in plain words: what was delivered, how long the consumer waited, how
@@ -189,17 +198,12 @@ class StatsRecorder:
         self.images = 0
         self.elapsed_s = 0.0
         self.consumer_wait_s = 0.0
-        self.producer_busy_s = 0.0
+        self.work = Work()  # the workers' counters, added up as batches are delivered
         self.ready_sum = 0
         self.requests = 0
         self.skipped = 0
         self.skipped_paths: deque[str] = deque(maxlen=SKIPPED_PATHS_KEPT)
         self.read_s: deque[float] = deque(maxlen=READ_TIMES_KEPT)
-        self.cache_hits = 0
-        self.cache_misses = 0
-        self.cache_fetched_bytes = 0
-        self.cache_evictions = 0
-        self.cache_evicted_bytes = 0
 
     def snapshot(
         self,
@@ -230,7 +234,7 @@ class StatsRecorder:
             images_per_s=self.images / elapsed if elapsed > 0 else 0.0,
             consumer_wait_s=self.consumer_wait_s,
             consumer_wait_fraction=self.consumer_wait_s / elapsed if elapsed > 0 else 0.0,
-            producer_busy_s=self.producer_busy_s,
+            producer_busy_s=self.work.busy_s,
             mean_ready_batches=self.ready_sum / self.requests if self.requests else 0.0,
             skipped=self.skipped,
             skipped_paths=tuple(self.skipped_paths),
@@ -242,10 +246,6 @@ class StatsRecorder:
             read_p90_s=float(p90),
             read_p99_s=float(p99),
             in_flight=in_flight or depth,
-            cache_hits=self.cache_hits,
-            cache_misses=self.cache_misses,
-            cache_fetched_bytes=self.cache_fetched_bytes,
-            cache_evictions=self.cache_evictions,
-            cache_evicted_bytes=self.cache_evicted_bytes,
+            cache=self.work.cache,
             cache_bytes=cache_bytes,
         )

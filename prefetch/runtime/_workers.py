@@ -153,9 +153,10 @@ class Workers:
         backend = self.backend
         if self.tuner is None or backend is None:
             return
-        blocked_s = outcome.busy_s - outcome.cpu_s - outcome.runnable_s
+        work = outcome.work
+        blocked_s = work.busy_s - work.cpu_s - work.runnable_s
         starting = backend.starting() > 0
-        count = self.tuner.observe(waited_s, ready, outcome.busy_s, blocked_s, starting)
+        count = self.tuner.observe(waited_s, ready, work.busy_s, blocked_s, starting)
         if count is not None:
             log.info("prefetch %s", self.tuner.decisions[-1])
             backend.set_workers(count)

@@ -14,6 +14,7 @@ from prefetch.sample._task import (
     ChunkOutcome,
     Skipped,
     Slot,
+    Work,
     split_rows,
     thread_clocks,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "SampleReader",
     "Skipped",
     "Slot",
+    "Work",
     "split_rows",
     "thread_clocks",
 ]

@@ -169,14 +169,12 @@ class SampleReader:
             finally:
                 if started is not None:
                     started[position] = 0.0
+        work = outcome.work
         if self.cache is not None:
-            counts = self.cache.take_counts()
-            outcome.cache_fetched_bytes = counts.fetched_bytes
-            outcome.cache_evictions = counts.evictions
-            outcome.cache_evicted_bytes = counts.evicted_bytes
-        outcome.busy_s = time.perf_counter() - began
+            work.cache = work.cache + self.cache.take_counts()
+        work.busy_s = time.perf_counter() - began
         cpu, runnable = thread_clocks()
-        outcome.cpu_s, outcome.runnable_s = cpu - began_cpu, runnable - began_runnable
+        work.cpu_s, work.runnable_s = cpu - began_cpu, runnable - began_runnable
         return outcome
 
     def _read_chunk(
@@ -264,9 +262,9 @@ class SampleReader:
             else:
                 image, kept = self.cache.decoded(path, decode, task.epoch)
                 if kept:
-                    outcome.cache_hits += 1
+                    outcome.work.cache.hits += 1
                 else:
-                    outcome.cache_misses += 1
+                    outcome.work.cache.misses += 1
             step.name = DECODER_RESULT if own_decoder else FILE
             _check_image(image, self.options, "decoder")
             label = int(self.source.labels[index])

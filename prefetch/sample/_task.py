@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prefetch.io import CacheCounts, Tally
+
 
 @dataclass(eq=False)
 class Slot:
@@ -70,43 +72,35 @@ class Skipped:
 
 
 @dataclass
-class ChunkOutcome:
-    """What decoding rows [start, stop) of a batch produced; `read_s`: seconds per sample;
-    `cache_hits`, `cache_misses`: samples read from a kept local copy, or copied first;
-    `cache_fetched_bytes`, `cache_evictions`, `cache_evicted_bytes`: what the worker's cache
-    read from storage and evicted meanwhile (`ObjectCache.take_counts`)."""
+class Work(Tally):
+    """What reading rows cost, as counters that add up (`Tally`): `busy_s` the reading
+    thread's seconds on the rows, of which `cpu_s` on a CPU and `runnable_s` waiting for one
+    (the rest blocked: disk, network); `cache` what the worker's object cache did meanwhile
+    (`CacheCounts`: hits, misses, bytes fetched, evictions). A new counter is a field here (or
+    of `CacheCounts`): it travels to `Loader.stats()` with the rest."""
 
-    skipped: list[Skipped] = field(default_factory=list)
     busy_s: float = 0.0
     cpu_s: float = 0.0
     runnable_s: float = 0.0
+    cache: CacheCounts = field(default_factory=CacheCounts)
+
+
+@dataclass
+class ChunkOutcome:
+    """What decoding rows [start, stop) of a batch produced: the samples `skipped`, `read_s`
+    (seconds per sample) and the `work`'s counters."""
+
+    skipped: list[Skipped] = field(default_factory=list)
     read_s: list[float] = field(default_factory=list)
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_fetched_bytes: int = 0
-    cache_evictions: int = 0
-    cache_evicted_bytes: int = 0
+    work: Work = field(default_factory=Work)
 
     @classmethod
     def merged(cls, chunks: list[ChunkOutcome]) -> ChunkOutcome:
         """The chunks of one batch as one outcome (in row order)."""
-        sums = {
-            name: sum(getattr(chunk, name) for chunk in chunks)
-            for name in (
-                "busy_s",
-                "cpu_s",
-                "runnable_s",
-                "cache_hits",
-                "cache_misses",
-                "cache_fetched_bytes",
-                "cache_evictions",
-                "cache_evicted_bytes",
-            )
-        }
         return cls(
             skipped=[item for chunk in chunks for item in chunk.skipped],
             read_s=[seconds for chunk in chunks for seconds in chunk.read_s],
-            **sums,
+            work=sum((chunk.work for chunk in chunks), Work()),
         )
 
 
