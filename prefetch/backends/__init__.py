@@ -19,7 +19,7 @@ runtime.
 from __future__ import annotations
 
 from prefetch.backends._base import Backend, BatchOutcome, PendingBatch
-from prefetch.backends._choose import choose_backend
+from prefetch.backends._choice import choose_backend
 from prefetch.backends._file_limit import (
     EXIT_OUT_OF_FILES,
     FileNeeds,

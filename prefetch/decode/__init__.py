@@ -10,7 +10,7 @@ parity) or Pillow's antialiasing. Thread-safe throughout. Imports `prefetch.plan
 `prefetch.io` and the top level.
 """
 
-from prefetch.decode._choice import DECODER_NAMES, get_decoder
+from prefetch.decode._choice import DECODER_NAMES, get_decoder, window_engine
 from prefetch.decode._decoders import (
     COLOR_MODES,
     DecodeOptions,
@@ -67,5 +67,6 @@ __all__ = [
     "get_decoder",
     "image_size_pair",
     "to_target_size",
+    "window_engine",
     "window_engine_name",
 ]

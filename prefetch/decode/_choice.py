@@ -1,9 +1,11 @@
-"""A decoder by name: what `Loader(decoder=...)` accepts, turned into a decoder.
+"""A decoder by name: what `Loader(decoder=...)` accepts, turned into a decoder and a window
+engine.
 
 `get_decoder("auto")`, the default, is the `fast` extra's libjpeg-turbo decoder when it is
 installed (faster on every option, docs/decoders.md), else Pillow's `decode_image`; "pillow"
-and "turbo" name one of them; a callable is taken as it is. Above both decoders' modules, so
-neither imports the other to choose. Pure functions; thread-safe.
+and "turbo" name one of them; a callable is taken as it is. `window_engine` is the engine that
+decodes crop windows for the same choice. Above both decoders' modules, so neither imports the
+other to choose. Pure functions; thread-safe.
 """
 
 from __future__ import annotations
@@ -38,3 +40,10 @@ def get_decoder(decoder: Decoder | str | None) -> Decoder:
             raise ImportError(f'decoder="turbo" needs the fast extra: {turbo.INSTALL_HINT}')
         return turbo.decode_turbo
     return turbo.decode_turbo if turbo.fast_available() else decode_image
+
+
+def window_engine(decoder: Decoder | str | None) -> str:
+    """The engine `decode_window` uses for crops under `Loader(decoder=decoder)`: "pillow"
+    when Pillow alone was asked for, else "turbo" (the fastest this machine has: the compiled
+    window decoder, simplejpeg, then Pillow; `prefetch.decode._window.ENGINES`)."""
+    return "pillow" if decoder == "pillow" else "turbo"

@@ -25,7 +25,13 @@ import numpy as np
 
 from prefetch._messages import counted
 from prefetch.backends import Backend, BatchOutcome, SlotRing
-from prefetch.decode import DecodeOptions, decoder_name, get_decoder, window_engine_name
+from prefetch.decode import (
+    DecodeOptions,
+    decoder_name,
+    get_decoder,
+    window_engine,
+    window_engine_name,
+)
 from prefetch.errors import TooManySkippedError
 from prefetch.plan import Cursor, EpochPlan, LoaderState, loader_state, resume
 from prefetch.runtime._options import LoaderOptions
@@ -333,7 +339,7 @@ def make_epochs(
         num_classes=len(class_names) or None,
         cache=None if spool else cache_for(source, options.remote),
         augment=options.augment,
-        window_engine="pillow" if options.decoder == "pillow" else "turbo",
+        window_engine=window_engine(options.decoder),
         remote=options.remote,
         spool_folder=spool.folder if spool else None,
     )
