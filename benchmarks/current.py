@@ -28,11 +28,14 @@ consumer sleeps `--step-ms` after each batch (a training step; default 14 ms per
 ResNet-50 on the H200 of issue 34, 4,700 images/s: "wait" is the share of the timed span such a
 GPU would wait for data; `--step-ms 0`: no step, no wait column). `--rounds` rounds, the cells'
 order reversed every other round; images/s is the median with its (min-max) over the rounds,
-and a ratio is of the medians with the range of the rounds' own ratios. "of floor" is images/s
-over the row's entropy floor (`prefetch.tools.bench.floor_rate`: libjpeg-turbo's entropy
-decoding alone of the rows each sample needs, on one core, x usable cores: no libjpeg-turbo
-loader passes it on this machine; the fit-crop row's is the originals' floor, which fewer
-stored pixels can pass).
+and a ratio is of the medians with the range of the rounds' own ratios. "CPU ms/image" is the
+CPU time (user + system) of the cell's processes over the timed span (its threads and worker
+processes; the ranks row: every rank's) per image: what the work costs, which other load on
+the machine moves far less than images/s. "of floor" is images/s over the row's entropy floor
+(`prefetch.tools.bench.floor_rate`'s work, libjpeg-turbo's entropy decoding alone of the rows
+each sample needs, timed by CPU time on one core, x usable cores: no libjpeg-turbo loader
+passes it on this machine; the fit-crop row's is the originals' floor, which fewer stored
+pixels can pass).
 
     .venv/bin/python benchmarks/current.py --photos /work/photos --large /work/photos-large \\
         --markdown --plot docs/img/current.png [--rounds 3] [--rows train,eval] [--json F]
@@ -46,6 +49,7 @@ matplotlib: the `plot` extra). Photo folders: `python ../shared/tools/make_photo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -101,7 +105,8 @@ def measure(
         span = Span(args.warmup_epochs * len(folder), args.epochs * len(folder))
         if cell.row == "ranks":
             return measure_ranks(cell, setup, span, step_s)
-        return measure_row(key, setup, span, step_s, lambda: None, make=make)
+        metered = dataclasses.replace(cell, warmup=span.warmup).key()
+        return measure_row(metered, setup, span, step_s, lambda: None, make=make)
 
     def said(number: int, key: str, result: RowResult | str) -> None:
         cell = by_key[key]
@@ -137,6 +142,11 @@ def table(
         reference = REFERENCE_ROW.get(cell.row, cell.row)
         other = {c.loader: results.get(c.key(), []) for c in cells if c.row == reference}
         waits = [r.wait_fraction for r in runs if r.wait_fraction is not None]
+        cpu = [
+            r.described["cpu_s"] / r.described["cpu_images"]
+            for r in runs
+            if r.described.get("cpu_images")
+        ]
         rate = statistics.median(r.images_per_s for r in runs) if runs else None
         lines.append({
             "row": ROWS[cell.row][0].format(ranks=ranks),
@@ -145,12 +155,15 @@ def table(
             "vs tf.data": ratio(runs, other.get("tf.data", [])),
             "vs DataLoader": ratio(runs, other.get("DataLoader", [])),
             "wait": f"{statistics.median(waits):.0%}" if waits else "-",
+            "CPU ms/image": f"{1000 * statistics.median(cpu):.2f}" if cpu else "-",
             "of floor": f"{rate / floor[reference]:.2f}x" if rate and reference in floor else "-",
         })  # fmt: skip
     return lines
 
 
-COLUMNS = ("row", "loader", "images/s", "vs tf.data", "vs DataLoader", "wait", "of floor")
+COLUMNS = (
+    "row", "loader", "images/s", "vs tf.data", "vs DataLoader", "wait", "CPU ms/image", "of floor"
+)  # fmt: skip
 
 
 def print_text(lines: list[dict[str, str]]) -> None:
@@ -231,6 +244,9 @@ def machine(args: argparse.Namespace, folders: dict[str, prefetch.ImageFolder]) 
     here = str(Path(__file__).parent)
     git = ["git", "-C", here, "rev-parse", "--short", "HEAD"]
     commit = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
+    changed = ["git", "-C", here, "status", "--porcelain", "--", "../prefetch"]
+    if subprocess.run(changed, capture_output=True, text=True, check=False).stdout.strip():
+        commit += " with uncommitted changes to prefetch/"
     names = ("tensorflow", "torch", "pillow", "numpy")
     versions = ", ".join(
         [f"Python {platform.python_version()}"] + [f"{n} {installed(n)}" for n in names]

@@ -24,6 +24,7 @@ collective of synchronous training makes them); the host's images/s is the sum o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,11 +32,13 @@ import multiprocessing
 import os
 import queue as queue_module
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 from PIL import Image
 
 import prefetch
@@ -78,8 +81,8 @@ REFERENCE_ROW = {"fit-crop": "large"}
 @dataclass(frozen=True)
 class Cell:
     """One loader (`loader`, one of LOADERS) on one row: its crop (None: the whole image
-    resized), the tar shards it reads instead of the folder (`shards`, prefetch only), and
-    for a rank row `ranks` and this process's `rank`."""
+    resized), the tar shards it reads instead of the folder (`shards`, prefetch only), for a
+    rank row `ranks` and this process's `rank`, and the images of its untimed warm-up."""
 
     row: str
     loader: str
@@ -87,6 +90,7 @@ class Cell:
     shards: str | None = None
     ranks: int = 1
     rank: int | None = None
+    warmup: int = 0  # images untimed before the timed span (its CPU time starts after them)
 
     def key(self) -> str:
         """The cell as JSON: the key its spawned process gets (`parse` reads it back)."""
@@ -134,17 +138,23 @@ def setup_of(folder: prefetch.ImageFolder, cell: Cell) -> Setup:
 def floors(
     cells: list[Cell], folders: dict[str, prefetch.ImageFolder], passes: int
 ) -> dict[str, float]:
-    """Row -> its entropy floor in images/s (one core, median of `passes` timed passes after
-    an untimed one, x usable cores); empty when this build has no entropy-only decoder."""
+    """Row (fit-crop's: its reference row's) -> its entropy floor in images/s: `floor_rate`'s
+    work timed by this thread's CPU time (other processes on the machine do not lower it),
+    median of `passes` passes after an untimed one, x usable cores; empty when this build has
+    no entropy-only decoder."""
     decode = entropy_decoder()
     found: dict[str, float] = {}
     if decode is None:
         return found
-    for cell in {cell.row: cell for cell in cells}.values():
-        paths = [str(path) for path in folders[ROWS[cell.row][1]].paths]
+    for row, cell in {REFERENCE_ROW.get(cell.row, cell.row): cell for cell in cells}.items():
+        paths = [str(path) for path in folders[ROWS[row][1]].paths]
         sample = floor_sample(paths, crop_of(cell), DecodeOptions((SIZE, SIZE)))
-        rates = [floor_rate(sample, decode) for _ in range(passes + 1)][1:]
-        found[cell.row] = statistics.median(rates) * usable_cores()
+        rates = []
+        for _ in range(passes + 1):  # the first pass untimed
+            began = time.thread_time()
+            floor_rate(sample, decode)
+            rates.append(len(sample.data) / (time.thread_time() - began))
+        found[row] = statistics.median(rates[1:]) * usable_cores()
     return found
 
 
@@ -219,18 +229,59 @@ def rank_share(setup: Setup, cell: Cell) -> Setup:
 
 
 def make(key: str, setup: Setup) -> Contender:
-    """The contender of cell `key` (`Cell.key()`), in the cell's own process."""
+    """The contender of cell `key` (`Cell.key()`), in the cell's own process, metered."""
     cell = Cell.parse(key)
     if cell.loader == "prefetch":
-        return PrefetchCell(cell, setup)
+        return Metered(PrefetchCell(cell, setup), cell.warmup)
     setup = rank_share(setup, cell)
     if cell.loader == "tf.data":
-        return make_contender("tf.data", setup)
+        return Metered(make_contender("tf.data", setup), cell.warmup)
     crop = crop_of(cell)
     window = PillowWindow(crop, flip=crop is not None and not isinstance(crop, CenterCrop))
-    return make_contender(
-        "torch", dataclasses.replace(setup, decoder=window, decoder_name="pillow")
-    )
+    torch_setup = dataclasses.replace(setup, decoder=window, decoder_name="pillow")
+    return Metered(make_contender("torch", torch_setup), cell.warmup)
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live children: the cell's threads
+    and its worker processes (prefetch's, the DataLoader's)."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # a child that just exited
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class Metered:
+    """A contender whose CPU time over the timed span is measured: from the first batch asked
+    after `warmup` images (where `steady_rate` starts its clock) to `describe()` (called as
+    the span ends); `describe()` adds `cpu_s` and `cpu_images`. What the work costs, which
+    the machine's load moves far less than images/s."""
+
+    def __init__(self, inner: Contender, warmup: int) -> None:
+        self.inner, self.warmup = inner, warmup
+        self.images = 0
+        self.started: tuple[float, int] | None = None  # (CPU s, images) as the span began
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        self.inner.open(stack)
+
+    def stream(self) -> Generator[int, None, None]:
+        with contextlib.closing(self.inner.stream()) as batches:
+            for count in batches:
+                self.images += count
+                yield count
+                if self.started is None and self.images >= self.warmup:
+                    self.started = (tree_cpu_s(), self.images)
+
+    def describe(self) -> dict[str, Any]:
+        described = dict(self.inner.describe())
+        if self.started is not None:
+            cpu, images = self.started
+            described.update(cpu_s=tree_cpu_s() - cpu, cpu_images=self.images - images)
+        return described
 
 
 def rank_span(span: Span, ranks: int) -> Span:
@@ -250,7 +301,14 @@ def measure_ranks(cell: Cell, setup: Setup, span: Span, step_s: float) -> RowRes
     ranks = [
         context.Process(
             target=_rank,
-            args=(dataclasses.replace(cell, rank=r).key(), setup, share, step_s, barrier, answers),
+            args=(
+                dataclasses.replace(cell, rank=r, warmup=share.warmup).key(),
+                setup,
+                share,
+                step_s,
+                barrier,
+                answers,
+            ),
             name=f"current-rank-{r}",
         )
         for r in range(cell.ranks)
@@ -286,7 +344,10 @@ def measure_ranks(cell: Cell, setup: Setup, span: Span, step_s: float) -> RowRes
     # the wait is the share of the span not stepping (each rank steps once per batch).
     stepping = host / cell.ranks / setup.batch_size * step_s
     wait = max(0.0, 1.0 - stepping) if step_s > 0 else None
-    return RowResult(host, wait, sum(r.cold_images_per_s for r in rows), rows[0].described)
+    described = dict(rows[0].described)
+    for field in ("cpu_s", "cpu_images"):
+        described[field] = sum(r.described.get(field, 0) for r in rows)
+    return RowResult(host, wait, sum(r.cold_images_per_s for r in rows), described)
 
 
 def _rank(key: str, setup: Setup, span: Span, step_s: float, barrier: Any, answers: Any) -> None:

@@ -1,14 +1,18 @@
 """The steady-state harness (`prefetch.tools.bench.measure_row`) and the benchmark scripts
 that publish rates through it: each script's smallest configuration runs end to end and
-prints its rows."""
+prints its rows; docs/performance.md lists every program in benchmarks/, and no page names one
+that is gone (a retired one is in benchmarks/results/README.md, with the commit that has it)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Generator
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.sources import ImageFolder
+from prefetch.testing import write_image_folder
 from prefetch.tools import bench
 from prefetch.tools.bench import (
     RowFailed,
@@ -142,3 +147,58 @@ def test_keras_dropin_smallest_run_prints_its_rows_and_the_ratio(tmp_path: Path)
     assert any(line.startswith("the same, inside `with ds.loader:`") for line in lines)
     assert any(line.startswith("drop-in / Keras, inside `with ds.loader:`:") for line in lines)
     assert "failed" not in out
+
+
+# Five cells (prefetch and the DataLoader on the training crop and on 2 ranks, prefetch on
+# fit-crop shards), each in spawned processes that import torch: 30-90 s on a busy 2-core VM.
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_current_smallest_run_prints_the_pages_table_and_draws_its_chart(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    photos = write_image_folder(tmp_path / "photos", per_class=4, size=(96, 72))
+    large = write_image_folder(tmp_path / "large", per_class=2, size=(640, 480))
+    chart, report = tmp_path / "current.png", tmp_path / "current.json"
+    args = ["--photos", str(photos), "--large", str(large), "--rows", "train,fit-crop,ranks"]
+    args += ["--loaders", "prefetch,DataLoader", "--rounds", "1", "--warmup-epochs", "1"]
+    args += ["--epochs", "1", "--floor-passes", "1", "--markdown", "--plot", str(chart)]
+    out = run_script("current.py", [*args, "--json", str(report)], tmp_path, 290)
+
+    lines = {
+        (line["row"], line["loader"]): line for line in json.loads(report.read_text())["lines"]
+    }
+    assert list(lines) == [
+        ("training crop", "prefetch"),
+        ("training crop", "DataLoader"),
+        ("fit-crop shards of the 2 MP photos", "prefetch"),
+        ("2 ranks, training crop", "prefetch"),
+        ("2 ranks, training crop", "DataLoader"),
+    ]
+    assert all(line["images/s"] != "failed" for line in lines.values())
+    assert lines[("training crop", "prefetch")]["vs DataLoader"].endswith("x")
+    assert lines[("training crop", "DataLoader")]["vs DataLoader"] == "1.00x"
+    assert lines[("training crop", "prefetch")]["wait"].endswith("%")  # the 14 ms step
+    assert float(lines[("2 ranks, training crop", "prefetch")]["CPU ms/image"]) > 0
+    header = "| row | loader | images/s | vs tf.data | vs DataLoader | wait | CPU ms/image |"
+    assert header + " of floor |" in out
+    assert "Command: `python benchmarks/current.py --photos" in out
+    assert chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_performance_page_lists_every_benchmark_and_the_docs_name_none_that_is_gone() -> None:
+    programs = {path.name for path in (ROOT / "benchmarks").glob("*.py")}
+    page = (ROOT / "docs" / "performance.md").read_text()
+    section = page.split("## The benchmarks: one program per question", 1)[-1].split("\n## ")[0]
+    listed = set(re.findall(r"`(?:benchmarks/)?([a-z_]+\.py)`", section))
+    patterns = re.findall(r"`benchmarks/([a-z_]*\*[a-z_.*]*)`", section)  # benchmarks/ray_*.py
+    unlisted = {p for p in programs - listed if not any(fnmatch(p, g) for g in patterns)}
+    assert not unlisted, f"benchmarks not on docs/performance.md's list: {sorted(unlisted)}"
+    assert listed <= programs, f"listed but not in benchmarks/: {sorted(listed - programs)}"
+
+    index = (ROOT / "benchmarks" / "results" / "README.md").read_text()
+    retired = set(re.findall(r"^\| `([a-z_]+\.py)` \|", index, re.MULTILINE))
+    assert retired and not retired & programs
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        named = set(re.findall(r"benchmarks/([a-z_]+\.py)", doc.read_text()))
+        unknown = named - programs - retired
+        assert not unknown, f"{doc.relative_to(ROOT)} names {sorted(unknown)}: not in benchmarks/"
