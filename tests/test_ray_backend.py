@@ -28,10 +28,13 @@ from prefetch.backends._ray_cluster import Node, placement
 from prefetch.testing import (
     HangingDecoder,
     RecordingDecoder,
+    SlowDecoder,
     assert_same_batches,
+    serve_folder,
     write_bad_files,
     write_image_folder,
 )
+from prefetch.tools.shards import write_shards
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -195,6 +198,48 @@ def test_a_sample_that_never_returns_times_out_naming_it(cluster: Any, tmp_path:
         next(iter(loader))
     assert str(root) in str(raised.value)
     assert any("prefetch: stopped ray actor" in note for note in raised.value.__notes__)
+
+
+@pytest.mark.usefixtures("fsspec_io_thread", "private_cache")
+def test_urls_and_shards_are_read_by_the_nodes_themselves_with_the_same_pixels(
+    cluster: Any, folder: Path, tmp_path: Path
+) -> None:
+    shards = tmp_path / "shards"
+    write_shards(folder, shards, format="tar", shard_size=16, shuffle=False)
+    with serve_folder(folder) as files, serve_folder(shards) as served:
+        # Files over HTTP, and shard members by byte range: each actor reads them itself,
+        # given only sample indices. (The loopback server answers no range request: URL
+        # shards by byte range are the same reads, of another kind of Location.)
+        for source in (files, prefetch.TarSource(shards)):
+            expected = epochs(
+                prefetch.Loader(source, augment=CROP, backend="process", **OPTIONS), 1
+            )
+            loader = prefetch.Loader(
+                source, augment=CROP, backend=ray_backend(), workers=0, **OPTIONS
+            )
+            assert_same_batches(epochs(loader, 1), expected)
+        # Streamed (the default for URL shards): whole shards are fetched into a spool here.
+        streamed = prefetch.Loader(prefetch.TarSource(served), backend=ray_backend(), **OPTIONS)
+        with pytest.raises(ValueError, match="streaming=False") as raised, streamed:
+            pass  # refused as the workers start
+    assert "spool on this host" in str(raised.value)
+
+
+def test_a_sample_that_never_returns_is_skipped_with_on_error_skip(
+    cluster: Any, tmp_path: Path
+) -> None:
+    root = write_image_folder(tmp_path / "tree", per_class=4, size=(40, 32))
+    stuck = sorted((root / "square").iterdir())[2]
+    hanging = SlowDecoder(3600.0, marker=stuck.name)  # a read that never returns
+    policy = prefetch.ErrorPolicy("skip", sample_timeout_s=2.0)
+    loader = prefetch.Loader(
+        root, backend=ray_backend(), workers=1, decoder=hanging, on_error=policy, **OPTIONS
+    )
+    with loader:
+        count = sum(len(b.labels) for b in loader)
+        stats = loader.stats()
+    assert count == 11 and stats.skipped_paths == (str(stuck),)
+    assert sum(p.lost_actors for p in stats.decoded_on) == 1  # stopped, and replaced
 
 
 def test_a_path_no_decode_node_can_read_is_an_error_naming_the_node_and_the_path(

@@ -48,6 +48,7 @@ from prefetch.backends._ray_parts import ActorState, DecodePlace, NodeTally, Ray
 from prefetch.coordinator import Coordinator
 from prefetch.errors import add_note
 from prefetch.sample import BatchTask, SampleReader, Slot, split_rows
+from prefetch.sources import source_scheme
 
 log = logging.getLogger("prefetch.backends")
 
@@ -102,6 +103,14 @@ class RayBackend:
     def start(self) -> None:
         """Join the cluster, send the reader to it once, start the actors and the dispatcher."""
         global _joined
+        spooled = self._reader.spool_folder is not None  # a streamed shard source's copies
+        if spooled and source_scheme(self._reader.source) not in ("", "memory"):
+            raise ValueError(
+                "backend=RayOptions(...) with a streamed shard source of URLs: its shards are "
+                f"fetched whole into a spool on this host ({self._reader.spool_folder}), which "
+                "the other nodes cannot read. Make the source with streaming=False: every node "
+                "then reads its samples from the shards by byte range"
+            )
         ray = self._ray = import_ray()
         with _joined_lock:
             self._joined = connect(ray, self.options)
