@@ -17,11 +17,9 @@ What the suite changes, each listed with its example and checked to apply:
 - launchers: `torchrun --nproc_per_node=2` for a torchrun example, two processes with SLURM's
   variables set by hand for a SLURM one, all on the CPU (gloo).
 
-An example that continues another (it uses its names) runs joined to it: one `Example` lists
-both blocks in order. A block that is a deliberate fragment is marked on its page
-(`<!-- fragment: why -->`), and `test_every_block_is_run_or_marked_as_a_fragment` holds
-every block to one of the two. The multi-process Keras examples of docs/many-gpus.md run in
-tests/test_keras_multiprocess.py (`elsewhere`), with their own checks.
+An example that continues another runs joined to it (one `Example` lists both blocks); a
+deliberate fragment is marked on its page (`<!-- fragment: why -->`); every block is one or the
+other. docs/many-gpus.md's multi-process Keras examples run in tests/test_keras_multiprocess.py.
 """
 
 from __future__ import annotations
@@ -55,13 +53,8 @@ import keras
 
 
 def make_model():
-    model = keras.Sequential(
-        [
-            keras.layers.Rescaling(1 / 255),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(3),
-        ]
-    )
+    layers = [keras.layers.Rescaling(1 / 255), keras.layers.GlobalAveragePooling2D()]
+    model = keras.Sequential([*layers, keras.layers.Dense(3)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -133,10 +126,11 @@ TF, KERAS, TORCH = ("tensorflow",), ("keras",), ("torch",)
 IMPORTS, TF_IMPORTS = "import prefetch\n", "import prefetch\nimport prefetch.tf\n"
 ONE_EPOCH = (("epochs=10", "epochs=1"),)
 # What the TF1 example's reader has: graph mode, and a training op of the queue's batches.
-TF1 = (
-    IMPORTS
-    + """
+TF1 = """
 import tensorflow as tf
+
+import prefetch
+import prefetch.tf
 
 tf.compat.v1.disable_eager_execution()
 
@@ -146,16 +140,15 @@ def make_train_op(images, labels):
     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
     return tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
 """
-)
 # ... and the PyDataset example's: its file list and a function that loads one file.
-PYDATASET = (
-    KERAS_MODEL
-    + IMPORTS
-    + """
+PYDATASET = """
 import math
 
 import numpy as np
 import PIL.Image
+
+import prefetch
+import prefetch.tf
 
 folder = prefetch.ImageFolder("data/train")
 paths, labels = list(folder.paths), list(folder.labels)
@@ -164,7 +157,6 @@ paths, labels = list(folder.paths), list(folder.labels)
 def load_and_resize(path):
     return np.asarray(PIL.Image.open(path).convert("RGB").resize((224, 224)))
 """
-)
 # The shards the shard examples read, written by `prefetch shards write` from the samples.
 SHARDS = """
 import subprocess
@@ -299,7 +291,9 @@ EXAMPLES = [
         needs=TF,
     ),
     Example(T, ('subset="training", **options',), KERAS_MODEL + TF_IMPORTS, ONE_EPOCH, needs=TF),
-    Example(T, ("class Photos(keras.utils.PyDataset)",), PYDATASET, ONE_EPOCH, needs=TF),
+    Example(
+        T, ("class Photos(keras.utils.PyDataset)",), KERAS_MODEL + PYDATASET, ONE_EPOCH, needs=TF
+    ),
     Example(T, ("runner.dequeue_many(32)\ntrain_op = make_train_op",), TF1, needs=TF),
     Example(
         D + "training-loops.md",
@@ -329,18 +323,13 @@ EXAMPLES = [
 ]
 
 
-def covered() -> set[str]:
-    """The places of the blocks the examples run."""
-    return {block(e.page, part).where for e in EXAMPLES for part in e.blocks}
-
-
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sample_data(tmp_path_factory.mktemp("doc-examples"))
 
 
 def test_every_block_is_run_or_marked_as_a_fragment() -> None:
-    runs = covered()
+    runs = {block(e.page, part).where for e in EXAMPLES for part in e.blocks}
     left: list[Block] = [b for b in blocks() if b.where not in runs and b.fragment is None]
     assert not left, "blocks neither run nor marked <!-- fragment: why -->: " + ", ".join(
         f"{b.where} ({b.code.splitlines()[0]!r})" for b in left
