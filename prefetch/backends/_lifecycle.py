@@ -67,7 +67,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
@@ -76,6 +75,7 @@ from typing import Any
 
 from prefetch.backends._file_limit import EXIT_OUT_OF_FILES, OutOfFiles, use_hard_limit
 from prefetch.backends._spawning import main_script_hidden
+from prefetch.coordinator import Deadline
 
 # The shutdown's deadlines (the note above says where each applies). Each is one deadline for
 # all the workers together.
@@ -182,13 +182,10 @@ def stop_processes(workers: Sequence[tuple[BaseProcess, Connection]]) -> None:
 def _wait_exited(processes: list[BaseProcess], seconds: float) -> list[BaseProcess]:
     """Wait until every process in `processes` has exited, or `seconds` passed; those still
     running."""
-    deadline = time.monotonic() + seconds
+    deadline = Deadline(seconds)
     running = [p for p in processes if p.exitcode is None]
-    while running:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        wait([p.sentinel for p in running], timeout=left)
+    while running and not deadline.expired():
+        wait([p.sentinel for p in running], timeout=deadline.remaining())
         running = [p for p in running if p.exitcode is None]
     return running
 

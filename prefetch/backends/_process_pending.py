@@ -10,7 +10,6 @@ process: its pipe, the parts it holds (`InFlight`) and whether it is leaving.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 from prefetch._messages import counted
 from prefetch.backends._answers import AnswerReader
 from prefetch.backends._base import BatchOutcome, compact
+from prefetch.coordinator import Deadline
 from prefetch.errors import WorkerCrashedError
 from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
 
@@ -93,10 +93,10 @@ class ProcessPending:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait until this batch is settled or `timeout_s` passed; returns whether it is."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while not self.done():  # pumps at least once, so answers already sent count
-            self._backend.pump(max(deadline - time.monotonic(), 0.0))
-            if time.monotonic() >= deadline:
+            self._backend.pump(deadline.remaining())
+            if deadline.expired():
                 break
         return self.done()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from prefetch.backends._base import BatchOutcome, compact
 from prefetch.backends._lifecycle import STUCK_THREAD_JOIN_S, THREAD_JOIN_S
-from prefetch.coordinator import POLL_S, Coordinator
+from prefetch.coordinator import POLL_S, Coordinator, Deadline
 from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot, split_rows
 
 log = logging.getLogger("prefetch.backends")
@@ -39,10 +38,10 @@ class ThreadPending:
         return all(f.done() for f in self._futures)
 
     def wait(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         for future in self._futures:
             try:
-                future.exception(timeout=max(deadline - time.monotonic(), 0.0))
+                future.exception(timeout=deadline.remaining())
             except FutureTimeout:
                 return False
             except Exception:  # cancelled: done all the same
@@ -163,9 +162,9 @@ class ThreadBackend:
         # Shutdown steps 4 and 5 (`_lifecycle`'s note): wake every thread, one deadline for all.
         for _ in self._threads:
             self._tasks.put(None)  # wakes idle workers at once instead of after their poll
-        deadline = time.monotonic() + (STUCK_THREAD_JOIN_S if self._stuck else THREAD_JOIN_S)
+        deadline = Deadline(STUCK_THREAD_JOIN_S if self._stuck else THREAD_JOIN_S)
         for thread in self._threads.values():
-            thread.join(max(deadline - time.monotonic(), 0.0))
+            thread.join(deadline.remaining())
         alive = [t.name for t in self._threads.values() if t.is_alive()]
         if alive:
             log.warning("prefetch worker threads still running after close: %s", alive)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from prefetch.coordinator import Deadline
 from prefetch.io._private import flock_within
 
 LEDGER = ".ledger"
@@ -86,11 +87,11 @@ def lock_object(handle: int, key: str, timeout_s: float) -> int | None:
     most `timeout_s` seconds (0: one try); None when another holds it that long. Release it
     with `unlock_object`."""
     name = LOCK_PREFIX + key
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         fd = os.open(name, _LOCK, 0o600, dir_fd=handle)
         try:
-            taken = flock_within(fd, fcntl.LOCK_EX, max(0.0, deadline - time.monotonic()))
+            taken = flock_within(fd, fcntl.LOCK_EX, deadline.remaining())
             if taken and os.fstat(fd).st_nlink > 0:
                 return fd
         except BaseException:

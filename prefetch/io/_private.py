@@ -23,6 +23,8 @@ import os
 import stat
 import time
 
+from prefetch.coordinator import Deadline
+
 # A flock is polled (LOCK_NB) after POLL_FIRST_S, doubling up to POLL_MAX_S: a waiter (for
 # another process's download, or listing) wakes within 20 ms of its release. MosaicML
 # Streaming polls every 7 ms.
@@ -60,7 +62,7 @@ def user_cache_folder(name: str) -> str:
 def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
     """Take the flock `operation` (LOCK_SH or LOCK_EX) on `fd`, polling for at most
     `timeout_s` seconds (0: one try); whether it was taken."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     pause = POLL_FIRST_S
     while True:
         try:
@@ -68,10 +70,9 @@ def flock_within(fd: int, operation: int, timeout_s: float) -> bool:
             return True
         except BlockingIOError:
             pass
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if deadline.expired():
             return False
-        time.sleep(min(pause, left))
+        time.sleep(min(pause, deadline.remaining()))
         pause = min(2 * pause, POLL_MAX_S)
 
 

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from prefetch.coordinator import Deadline
 from prefetch.decode import DecodeOptions, decode_bytes, get_decoder
 from prefetch.io import Location
 
@@ -162,9 +163,9 @@ class RendezvousDecoder:
         me = os.path.join(self.folder, f"{os.getpid()}-{threading.get_ident()}")
         if not os.path.exists(me):
             open(me, "x").close()
-            deadline = time.monotonic() + self.timeout_s
+            deadline = Deadline(self.timeout_s)
             while len(os.listdir(self.folder)) < self.parties:
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TimeoutError(
                         f"only {len(os.listdir(self.folder))} of {self.parties} workers "
                         f"were reading at once after {self.timeout_s:g} s"

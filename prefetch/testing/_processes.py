@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from prefetch.coordinator import Deadline
+
 
 def run_together(
     commands: list[list[str]], envs: list[dict[str, str]], logs: list[Path], timeout_s: float
@@ -25,8 +27,8 @@ def run_together(
                 processes.append(
                     subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
                 )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             codes = [p.poll() for p in processes]
             if all(code is not None for code in codes) or any(codes):
                 break

@@ -15,10 +15,11 @@ import contextlib
 import html
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from prefetch.coordinator import Deadline
 
 # Bytes of a request's head the server reads at most (request line and headers).
 MAX_REQUEST_HEAD = 64 * 1024
@@ -82,7 +83,7 @@ class HostileServer:
 
     def __init__(self, routes: Routes, max_seconds: float) -> None:
         self._routes = routes
-        self._deadline = time.monotonic() + max_seconds
+        self._deadline = Deadline(max_seconds)
         self.stopping = threading.Event()
         self.requests: list[str] = []
         self._lock = threading.Lock()
@@ -106,7 +107,7 @@ class HostileServer:
         self._socket.close()
 
     def _running(self) -> bool:
-        return not self.stopping.is_set() and time.monotonic() < self._deadline
+        return not self.stopping.is_set() and not self._deadline.expired()
 
     def _accept(self) -> None:
         while self._running():

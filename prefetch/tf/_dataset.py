@@ -42,6 +42,7 @@ from typing import Any
 import tensorflow as tf
 
 from prefetch._messages import suggest_keywords
+from prefetch.coordinator import Deadline
 from prefetch.errors import add_note
 from prefetch.plan import Handoff
 from prefetch.runtime import Loader
@@ -129,11 +130,11 @@ def _quiesce_at_exit() -> None:
     _EXITING.set()
     for run in list(_RUNS.values()):
         run.end_at_exit()
-    deadline = time.monotonic() + EXIT_QUIESCE_S
+    deadline = Deadline(EXIT_QUIESCE_S)
     while True:
         time.sleep(_EXIT_POLL_S)  # lets a TensorFlow thread that waits for the GIL take it
         owing = [run for run in list(_RUNS.values()) if run.busy or run.ended]
-        if not owing or time.monotonic() > deadline:
+        if not owing or deadline.expired():
             break
     if owing:
         log.warning("prefetch: %d tf.data iterators still owed calls at exit", len(owing))

@@ -27,10 +27,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 
 import numpy as np
 
+from prefetch.coordinator import Deadline
 from prefetch.io import PathArray
 
 # Threads that stat the files (each holds the GIL only between its system calls).
@@ -87,9 +87,9 @@ class ListingDigest:
     def ready(self, wait_s: float = 0.0) -> bool:
         """Whether `result()` would not wait (every file is stat'ed), after waiting at most
         `wait_s` seconds for it."""
-        deadline = time.monotonic() + wait_s
+        deadline = Deadline(wait_s)
         for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(deadline.remaining())
         return not any(thread.is_alive() for thread in self._threads)
 
     def result(self) -> str:
