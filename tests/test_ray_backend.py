@@ -210,14 +210,21 @@ def test_urls_and_shards_are_read_by_the_nodes_themselves_with_the_same_pixels(
         # Files over HTTP, and shard members by byte range: each actor reads them itself,
         # given only sample indices. (The loopback server answers no range request: URL
         # shards by byte range are the same reads, of another kind of Location.)
-        for source in (files, prefetch.TarSource(shards)):
+        cached = {"remote": prefetch.RemoteOptions(cache_dir=tmp_path / "copies")}
+        for source, more in ((files, {}), (files, cached), (prefetch.TarSource(shards), {})):
             expected = epochs(
                 prefetch.Loader(source, augment=CROP, backend="process", **OPTIONS), 1
             )
             loader = prefetch.Loader(
-                source, augment=CROP, backend=ray_backend(), workers=0, **OPTIONS
+                source, augment=CROP, backend=ray_backend(), workers=0, **OPTIONS, **more
             )
             assert_same_batches(epochs(loader, 1), expected)
+            if more:  # the actors read every object through cache_dir
+                stats = loader.stats()
+                assert stats.cache_misses + stats.cache_hits == 60, (
+                    stats.cache_hits,
+                    stats.cache_misses,
+                )
         # Streamed (the default for URL shards): whole shards are fetched into a spool here.
         streamed = prefetch.Loader(prefetch.TarSource(served), backend=ray_backend(), **OPTIONS)
         with pytest.raises(ValueError, match="streaming=False") as raised, streamed:
