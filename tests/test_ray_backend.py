@@ -281,3 +281,28 @@ def test_ray_missing_is_an_error_that_names_the_extra(folder: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert 'pip install "prefetch[ray]"' in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"cpus": -1}, "cpus must be an int >= 0"),
+        ({"max_retries": -1}, "max_retries must be >= 0"),
+        ({"connect_timeout_s": 0}, "connect_timeout_s must be a number of seconds > 0"),
+        ({"resource": ""}, "resource must be the name of a custom resource"),
+        ({"address": ""}, "address must be a Ray cluster's address"),
+    ],
+)
+def test_a_bad_ray_option_is_refused_naming_it(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        prefetch.RayOptions(**options)
+
+
+def test_the_loader_takes_ray_options_and_refuses_what_does_not_go_with_them(folder: Path) -> None:
+    with pytest.raises(TypeError, match="did you mean address"):
+        prefetch.RayOptions(adress="10.0.0.1:6379")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="workers='auto' tunes"):
+        prefetch.Loader(folder, backend=prefetch.RayOptions(), workers="auto")
+    with pytest.raises(ValueError, match="workers must be an int >= 1"):
+        prefetch.Loader(folder, backend="process", workers=0)  # none here: only with Ray
+    assert prefetch.Loader(folder, backend="ray", workers=0).options.ray == prefetch.RayOptions()

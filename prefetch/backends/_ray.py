@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from prefetch._messages import counted
+from prefetch.backends._lifecycle import THREAD_JOIN_S
 from prefetch.backends._options import RAY_PART_ROWS, RayOptions
 from prefetch.backends._process_pending import ProcessPending
 from prefetch.backends._ray_actor import DecodeActor
@@ -305,8 +306,10 @@ class RayBackend:
         global _joined
         self._stop.set()
         thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+        if thread is not None:  # it looks at the stop flag every WAIT_S, or after a Ray call
+            thread.join(THREAD_JOIN_S)
+            if thread.is_alive():
+                log.warning("prefetch: the Ray backend's dispatcher is still in a call to Ray")
         book = self._book
         if book is not None:
             with book.lock:
