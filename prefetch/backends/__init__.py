@@ -51,12 +51,11 @@ from prefetch.backends._ray_parts import DecodePlace
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity
-from prefetch.backends._shm import ShmRoom, SlotLayout, shm_room, sweep_stale
+from prefetch.backends._shm import ShmRoom, SlotLayout, check_free_space, shm_room, sweep_stale
 from prefetch.backends._spawning import main_script_hidden
 from prefetch.backends._threads import ThreadBackend
 from prefetch.coordinator import Coordinator
 from prefetch.sample import SampleReader
-from prefetch.sources import reads_over_network
 
 
 def make_backend(
@@ -68,13 +67,15 @@ def make_backend(
     depth: int,
     coordinator: Coordinator,
     process: ProcessOptions,
+    threads_per_worker: int = 1,
     ray: RayOptions | None = None,
     shard: tuple[int, int] = (1, 0),
     sample_timeout_s: float | None = None,
 ) -> Backend:
-    """A new, not yet started backend: `name` is "thread", "process" or "ray" (with `ray`'s
-    options, this loader's `shard` (num_shards, shard_index) of the job, whose ranks share the
-    cluster's CPUs, and the `sample_timeout_s` its actors are watched for)."""
+    """A new, not yet started backend: `name` is "thread", "process" (with `threads_per_worker`
+    reader threads in each process, as `prefetch.runtime._choice` decided) or "ray" (with
+    `ray`'s options, this loader's `shard` (num_shards, shard_index) of the job, whose ranks
+    share the cluster's CPUs, and the `sample_timeout_s` its actors are watched for)."""
     if name == "ray":
         options = ray or RayOptions()
         return RayBackend(
@@ -89,21 +90,11 @@ def make_backend(
             coordinator,
             process.max_restarts,
             process.method,
-            reader_threads(process, reader, batch_size),
+            threads_per_worker,
         )
     if name == "thread":
         return ThreadBackend(reader, workers, batch_size, coordinator)
     raise ValueError(f"backend must be 'thread', 'process' or 'ray' here, got {name!r}")
-
-
-def reader_threads(process: ProcessOptions, reader: SampleReader, batch_size: int) -> int:
-    """The reader threads per worker process: as asked; else, on remote URLs, one per row of
-    the batch (at most `MAX_REMOTE_READERS_PER_PROCESS`); else 1."""
-    if process.threads_per_worker is not None:
-        return process.threads_per_worker
-    if reads_over_network(reader.source):
-        return min(batch_size, MAX_REMOTE_READERS_PER_PROCESS)
-    return 1
 
 
 __all__ = [
@@ -130,14 +121,13 @@ __all__ = [
     "SlotRing",
     "Stop",
     "ThreadBackend",
+    "check_free_space",
     "choose_backend",
     "exit_code",
     "exit_reason",
     "main_script_hidden",
     "make_backend",
     "parent_alive",
-    "reader_threads",
-    "reads_over_network",
     "rebuild_error",
     "receive_descriptor",
     "ring_capacity",

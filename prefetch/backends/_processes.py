@@ -59,7 +59,7 @@ from prefetch.backends._process_worker import worker_main as _worker_main
 from prefetch.backends._remote_error import rebuild
 from prefetch.backends._ring import ring_capacity
 from prefetch.backends._shared_arrays import SharedArrays
-from prefetch.backends._shm import SharedSlots, SlotLayout, check_free_space
+from prefetch.backends._shm import SharedSlots, SlotLayout
 from prefetch.backends._spawning import check_picklable
 from prefetch.coordinator import Coordinator
 from prefetch.errors import WorkerCrashedError, add_note
@@ -108,8 +108,6 @@ class ProcessBackend:
     def start(self) -> None:
         """Start the workers; one that fails to start stops those before it, and nothing is
         left (no process, pipe, segment or memory file)."""
-        slots = ring_capacity(self._depth)
-        check_free_space(slots * self._layout.nbytes, slots, self._layout.batch_size)
         try:
             self._sent = SharedArrays(self._reader)  # its large arrays once, for every worker
             self._files().check()

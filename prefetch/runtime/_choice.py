@@ -32,12 +32,13 @@ import numpy as np
 
 from prefetch._messages import counted, sized
 from prefetch.backends import (
+    MAX_REMOTE_READERS_PER_PROCESS,
     RAY_PART_ROWS,
     RAY_PARTS_PER_ACTOR,
     ROWS_AHEAD_PER_READER,
     SlotLayout,
+    check_free_space,
     choose_backend,
-    reader_threads,
     ring_capacity,
     shm_room,
 )
@@ -51,6 +52,7 @@ from prefetch.runtime._options import (
     LoaderOptions,
 )
 from prefetch.sample import SampleReader
+from prefetch.sources import reads_over_network
 
 # What workers=16 on 2 cores cost against the default, measured (docs/tuning.md, "Workers and
 # cores": benchmarks/oversubscribed.py, and issue 41's 22.9 s against 2.3 s); the warning
@@ -171,9 +173,12 @@ def decide(
             return max(planned, remote_start(backend == "process", share.cores))
         return planned
 
-    if auto and name == "process" and room is not None:
+    if name == "process" and room is not None:
         needed = ring_bytes(options, reader, "process", start_count("process"))
-        if needed > room.share:
+        if not auto:  # asked for: the slots must fit what is free (MemoryError saying how)
+            slots = ring_capacity(in_flight(options, reader, name, start_count(name)))
+            check_free_space(needed, slots, options.batch_size)
+        elif needed > room.share:
             name = "thread"
             why += (
                 f"; but the process backend's batch slots take {sized(needed)} of shared memory, "
@@ -189,6 +194,17 @@ def decide(
     workers = _workers_text(options, share, count, tuned, remote)
     reason = f"{backend}; {workers}; batch slots {sized(ring)} {where}"
     return Decision(name, count, ring, reason)
+
+
+def reader_threads(options: LoaderOptions, reader: SampleReader) -> int:
+    """The reader threads in each worker process: `ProcessOptions.threads_per_worker` as
+    asked; else, on remote URLs, one per row of the batch (at most
+    `MAX_REMOTE_READERS_PER_PROCESS`), whose reads mostly wait; else 1."""
+    if options.process.threads_per_worker is not None:
+        return options.process.threads_per_worker
+    if reads_over_network(reader.source):
+        return min(options.batch_size, MAX_REMOTE_READERS_PER_PROCESS)
+    return 1
 
 
 def asked_for(options: LoaderOptions) -> str:
@@ -212,7 +228,7 @@ def in_flight(options: LoaderOptions, reader: SampleReader, backend: str, worker
         return max(options.depth, -(-rows // options.batch_size))
     readers = workers
     if backend == "process":
-        readers *= reader_threads(options.process, reader, options.batch_size)
+        readers *= reader_threads(options, reader)
     return max(options.depth, -(-ROWS_AHEAD_PER_READER * readers // options.batch_size))
 
 

@@ -27,7 +27,14 @@ from prefetch.backends import (
 from prefetch.coordinator import Coordinator
 from prefetch.host import HostShare, host_share
 from prefetch.runtime._autoscale import WorkerTuner, tuner_for
-from prefetch.runtime._choice import asked_for, decide, in_flight, planned_workers, ring_bytes
+from prefetch.runtime._choice import (
+    asked_for,
+    decide,
+    in_flight,
+    planned_workers,
+    reader_threads,
+    ring_bytes,
+)
 from prefetch.runtime._options import LoaderOptions
 from prefetch.sample import SampleReader
 from prefetch.sources import reads_over_network
@@ -100,6 +107,7 @@ class Workers:
                 depth=self.in_flight(),
                 coordinator=self.coordinator,
                 process=options.process,
+                threads_per_worker=reader_threads(options, self.reader),
                 ray=options.ray,
                 shard=(options.num_shards, options.shard_index),
                 sample_timeout_s=options.on_error.sample_timeout_s,
