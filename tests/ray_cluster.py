@@ -68,16 +68,23 @@ def settle(quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def running_cluster(decode_nodes: int, cpus: int, head_cpus: int = 0) -> Iterator[Any]:
-    """A joined cluster: a head (this process's node, `head_cpus` CPUs) and `decode_nodes`
-    nodes of `cpus` CPUs with `RESOURCE`; everything of it gone at the end."""
+def running_cluster(
+    decode_nodes: int, cpus: int, head_cpus: int = 0, head_resources: dict[str, float] | None = None
+) -> Iterator[Any]:
+    """A joined cluster: a head (this process's node, `head_cpus` CPUs and `head_resources`)
+    and `decode_nodes` nodes of `cpus` CPUs with `RESOURCE`; everything of it gone at the
+    end."""
     import ray
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": head_cpus, "_system_config": FAST_FAILURE},
+        head_node_args={
+            "num_cpus": head_cpus,
+            "resources": head_resources or {},
+            "_system_config": FAST_FAILURE,
+        },
     )
     try:
         for _ in range(decode_nodes):

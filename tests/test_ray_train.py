@@ -87,7 +87,9 @@ def train_loop(config):
 ray.init(address=ADDRESS, log_to_driver=False)
 TorchTrainer(
     train_loop,
-    scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+    scaling_config=ScalingConfig(
+        num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1, "trainer": 1}
+    ),
     run_config=RunConfig(storage_path=str(Path(OUT, "runs")), name="prefetch"),
 ).fit()
 """
@@ -95,7 +97,10 @@ TorchTrainer(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    yield from running_cluster(decode_nodes=1, cpus=2, head_cpus=WORKERS)
+    # The training workers on the head (its "trainer" resource), never on the decode node.
+    yield from running_cluster(
+        decode_nodes=1, cpus=2, head_cpus=WORKERS, head_resources={"trainer": WORKERS}
+    )
 
 
 def test_a_torch_trainer_of_two_workers_trains_two_epochs_on_its_shards(
