@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,6 @@ import numpy as np
 from prefetch._messages import counted
 from prefetch.backends import Backend, BatchOutcome, SlotRing
 from prefetch.decode import (
-    DecodeOptions,
     decoder_name,
     get_decoder,
     window_engine,
@@ -128,12 +128,42 @@ class Epochs:
         self.plan = plan
         self.cursor.restore(epoch, position)
 
+    def shard(self, num_shards: int, shard_index: int) -> bool:
+        """Plan shard `shard_index` of `num_shards` from the next iteration on (`Loader.shard`);
+        whether anything changed. RuntimeError once an epoch has begun on other shards;
+        ValueError when the shard has no whole batch."""
+        options = self.options
+        if (num_shards, shard_index) == (options.num_shards, options.shard_index):
+            return False
+        if self.cursor.started:
+            raise RuntimeError(
+                f"cannot re-shard a loader that has begun an epoch (it yields shard "
+                f"{options.shard_index} of {options.num_shards}): call "
+                f"shard({num_shards}, {shard_index}) before iterating it"
+            )
+        plan = self.plan.replace(num_shards=num_shards, shard_index=shard_index)
+        if len(plan) == 0:
+            raise ValueError(
+                f"shard {shard_index} of {num_shards} has "
+                f"{counted(plan.shard_size, 'sample')}, {counted(len(plan), 'batch')} of "
+                f"{options.batch_size}: too few for an epoch; lower batch_size or the "
+                "number of shards"
+            )
+        self.replan(plan)
+        self._reconfigure(num_shards=num_shards, shard_index=shard_index)
+        return True
+
     def load(self, state: LoaderState) -> None:
         """The next iteration continues `state` (`Loader.load_state_dict`), on this plan's
         shards and batch size, whatever it was taken with (`prefetch.plan.resume`)."""
         plan, position = resume(self.plan, state)
         self.plan, self.restored = plan, state
         self.cursor.restore(state.epoch, position)
+        self._reconfigure(seed=state.seed)
+
+    def _reconfigure(self, **changes: Any) -> None:
+        """`options` (the loader's, and its workers') with `changes` applied."""
+        self.options = self.workers.options = replace(self.options, **changes)
 
     def state(self, held_back: int = 0) -> dict[str, int]:
         """The state to save (`Loader.state_dict`): the cursor's place and the epoch's global
@@ -298,6 +328,7 @@ class Epochs:
             window.reads() if window is not None else 0,
             workers.in_flight(),
             self.cache_bytes(),
+            workers.places(),
         )
 
     def cache_bytes(self) -> int:
@@ -310,7 +341,6 @@ def make_epochs(
     owner: object,
     source: Any,
     options: LoaderOptions,
-    decode: DecodeOptions,
     class_names: list[str],
 ) -> Epochs:
     """The plan, spool, reader and worker set of a loader's `options`, as its `Epochs`. The
@@ -333,7 +363,7 @@ def make_epochs(
     reader = SampleReader(
         source=source,
         decoder=get_decoder(options.decoder),
-        options=decode,
+        options=options.decode,
         skip_errors=options.on_error.skip,
         labelled=options.label_mode is not None,
         num_classes=len(class_names) or None,

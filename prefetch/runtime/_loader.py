@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import replace
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 
 from prefetch._checks import check_shard
-from prefetch._messages import counted, moved_keywords, suggest_keywords
+from prefetch._messages import moved_keywords, suggest_keywords
 from prefetch.backends import ProcessOptions, RayOptions
 from prefetch.coordinator import Coordinator
-from prefetch.decode import Decoder
+from prefetch.decode import Decoder, image_size_pair
 from prefetch.io import RemoteOptions
 from prefetch.plan import Augment, LoaderState
 from prefetch.runtime._epochs import make_epochs
@@ -46,18 +44,13 @@ from prefetch.runtime._options import (
     as_workers,
     backend_groups,
     check_group,
-    check_validation_split,
-    decode_options,
+    prepared_source,
 )
 from prefetch.runtime._stats import LoaderStats
 from prefetch.runtime._stream import Batch, Stream
 from prefetch.sources import (
-    ImageFolder,
     Source,
-    as_source,
     check_label_mode,
-    is_file_source,
-    split_files,
 )
 
 __all__ = ["Batch", "Loader", "Stream"]
@@ -138,8 +131,9 @@ class Loader:
       files and a time limit per sample.
     - `remote`: a `RemoteOptions`: the deadlines, size caps and redirect policy of remote
       reads (and the caps of listing a folder URL), and its `cache_dir`, a local folder that
-      keeps each remote object after its first read (at most `cache_limit` bytes of them,
-      the least recently read evicted first); `None` for those of an
+      keeps each remote object after its first read (at most `cache_limit` bytes of them;
+      by default only copies nobody read in this epoch or the last are evicted,
+      `cache_policy`); `None` for those of an
       `ImageFolder(url, remote=...)` source, else the defaults. Its `max_object_bytes` also
       bounds local files read whole.
     - `ranks_per_host`: the training processes (ranks) on this host, each with its own loader,
@@ -178,29 +172,16 @@ class Loader:
         remote: RemoteOptions | None = None,
         ranks_per_host: int | None = None,
     ) -> None:
-        check_group("remote", remote, RemoteOptions, "RemoteOptions(...)")
         check_group("augment", augment, Augment, "Augment(crop=..., flip=..., transform=...)")
         policy = as_error_policy(on_error)
-        self.source = as_source(source, remote=remote, on_error=policy.action)
-        listed = self.source.remote if isinstance(self.source, ImageFolder) else None
-        remote = remote or listed or RemoteOptions()
-        check_validation_split(validation_split, subset, seed, self.source)
-        if validation_split is not None and subset is not None and is_file_source(self.source):
-            self.source = split_files(self.source, validation_split, subset, seed)
+        self.source, remote = prepared_source(
+            source, remote, policy, validation_split, subset, seed
+        )
         self.class_names: list[str] = list(getattr(self.source, "class_names", []) or [])
         self._seed_is_random = seed is None  # then another process cannot draw the same order
-        decode = decode_options(
-            image_size,
-            color_mode,
-            interpolation,
-            crop_to_aspect_ratio,
-            pad_to_aspect_ratio,
-            antialias,
-            max_pixels=policy.max_pixels,
-        )
-        self.options = LoaderOptions(
+        options = LoaderOptions(
             batch_size=batch_size,
-            image_size=decode.image_size,
+            image_size=image_size_pair(image_size),
             shuffle=bool(shuffle),
             seed=int(seed) if seed is not None else int(np.random.default_rng().integers(2**63)),
             validation_split=validation_split,
@@ -222,8 +203,12 @@ class Loader:
             ranks_per_host=ranks_per_host,
         )
         check_label_mode(self.source, label_mode, self.class_names)
-        self._epochs = make_epochs(self, self.source, self.options, decode, self.class_names)
+        self._epochs = make_epochs(self, self.source, options, self.class_names)
         self._lock = threading.Lock()
+
+    options = property(
+        lambda self: self._epochs.options, doc="What it was made with (`LoaderOptions`)."
+    )
 
     # ---- the state of its workers ------------------------------------------------------
 
@@ -233,12 +218,9 @@ class Loader:
     )
     workers = property(lambda self: self._epochs.workers.count, doc="The worker count now.")
     backend_name = property(
-        lambda self: self._epochs.workers.backend_name,
-        doc='"thread", "process" or "ray" ("auto" before start).',
+        lambda self: self._epochs.workers.backend_name, doc='"thread", "process" or "ray".'
     )
-    backend_reason = property(
-        lambda self: self._epochs.workers.backend_reason, doc="Why that backend."
-    )
+    backend_reason = property(lambda self: self._epochs.workers.backend_reason, doc="Why.")
 
     @property
     def coordinator(self) -> Coordinator:
@@ -281,37 +263,14 @@ class Loader:
         the values it has; otherwise RuntimeError. Shuffling on num_shards > 1 needs a `seed`.
         """
         num_shards, shard_index = check_shard(num_shards, shard_index, self._epochs.plan.size)
-        options, epochs = self.options, self._epochs
-        if num_shards > 1 and options.shuffle and self._seed_is_random:
+        if num_shards > 1 and self.options.shuffle and self._seed_is_random:
             raise ValueError(
                 "sharding a shuffling loader needs an explicit seed: every shard must draw the "
-                f"same epoch order, but this loader picked a random seed ({options.seed}). Pass "
-                "the same seed= to the Loader in every process"
+                f"same epoch order, but this loader picked a random seed ({self.options.seed}). "
+                "Pass the same seed= to the Loader in every process"
             )
         with self._lock:
-            if (num_shards, shard_index) == (options.num_shards, options.shard_index):
-                return
-            if epochs.cursor.started:
-                raise RuntimeError(
-                    f"cannot re-shard a loader that has begun an epoch (it yields shard "
-                    f"{options.shard_index} of {options.num_shards}): call "
-                    f"shard({num_shards}, {shard_index}) before iterating it"
-                )
-            plan = epochs.plan.replace(num_shards=num_shards, shard_index=shard_index)
-            if len(plan) == 0:
-                raise ValueError(
-                    f"shard {shard_index} of {num_shards} has "
-                    f"{counted(plan.shard_size, 'sample')}, {counted(len(plan), 'batch')} of "
-                    f"{options.batch_size}: too few for an epoch; lower batch_size or the "
-                    "number of shards"
-                )
-            epochs.replan(plan)
-            self._reconfigure(num_shards=num_shards, shard_index=shard_index)
-
-    def _reconfigure(self, **changes: Any) -> None:
-        """Replace `options` (and the epochs' and workers' copies) with `changes` applied."""
-        options = self.options = self._epochs.options = replace(self.options, **changes)
-        self._epochs.workers.options = options  # the Ray backend's ranks: the shards
+            self._epochs.shard(num_shards, shard_index)
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -359,8 +318,9 @@ class Loader:
         `"version"`, `"seed"`. Save one rank's. `load_state_dict` (any process, number of
         ranks or batch size) continues the epoch exactly.
 
-        - `held_back`: batches delivered that the consumer has not taken yet (an adapter that
-          reads ahead, as `prefetch.torch.DeviceLoader`); the state names the first of them.
+        - `held_back`: batches delivered that a consumer of your own, reading ahead, has not
+          taken yet (0 to those the running epoch delivered); the state names the first.
+          The adapters keep their own state (`DeviceLoader.state_dict`, `ds.state_dict`).
         """
         return self._epochs.state(held_back)
 
@@ -378,14 +338,13 @@ class Loader:
         restored = LoaderState.of(state)
         with self._lock:
             self._epochs.load(restored)
-            self._reconfigure(seed=restored.seed)
             self._seed_is_random = False
 
     # ---- reporting ---------------------------------------------------------------------
 
     def stats(self) -> LoaderStats:
         """Throughput, consumer wait, busy time, skips; where batches were decoded (Ray)."""
-        return replace(self._epochs.snapshot(), decoded_on=self._epochs.workers.places())
+        return self._epochs.snapshot()
 
     def reset_stats(self) -> None:
         """Start counting afresh (for example at the start of each epoch)."""

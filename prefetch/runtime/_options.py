@@ -23,7 +23,15 @@ from prefetch.backends import ProcessOptions, RayOptions
 from prefetch.decode import COLOR_MODES, DecodeOptions, Decoder, check_max_pixels
 from prefetch.io import DEFAULT_MAX_PIXELS, RemoteOptions
 from prefetch.plan import Augment
-from prefetch.sources import LABEL_MODES, SUBSETS, is_file_source
+from prefetch.sources import (
+    LABEL_MODES,
+    SUBSETS,
+    ImageFolder,
+    Source,
+    as_source,
+    is_file_source,
+    split_files,
+)
 from prefetch.sources.shards import ShardSource
 
 ON_ERROR = ("raise", "skip")
@@ -179,6 +187,8 @@ class LoaderOptions:
     ranks_per_host: int | None = None
     num_shards: int = 1
     shard_index: int = 0
+    # What a decoder does with one image, made once from the pixels' options above.
+    decode: DecodeOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         positive("batch_size", self.batch_size)
@@ -197,13 +207,7 @@ class LoaderOptions:
                 "the workers are the decode actors on this node, beside the cluster's "
                 "(RayOptions.cpus): pass workers=N, or None for one per core of this rank's share"
             )
-        if self.augment.crop is not None:
-            check_crop(self.decode, self.decoder)
-
-    @property
-    def decode(self) -> DecodeOptions:
-        """What a decoder does with one image: the `DecodeOptions` of the pixels' options."""
-        return decode_options(
+        decode = decode_options(
             self.image_size,
             self.color_mode,
             self.interpolation,
@@ -212,6 +216,9 @@ class LoaderOptions:
             self.antialias,
             max_pixels=self.on_error.max_pixels,
         )
+        object.__setattr__(self, "decode", decode)
+        if self.augment.crop is not None:
+            check_crop(decode, self.decoder)
 
     @property
     def tuned(self) -> bool:
@@ -252,6 +259,26 @@ def backend_groups(backend: str | ProcessOptions | RayOptions) -> dict[str, Any]
 def as_error_policy(on_error: str | ErrorPolicy) -> ErrorPolicy:
     """`on_error` as an `ErrorPolicy` ("skip" is `ErrorPolicy("skip")`)."""
     return on_error if isinstance(on_error, ErrorPolicy) else ErrorPolicy(on_error)
+
+
+def prepared_source(
+    source: Any,
+    remote: RemoteOptions | None,
+    policy: ErrorPolicy,
+    validation_split: float | None,
+    subset: str | None,
+    seed: int | None,
+) -> tuple[Source, RemoteOptions]:
+    """The Loader's source (`as_source`: a path is an `ImageFolder`; one side of
+    `validation_split` when asked) and its `RemoteOptions`: as given, else an
+    `ImageFolder(url, remote=...)` source's, else the defaults."""
+    check_group("remote", remote, RemoteOptions, "RemoteOptions(...)")
+    made = as_source(source, remote=remote, on_error=policy.action)
+    listed = made.remote if isinstance(made, ImageFolder) else None
+    check_validation_split(validation_split, subset, seed, made)
+    if validation_split is not None and subset is not None and is_file_source(made):
+        made = split_files(made, validation_split, subset, seed)
+    return made, remote or listed or RemoteOptions()
 
 
 def check_validation_split(

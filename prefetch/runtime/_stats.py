@@ -216,6 +216,7 @@ class StatsRecorder:
         reads_in_flight: int = 0,
         in_flight: int = 0,
         cache_bytes: int = 0,
+        decoded_on: tuple[DecodePlace, ...] = (),
     ) -> LoaderStats:
         elapsed = self.elapsed_s
         p50, p90, p99 = (
@@ -248,4 +249,5 @@ class StatsRecorder:
             in_flight=in_flight or depth,
             cache=self.work.cache,
             cache_bytes=cache_bytes,
+            decoded_on=decoded_on,
         )
