@@ -4,8 +4,8 @@ Worker threads decode images into preallocated batches while the consumer trains
 previous one; a bound on the batches in flight gives order and backpressure; a Coordinator
 stops it all.
 
-`import prefetch` has no side effect and imports nothing but this module: each public name
-(`prefetch.Loader`, ...) is imported from its layer on first use, and `prefetch.tf`,
+`import prefetch` has no side effect and imports no layer (no numpy, no Pillow): each public
+name of a layer (`prefetch.Loader`, ...) is imported on first use, and `prefetch.tf`,
 `prefetch.keras` and `prefetch.torch` import their framework on first use.
 """
 
@@ -14,21 +14,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The bottom layer (the standard library only: no side effect, nothing slow), imported now:
+# `prefetch.background` is a module and its function both, and a module imported later would
+# take the function's name.
+from prefetch.background import Background, background
+from prefetch.coordinator import Coordinator
+from prefetch.errors import (
+    ClosedError,
+    CorruptShardError,
+    PrefetchError,
+    SampleTimeoutError,
+    StopTimeoutError,
+    TooManySkippedError,
+    TooManyWorkersWarning,
+    WorkerCrashedError,
+)
+
 if TYPE_CHECKING:  # for type checkers and the reference; at run time, on first use
     from prefetch.backends import DecodePlace, ProcessOptions, RayOptions
-    from prefetch.background import Background, background
-    from prefetch.coordinator import Coordinator
     from prefetch.decode import DecodeOptions, decode_image
-    from prefetch.errors import (
-        ClosedError,
-        CorruptShardError,
-        PrefetchError,
-        SampleTimeoutError,
-        StopTimeoutError,
-        TooManySkippedError,
-        TooManyWorkersWarning,
-        WorkerCrashedError,
-    )
     from prefetch.io import RemoteOptions
     from prefetch.plan import Augment, CenterCrop, RandomResizedCrop
     from prefetch.runtime import (
@@ -86,19 +90,8 @@ _HOMES: dict[str, str] = {
     "DecodePlace": "prefetch.backends",
     "ProcessOptions": "prefetch.backends",
     "RayOptions": "prefetch.backends",
-    "Background": "prefetch.background",
-    "background": "prefetch.background",
-    "Coordinator": "prefetch.coordinator",
     "DecodeOptions": "prefetch.decode",
     "decode_image": "prefetch.decode",
-    "ClosedError": "prefetch.errors",
-    "CorruptShardError": "prefetch.errors",
-    "PrefetchError": "prefetch.errors",
-    "SampleTimeoutError": "prefetch.errors",
-    "StopTimeoutError": "prefetch.errors",
-    "TooManySkippedError": "prefetch.errors",
-    "TooManyWorkersWarning": "prefetch.errors",
-    "WorkerCrashedError": "prefetch.errors",
     "RemoteOptions": "prefetch.io",
     "Augment": "prefetch.plan",
     "CenterCrop": "prefetch.plan",

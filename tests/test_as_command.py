@@ -2,8 +2,8 @@
 that imports prefetch is never touched: its `sys.excepthook` stays, whatever its `sys.argv`
 holds (an embedding application may empty, remove or replace it).
 
-`hush_interrupt` is what `prefetch.cli` (the command's module) runs first; it is called here with `sys.argv` as
-each kind of process has it while the package imports. The command itself is tested through
+`hush_interrupt` is what `prefetch.cli` (the command's module) runs first; it is called here
+with `sys.argv` as each kind of process has it while the package imports. The command itself is tested through
 real Ctrl-C in tests/test_shard_write_frictions.py.
 """
 
@@ -97,8 +97,9 @@ def test_a_script_that_imports_prefetch_shows_its_own_ctrl_c_traceback(tmp_path:
 
 
 def test_importing_prefetch_has_no_side_effect_even_in_the_command(tmp_path: Path) -> None:
-    """`import prefetch` imports no layer and leaves `sys.excepthook` alone, even in a process
-    whose `sys.argv` names the command; only the command's module (`prefetch.cli`) hushes."""
+    """`import prefetch` imports no layer (no numpy) and leaves `sys.excepthook` alone, even in
+    a process whose `sys.argv` names the command; only the command's module (`prefetch.cli`)
+    hushes."""
     script = tmp_path / "check.py"
     script.write_text(
         textwrap.dedent(
@@ -107,8 +108,9 @@ def test_importing_prefetch_has_no_side_effect_even_in_the_command(tmp_path: Pat
             sys.argv = ["/venv/bin/prefetch", "shards"]
             import prefetch
             assert sys.excepthook is sys.__excepthook__
+            bottom = {"prefetch.background", "prefetch.coordinator", "prefetch.errors"}
             layers = sorted(m for m in sys.modules if m.startswith("prefetch."))
-            assert layers == [], layers
+            assert set(layers) <= bottom and "numpy" not in sys.modules, layers
             assert prefetch.Loader.__name__ == "Loader"  # imported on first use
             import prefetch.cli
             assert sys.excepthook is not sys.__excepthook__
