@@ -3,8 +3,8 @@ that imports prefetch is never touched: its `sys.excepthook` stays, whatever its
 holds (an embedding application may empty, remove or replace it).
 
 `hush_interrupt` is what `prefetch.cli` (the command's module) runs first; it is called here
-with `sys.argv` as each kind of process has it while the package imports. The command itself is tested through
-real Ctrl-C in tests/test_shard_write_frictions.py.
+with `sys.argv` as each kind of process has it while the package imports. The command itself
+is tested through real Ctrl-C in tests/test_shard_write_frictions.py.
 """
 
 from __future__ import annotations
