@@ -96,6 +96,8 @@ class Stream:
         epochs, stats, window, run = self._epochs, self._epochs.stats, self._window, self._run
         assert window is not None and run is not None
         asked = time.perf_counter()
+        if not epochs.runs(window):  # closed meanwhile: its batches were given up
+            self._raise_closed()
         window.top_up()
         while (item := window.take(run)) is not None:
             stats.requests += 1
