@@ -75,9 +75,11 @@ class ProcessOptions:
 
 
 # A Ray backend's batch is cut into parts of at most this many rows (`split_rows`), each run by
-# one decode actor: small enough that dozens of actors share one batch, large enough that a
-# part's round trip (a call, its rows through the object store) is a few percent of its decode.
-RAY_PART_ROWS = 16
+# one decode actor. Each part is one call and one object in Ray's store, which cost about 3 ms
+# of CPU (driver, actor and raylet together, measured on the 2-core VM) whatever its size: 16
+# rows a part took 1.24 ms of CPU per 224 x 224 training crop against the process backend's
+# 0.78, 64 rows 0.89 (benchmarks/ray_decode.py's "overhead" rows; docs/beyond-the-host.md).
+RAY_PART_ROWS = 64
 # Parts each decode actor holds at once: one being decoded, the next already on its way, so an
 # actor never waits for the network between two parts. With `RAY_PART_ROWS`, this sizes the
 # window of batches in flight for remote decode (`prefetch.runtime._choice.in_flight`).
