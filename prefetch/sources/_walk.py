@@ -70,8 +70,16 @@ class FolderWalk:
 
     def subfolders(self, folder: str) -> list[str]:
         """The names of `folder`'s entries that are folders (links followed), as `os.walk`'s
-        `dirs`; its files are not kept."""
-        return self._read(folder)[0]
+        `dirs`; its files are not kept. The folder the user named (the lister's root) missing,
+        or a file, raises as `os.listdir` does (Keras's own error, for the drop-in): it is
+        not a folder that could not be read but no folder at all."""
+        try:
+            return self._read(folder)[0]
+        except (FileNotFoundError, NotADirectoryError) as error:
+            cause = error.__cause__
+            if isinstance(cause, OSError) and cause.filename == folder:
+                raise cause from None
+            raise
 
     def walk(
         self, folder: str, followlinks: bool = False, missing_ok: bool = False
