@@ -255,9 +255,15 @@ def fetch_and_hang(url: str, cache_dir: Path, marker: Path) -> None:
 
 
 def start_and_kill(url: str, cache_dir: Path, marker: Path, ready: Callable[[], bool]) -> None:
-    process = multiprocessing.get_context("spawn").Process(
-        target=fetch_and_hang, args=(url, cache_dir, marker), daemon=True
-    )
+    kill_when_ready(fetch_and_hang, (url, cache_dir, marker), ready)
+
+
+def kill_when_ready(
+    target: Callable[..., None], args: tuple[Any, ...], ready: Callable[[], bool]
+) -> None:
+    """Run `target(*args)` in a spawned process and SIGKILL it once `ready()` (within 60 s,
+    a bound, not a measurement), as the out-of-memory killer or `kill -9` would."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
     process.start()
     try:
         deadline = time.monotonic() + 60

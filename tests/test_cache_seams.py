@@ -13,16 +13,13 @@ from __future__ import annotations
 import fcntl
 import gc
 import logging
-import multiprocessing
 import os
-import signal
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cache_limit import ledger_count, loader_for, write_set
+from test_cache_limit import kill_when_ready, ledger_count, loader_for, write_set
 
 import prefetch.io._cache
 from prefetch import Loader, RemoteOptions, TarSource
@@ -129,22 +126,11 @@ def read_shards(url: str, cache_dir: Path, limit: int) -> None:
 def kill_mid_download(url: str, cache_dir: Path, limit: int) -> int:
     """Start `read_shards` and SIGKILL it once a shard is partly written; the partial copies'
     bytes it had then."""
-    process = multiprocessing.get_context("spawn").Process(
-        target=read_shards, args=(url, cache_dir, limit), daemon=True
-    )
-    process.start()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            partial = [p for p in cache_dir.glob(".partial-*") if p.stat().st_size > 0]
-            if partial:
-                break
-            assert process.is_alive() and time.monotonic() < deadline
-            time.sleep(0.01)
-    finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.join()
-    assert process.exitcode == -signal.SIGKILL
+
+    def partly_written() -> bool:
+        return any(p.stat().st_size > 0 for p in cache_dir.glob(".partial-*"))
+
+    kill_when_ready(read_shards, (url, cache_dir, limit), partly_written)
     return sum(path.stat().st_size for path in cache_dir.glob(".partial-*"))
 
 

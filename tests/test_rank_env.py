@@ -12,10 +12,10 @@ path), cgroup files through `read(path)`, as in tests/test_ranks.py. Memory is m
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_ranks import reading
 
 import prefetch
 from prefetch.host import cgroup_cores, cpu_quota_cores, host_share, local_ranks
@@ -29,17 +29,6 @@ SMALL = (16, 16)
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     return write_image_folder(tmp_path / "images", class_names=("a", "b"), per_class=3)
-
-
-def reading(files: dict[str, str]) -> Callable[[str], str]:
-    """A `read(path)` of these files only (others: FileNotFoundError, as on a host)."""
-
-    def read(path: str) -> str:
-        if path not in files:
-            raise FileNotFoundError(path)
-        return files[path]
-
-    return read
 
 
 # ---- SLURM's lists per node: found by arithmetic, never expanded -----------------------

@@ -13,26 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_lookahead import BACKENDS, folder, make
 
-import prefetch
-from prefetch.testing import RecordingDecoder, assert_same_batches, write_image_folder
+from prefetch.testing import RecordingDecoder, assert_same_batches
 
 pytestmark = pytest.mark.timeout(120)
 
-BACKENDS = ["thread", "process"]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_image_folder(
-        tmp_path_factory.mktemp("window"), class_names=("a", "b"), per_class=10, size=(12, 12)
-    )
-
-
-def make(folder: Path, **options: Any) -> prefetch.Loader:
-    settings: dict[str, Any] = dict(batch_size=4, image_size=(8, 8), seed=3, depth=2, workers=2)
-    settings.update(options)
-    return prefetch.Loader(folder, **settings)
+__all__ = ["folder"]  # the module's image folder fixture, shared with test_lookahead
 
 
 def copies(batches: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
