@@ -3,11 +3,14 @@
 What decides a sample's pixels (order, crop box, flip, from `(seed, epoch, index)`) stays in
 the training process: it submits batch tasks as with any backend. `submit` cuts a batch into
 parts of at most `RAY_PART_ROWS` rows (`RayPart`); decode actors (`DecodeActor`) run
-`SampleReader.read_into` on a part and return its rows through Ray's object store, and this
-process copies them into the batch's slot. The actors are the loader's `workers` on this
-process's own node (pinned there; they reserve no Ray CPU: the rank's share of its host is
-prefetch's to size, as for local workers) and, on the other nodes (`decode_nodes`), this
-rank's share of their CPUs (`placement`), one reserved CPU each.
+`SampleReader.read_into` on a part. The actors are the loader's `workers` on this process's
+own node (pinned there; they reserve no Ray CPU: the rank's share of its host is prefetch's to
+size, as for local workers) and, on the other nodes (`decode_nodes`), this rank's share of
+their CPUs (`placement`), one reserved CPU each. An actor on another node returns its rows
+through Ray's object store, and this process copies them into the batch's slot; an actor on
+this node writes them straight into the slot, a memory file (`MemorySlots`, mapped as the
+process backend's workers map theirs), and returns only what the part came to: no row of this
+node crosses Ray's store.
 
 Parts are pulled, not pushed: an actor holds at most `RAY_PARTS_PER_ACTOR` parts (one being
 decoded, the next on its way) and the next part waiting goes to whichever actor has room first
@@ -22,7 +25,8 @@ when its actor dies (its node left, a crash, a `ray.kill`) it runs again elsewhe
 waits on the actors' answers (`ray.wait`) and, every `NODES_EVERY_S`, lists the nodes again:
 a node that joined gets actors, a lost actor is replaced where there is room. The consumer's
 thread submits, waits (`pump`), cancels and times out; rows are copied under the book's lock,
-so a cancelled batch's slot is never written after `cancel` returns. `close` stops the
+and a part an actor writes into its slot settles only once that actor answered or Ray said it
+died, so a cancelled batch's slot is never written once it is reused. `close` stops the
 dispatcher, kills the actors (Ray frees their CPUs; a killed training process's actors end
 with it, as Ray ends the actors of a driver that died) and leaves the cluster if it joined it.
 """
@@ -42,10 +46,12 @@ from prefetch._messages import counted
 from prefetch.backends._lifecycle import THREAD_JOIN_S
 from prefetch.backends._options import RAY_PART_ROWS, RayOptions
 from prefetch.backends._process_pending import ProcessPending
-from prefetch.backends._ray_actor import DecodeActor
+from prefetch.backends._ray_actor import DecodeActor, Segment
 from prefetch.backends._ray_book import PartBook
 from prefetch.backends._ray_cluster import Node, connect, decode_nodes, import_ray, placement
 from prefetch.backends._ray_parts import ActorState, DecodePlace, NodeTally, RayPart, places
+from prefetch.backends._ray_slots import MemorySlots
+from prefetch.backends._shm import SlotLayout
 from prefetch.coordinator import Coordinator
 from prefetch.errors import add_note
 from prefetch.sample import BatchTask, SampleReader, Slot, split_rows
@@ -58,6 +64,8 @@ log = logging.getLogger("prefetch.backends")
 WAIT_S = 0.02
 # How often the dispatcher lists the cluster's nodes again: a node that joined gets actors.
 NODES_EVERY_S = 2.0
+# How often the dispatcher looks whether the rows it is pulling from other nodes are here.
+PULL_POLL_S = 0.002
 
 _joined_lock = threading.Lock()
 _joined = 0  # running backends that joined the cluster themselves (the last one leaves it)
@@ -97,6 +105,11 @@ class RayBackend:
         self._next_id = 0
         self._next_actor = 0
         self._book: PartBook | None = None
+        self._layout = SlotLayout(batch_size, reader.options.shape)
+        # With workers on this node, slots are memory files that its actors write straight
+        # into (as worker processes do); else plain memory, written by this process alone.
+        shared = workers > 0 and MemorySlots.available()
+        self._shared = MemorySlots(self._layout) if shared else None
         self._ray: Any = None
         self._joined = False
         self._thread: threading.Thread | None = None
@@ -121,7 +134,9 @@ class RayBackend:
             self.address = str(context.gcs_address)
             self._own = context.get_node_id()
             self._own_ip = ray.util.get_node_ip_address()
-            self._book = PartBook(ray, self.options, self._reader, self._limit, self.address)
+            self._book = PartBook(
+                ray, self.options, self._reader, self._limit, self.address, self._segment
+            )
             self._remote_class = ray.remote(concurrency_groups={"probe": 1})(DecodeActor)
             self._reader_ref = ray.put(self._reader)  # once, for every actor
             self._place(decode_nodes(ray, self.options, self._own))
@@ -159,7 +174,11 @@ class RayBackend:
                         max_restarts=0,
                         max_task_retries=0,
                     ).remote(
-                        self._reader_ref, name, min(self._batch_size, RAY_PART_ROWS), ips[node_id]
+                        self._reader_ref,
+                        name,
+                        min(self._batch_size, RAY_PART_ROWS),
+                        ips[node_id],
+                        self._layout,
                     )
                     ready = handle.where.remote()
                     book.actors.append(
@@ -208,9 +227,14 @@ class RayBackend:
         if book is None:
             return ()
         with book.lock:
-            return places([a for a in book.actors if a.ready is None], book.tallies)
+            running = [a for a in book.actors if a.ready is None and not a.dying]
+            return places(running, book.tallies)
 
     def new_slot(self) -> Slot:
+        """A memory file's slot (`MemorySlots`) when actors run on this node, else plain."""
+        if self._shared is not None and self._book is not None:
+            with self._book.lock:
+                return self._shared.create()
         height, width, channels = self._reader.options.shape
         return Slot(
             np.empty((self._batch_size, height, width, channels), np.uint8),
@@ -218,8 +242,21 @@ class RayBackend:
             started=np.zeros((self._batch_size,), np.float64),
         )
 
+    def _segment(self, slot: Slot) -> Segment | None:
+        """What an actor on this node is sent to write into `slot`, or None (plain memory)."""
+        return self._shared.segment(slot) if self._shared is not None else None
+
     def forget_slot(self, slot: Slot) -> None:
-        """Nothing to do: a slot is plain memory, and only this process writes into it."""
+        """The loader no longer uses `slot`: let its memory file go, and have this node's
+        actors unmap it. Batches still viewing it stay readable."""
+        book = self._book
+        if self._shared is None or book is None or not slot.name:
+            return
+        with book.lock:
+            self._shared.forget(slot)
+            for actor in book.actors:
+                if actor.local:
+                    actor.handle.forget.remote(slot.name)
 
     def submit(self, task: BatchTask, slot: Slot) -> ProcessPending:
         """Cut the batch into parts and queue them; actors with room take them at once."""
@@ -246,13 +283,9 @@ class RayBackend:
             self._book.changed.clear()
 
     def cancel(self, batch_id: int) -> None:
-        """Drop batch `batch_id`: its parts settle at once (an answer on its way is dropped:
-        no actor writes into the slot, only this process, under the book's lock)."""
-        book = self._book
-        if book is not None:
-            with book.lock:
-                for part in book.batches.pop(batch_id, []):
-                    book.settle(part, None)
+        """Drop batch `batch_id` (`PartBook.cancel`)."""
+        if self._book is not None:
+            self._book.cancel(batch_id)
 
     def time_out(self, pending: ProcessPending, row: int, error: BaseException, skip: bool) -> bool:
         """Stop the actor stuck in row `row` of `pending`; its other parts run elsewhere. With
@@ -269,15 +302,22 @@ class RayBackend:
                 part.task = replace(part.task, timed_out=(*part.task.timed_out, row))
             else:
                 book.settle(part, error)
-            book.lose(actor, "stopped by sample_timeout_s", retry=False)
+            book.lose(actor, "stopped by sample_timeout_s", retry=False, dead=False)
         self._place([])  # its replacement, on this node (others: at the next listing)
         return True
 
     def _dispatch_loop(self) -> None:
-        """Wait for answers and hand out parts until closed; list the nodes now and then."""
+        """Wait for answers and hand out parts until closed; list the nodes now and then.
+
+        An answer is waited for without pulling it (`fetch_local=False`: pulling every ref at
+        every wait costs the raylet a millisecond of CPU per object on 2 cores); one whose rows
+        are on another node is then pulled without blocking (`pulling`, polled every
+        `PULL_POLL_S`) and taken once it is here, so a transfer never holds up the parts of
+        the other actors."""
         ray, book = self._ray, self._book
         assert book is not None
         listed = time.monotonic()
+        pulling: set[Any] = set()
         try:
             while not self._stop.is_set():
                 if time.monotonic() - listed >= NODES_EVERY_S:
@@ -286,17 +326,30 @@ class RayBackend:
                 book.dispatch()
                 book.check_starved()
                 book.probe()
-                refs = book.refs()
-                if not refs:
+                refs = [ref for ref in book.refs() if ref not in pulling]
+                timeout = PULL_POLL_S if pulling else WAIT_S
+                if not refs and not pulling:
                     self._stop.wait(WAIT_S)
                     continue
-                # Not fetch_local: that asks the raylet to pull every ref at every wait (a
-                # millisecond of its CPU per object on 2 cores); `answered`'s get pulls one.
-                done, _ = ray.wait(refs, num_returns=1, timeout=WAIT_S, fetch_local=False)
+                done: list[Any] = []
+                if refs:
+                    done, _ = ray.wait(refs, num_returns=1, timeout=timeout, fetch_local=False)
+                else:
+                    self._stop.wait(timeout)
                 if done:  # and every other answer that arrived meanwhile
                     done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
                 for ref in done:
-                    book.answered(ref)
+                    if book.on_another_node(ref):
+                        pulling.add(ref)
+                    else:
+                        book.answered(ref)
+                if pulling:  # pulls them (again), waits for none
+                    here, _ = ray.wait(
+                        list(pulling), num_returns=len(pulling), timeout=0, fetch_local=True
+                    )
+                    for ref in here:
+                        pulling.discard(ref)
+                        book.answered(ref)
         except BaseException as error:  # a fault of this backend's: every batch says so
             log.exception("prefetch: the Ray backend's dispatcher failed")
             book.fail_all(error)
@@ -322,6 +375,8 @@ class RayBackend:
                 book.queue.clear()
                 for actor in list(book.actors):
                     book.drop(actor)
+                if self._shared is not None:  # no actor writes any more (killed)
+                    self._shared.close()
             book.changed.set()
         self._reader_ref = None
         with _joined_lock:

@@ -27,14 +27,16 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from prefetch._messages import counted
 from prefetch.backends._options import RAY_PARTS_PER_ACTOR, RayOptions
-from prefetch.backends._ray_parts import ActorState, NodeTally, RayPart
+from prefetch.backends._ray_actor import Segment
+from prefetch.backends._ray_parts import ActorState, NodeTally, RayPart, Sent
 from prefetch.backends._remote_error import rebuild
 from prefetch.errors import WorkerCrashedError
-from prefetch.sample import SampleReader, Skipped
+from prefetch.sample import SampleReader, Skipped, Slot
 
 log = logging.getLogger("prefetch.backends")
 
@@ -62,6 +64,8 @@ class PartBook:
     - `reader`: the loader's reader (to name a part's samples in errors).
     - `sample_timeout_s`: the loader's limit per sample, or None (then no actor is probed).
     - `address`: the cluster's address, for errors.
+    - `segment_of`: a slot's shared-memory segment, which an actor on this node writes into
+      (`read_shared`), or None for a slot in this process's memory only.
     """
 
     def __init__(
@@ -71,12 +75,14 @@ class PartBook:
         reader: SampleReader,
         sample_timeout_s: float | None,
         address: str,
+        segment_of: Callable[[Slot], Segment | None],
     ) -> None:
         self.ray = ray
         self.options = options
         self.reader = reader
         self.limit = sample_timeout_s
         self.address = address
+        self.segment_of = segment_of
         self.lock = threading.RLock()
         self.changed = threading.Event()  # set whenever a part settles (`pump`)
         self.actors: list[ActorState] = []
@@ -92,8 +98,8 @@ class PartBook:
         )
 
     def ready(self) -> list[ActorState]:
-        """The actors that may take parts: ready, and not leaving."""
-        return [a for a in self.actors if a.ready is None and not a.retiring]
+        """The actors that may take parts: ready, and neither leaving nor stopped."""
+        return [a for a in self.actors if a.ready is None and not a.retiring and not a.dying]
 
     def refs(self) -> list[Any]:
         """Every object ref an answer may come on: parts in flight, actors starting, probes."""
@@ -101,6 +107,16 @@ class PartBook:
             refs = [ref for actor in self.actors for ref in actor.running]
             refs += [actor.ready for actor in self.actors if actor.ready is not None]
             return refs + list(self.probes)
+
+    def on_another_node(self, ref: Any) -> bool:
+        """Whether `ref` is the answer of a part whose rows come from another node (pulled
+        through Ray's store before `answered` takes it)."""
+        with self.lock:
+            for actor in self.actors:
+                sent = actor.running.get(ref)
+                if sent is not None:
+                    return not actor.local and not sent.shared
+        return False
 
     def dispatch(self) -> None:
         """Hand waiting parts to ready actors with room, the least busy first (this node's
@@ -113,7 +129,12 @@ class PartBook:
                     continue
                 actor = min(free, key=lambda a: (len(a.running), not a.local))
                 began = time.monotonic() if not actor.running else float("inf")
-                actor.running[actor.handle.read.remote(part.sent())] = (part, began)
+                segment = self.segment_of(part.slot) if actor.local else None
+                if segment is not None:  # its rows straight into the slot, none in Ray's store
+                    ref = actor.handle.read_shared.remote(part.task, segment, part.start, part.stop)
+                else:
+                    ref = actor.handle.read.remote(part.sent())
+                actor.running[ref] = Sent(part, began, segment is not None)
                 if len(actor.running) >= RAY_PARTS_PER_ACTOR:
                     free.remove(actor)
 
@@ -143,8 +164,19 @@ class PartBook:
                     holder = actor
             if holder is None:
                 return  # an actor already dropped: its parts were taken back
-            if isinstance(error, self._lost_errors):
-                self.lose(holder, str(error).splitlines()[0] if str(error) else repr(error))
+            lost = isinstance(error, self._lost_errors)
+            if holder.dying:  # killed by this backend: Ray says now whether it wrote the part
+                if lost:
+                    self._take_back([holder.running.pop(ref)], holder, "", retry=False)
+                else:
+                    self._part_answered(holder, ref, value, error)
+                if not holder.running:
+                    self.actors.remove(holder)
+                return
+            if lost:
+                why = str(error).splitlines()[0] if str(error) else repr(error)
+                dead = not isinstance(error, self.ray.exceptions.ActorUnavailableError)
+                self.lose(holder, why, dead=dead)
                 return
             self._part_answered(holder, ref, value, error)
             self.dispatch()
@@ -152,18 +184,21 @@ class PartBook:
     def _part_answered(self, actor: ActorState, ref: Any, answer: Any, error: Any) -> None:
         """A part's answer (or an error of Ray's that is not a lost actor): settle the part
         unless it is settled already; the actor's next part begins now."""
-        part, _ = actor.running.pop(ref)
+        sent = actor.running.pop(ref)
+        part = sent.part
         now = time.monotonic()
-        for key, (waiting, began) in actor.running.items():
-            actor.running[key] = (waiting, min(began, now))
+        for waiting in actor.running.values():
+            waiting.began = min(waiting.began, now)
         if actor.retiring and not actor.running:
             self.drop(actor)
-        if part.settled:
+        if part.settled or part.dropped:
+            self.settle(part, None)  # nothing once settled; a dropped part's slot is free now
             return
         if error is not None:
             self.settle(part, error)
             return
-        images, labels, outcome, sent_error = answer
+        # An actor writing into the slot answers (outcome, error); else (images, labels, ...).
+        outcome, sent_error = answer if sent.shared else answer[2:]
         if sent_error is not None:
             self.settle(part, rebuild(*sent_error))
             return
@@ -171,7 +206,9 @@ class PartBook:
         tally = self.tallies[actor.node_id]
         tally.images += part.stop - part.start - len(outcome.skipped)
         tally.busy_s += outcome.work.busy_s
-        self.settle(part, part.answered(images, labels, outcome))
+        if not sent.shared:  # its rows came through Ray's store: copied into the slot now
+            outcome = part.answered(answer[0], answer[1], outcome)
+        self.settle(part, outcome)
 
     def settle(self, part: RayPart, answer: Any) -> None:
         """Settle `part` once (None: dropped); its batch is done once all its parts are."""
@@ -185,36 +222,50 @@ class PartBook:
                 self.batches.pop(part.pending.batch_id, None)
         self.changed.set()
 
-    def lose(self, actor: ActorState, why: str, retry: bool = True) -> None:
-        """`actor` is gone (or stopped): its unsettled parts are queued again, first, each
-        counting a death when `retry`; a part past `max_retries` fails its batch."""
+    def lose(self, actor: ActorState, why: str, retry: bool = True, dead: bool = True) -> None:
+        """`actor` is gone, or being stopped (`dead` False: this backend kills it now): its
+        unsettled parts are queued again, first, each counting a death when `retry`; a part
+        past `max_retries` fails its batch. The parts a stopped actor writes straight into
+        slots are taken back only once Ray says it died (their refs answer, `answered`), so
+        no slot is reused, and no row written twice, while it may still write."""
         with self.lock:
-            if actor not in self.actors:
+            if actor not in self.actors or actor.dying:
                 return
-            self.actors.remove(actor)
             self.tallies[actor.node_id].lost += 1
             self._last_loss = f"{actor.label()}: {why}"
-            again = []
-            for part, _ in actor.running.values():
-                part.stop_clocks()
-                if part.settled:
-                    continue
-                part.deaths += retry
-                if part.deaths > self.options.max_retries:
-                    self.settle(part, self._crashed(actor, part, why))
-                else:
-                    again.append(part)
-            actor.running.clear()
-            again.sort(key=lambda p: (p.pending.batch_id, p.number), reverse=True)
-            self.queue.extendleft(again)  # oldest first, before every part waiting
+            writing = {r: sent for r, sent in actor.running.items() if sent.shared and not dead}
+            again = [sent for r, sent in actor.running.items() if r not in writing]
+            actor.running, actor.dying = writing, True
+            if not writing:
+                self.actors.remove(actor)
+            count = self._take_back(again, actor, why, retry)
             self._kill(actor)
             log.warning(
                 "prefetch: lost %s (%s); %s run again elsewhere",
                 actor.label(),
                 why,
-                counted(len(again), "part"),
+                counted(count + len(writing), "part"),
             )
-            self.dispatch()
+
+    def _take_back(self, sent: list[Sent], actor: ActorState, why: str, retry: bool) -> int:
+        """Queue the parts of a lost actor again, first (oldest first); a part past
+        `max_retries` fails its batch, one cancelled meanwhile is let go. Returns how many
+        were queued."""
+        again = []
+        for part in (item.part for item in sent):
+            part.stop_clocks()
+            if part.settled or part.dropped:
+                self.settle(part, None)  # a dropped part's slot is free: nothing writes
+                continue
+            part.deaths += retry
+            if part.deaths > self.options.max_retries:
+                self.settle(part, self._crashed(actor, part, why))
+            else:
+                again.append(part)
+        again.sort(key=lambda p: (p.pending.batch_id, p.number), reverse=True)
+        self.queue.extendleft(again)  # oldest first, before every part waiting
+        self.dispatch()
+        return len(again)
 
     def drop(self, actor: ActorState) -> None:
         """Let an actor go that holds no part (it is leaving, or the backend closes)."""
@@ -279,6 +330,8 @@ class PartBook:
             for actor in self.actors:
                 if not actor.running or actor in self.probes.values():
                     continue
+                if all(sent.shared for sent in actor.running.values()):
+                    continue  # its clocks are in the slots, which the consumer reads
                 if now - actor.began() > self.limit and now - actor.probed_at > PROBE_EVERY_S:
                     actor.probed_at = now
                     probe = actor.handle.reading.options(concurrency_group="probe").remote()
@@ -291,7 +344,8 @@ class PartBook:
         since the probe was sent."""
         assert self.limit is not None
         now = time.monotonic()
-        for part, _ in actor.running.values():
+        for sent in actor.running.values():
+            part = sent.part
             for row, index, seconds in rows:
                 position = part.start + row
                 if seconds <= self.limit or position >= part.stop or part.settled:
@@ -299,11 +353,27 @@ class PartBook:
                 if int(part.task.indices[position]) == index and part.slot.started is not None:
                     part.slot.started[position] = now - seconds
 
+    def cancel(self, batch_id: int) -> None:
+        """Drop batch `batch_id`: its parts settle at once, but those an actor is writing
+        into the slot (`Sent.shared`), which settle once it answered or is gone, so the slot
+        is not reused while it may still be written. Rows on their way through Ray's store are
+        never copied: only this process writes them, under this lock."""
+        with self.lock:
+            writing = {
+                sent.part for actor in self.actors for sent in actor.running.values() if sent.shared
+            }
+            for part in self.batches.pop(batch_id, []):
+                if part in writing:
+                    part.dropped = True
+                else:
+                    self.settle(part, None)
+
     def holder(self, pending: Any, row: int) -> tuple[ActorState, RayPart] | None:
         """The actor decoding row `row` of the batch `pending`, and that part."""
         with self.lock:
             for actor in self.actors:
-                for part, _ in actor.running.values():
+                for sent in actor.running.values():
+                    part = sent.part
                     if part.pending is pending and part.start <= row < part.stop:
                         return actor, part
         return None

@@ -5,9 +5,9 @@ are cut into `RayPart`s. A part is sent to one actor at a time; `deaths` counts 
 that died running it, and once it is settled (answered, cancelled, failed) any later answer
 for it is dropped: a part runs again only when its actor is lost, and counts once.
 `ActorState` is what the backend keeps per actor: its handle, node and the parts it holds (at
-most `RAY_PARTS_PER_ACTOR`, with their object refs); `NodeTally` what a node's actors decoded,
-and `DecodePlace` one node's figures in `Loader.stats().decoded_on`. Plain data; the backend's
-lock guards it all.
+most `RAY_PARTS_PER_ACTOR`, each a `Sent` by its object ref); `NodeTally` what a node's actors
+decoded, and `DecodePlace` one node's figures in `Loader.stats().decoded_on`. Plain data; the
+backend's lock guards it all.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class RayPart:
     stop: int
     deaths: int = 0  # actors that died while running it
     settled: bool = False  # answered, dropped or failed: a later answer is dropped
+    dropped: bool = False  # cancelled while an actor writes its slot: settled once it stops
 
     def sent(self) -> BatchTask:
         """What an actor is sent: the part's samples, rows numbered from 0 (its rows that
@@ -60,11 +61,22 @@ class RayPart:
         return [int(index) for index in self.task.indices[self.start : self.stop]]
 
 
+@dataclass
+class Sent:
+    """A part an actor holds: since when it is being decoded, as far as the backend can tell
+    (`inf` while it waits behind another), and whether the actor writes its rows straight into
+    the batch's slot (`shared`: an actor on this node, a shared-memory slot)."""
+
+    part: RayPart
+    began: float
+    shared: bool
+
+
 @dataclass(eq=False)
 class ActorState:
     """One decode actor: its handle, its node, whether it is ready (`ready` is the object ref
-    of its `where()` until it answered) and the parts it holds by object ref (in the order
-    sent, each with when it was sent)."""
+    of its `where()` until it answered) and the parts it holds by object ref, in the order
+    sent."""
 
     handle: Any
     name: str
@@ -73,8 +85,9 @@ class ActorState:
     local: bool
     ready: Any  # the object ref of its where() until it answered, then None
     described: str = ""  # its own name for itself, with pid and node (where())
-    running: dict[Any, tuple[RayPart, float]] = field(default_factory=dict)
+    running: dict[Any, Sent] = field(default_factory=dict)
     retiring: bool = False
+    dying: bool = False  # stopped by the backend; kept until Ray says it died (`PartBook.lose`)
     probed_at: float = 0.0  # when its stuck rows were last asked for (`sample_timeout_s`)
 
     def label(self) -> str:
@@ -84,7 +97,7 @@ class ActorState:
     def began(self) -> float:
         """When the part it is decoding now began: when the one before it was answered, or
         when it was sent (`time.monotonic()`)."""
-        return min((began for _, began in self.running.values()), default=time.monotonic())
+        return min((sent.began for sent in self.running.values()), default=time.monotonic())
 
 
 @dataclass(frozen=True)
