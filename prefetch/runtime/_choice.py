@@ -221,10 +221,12 @@ def in_flight(options: LoaderOptions, reader: SampleReader, backend: str, worker
 
     For the Ray backend (`workers`: its decode actors ready now) the window is deeper: every
     actor holds `RAY_PARTS_PER_ACTOR` parts of up to `RAY_PART_ROWS` rows (one decoding, the
-    next on its way over the network), and this window is the only bound on them."""
+    next on its way over the network), and one more waits for it in this process, so that an
+    actor ahead of the oldest batch's never idles until that batch is delivered. This window
+    is the only bound on the parts, and on the rows in Ray's object store."""
     if backend == "ray":
         part = min(options.batch_size, RAY_PART_ROWS)
-        rows = RAY_PARTS_PER_ACTOR * part * workers
+        rows = (RAY_PARTS_PER_ACTOR + 1) * part * workers
         return max(options.depth, -(-rows // options.batch_size))
     readers = workers
     if backend == "process":
