@@ -6,19 +6,22 @@ photos with the training crop (`RandomResizedCrop` to `--image-size`, a flip, ba
 `--batch-size`); rounds alternate the rows, and each row prints its median (min-max):
 
 - confined: the training process and its local workers on core 0 (an affinity mask that every
-  process it starts inherits): `process, core 0` is the default Loader there; `ray, core 0 + a
-  node on core 1` the same Loader with `backend=RayOptions(...)` on a two-node local cluster
-  (`ray.cluster_utils.Cluster`): the head, this process's node, on core 0, and a decode node
-  on core 1, each with its own raylet and workers. Their ratio is what a CPU node adds; the
-  issue asks for at least 1.7x.
+  process it starts inherits): `process, core 0` is the default Loader there; `ray, core 0
+  alone` the Loader with `backend=RayOptions(...)` on a one-node local cluster
+  (`ray.cluster_utils.Cluster`) on core 0, its one worker an actor there; `ray, core 0 + a node
+  on core 1` the same Loader on a two-node cluster: the head, this process's node, on core 0,
+  and a decode node on core 1, each with its own raylet and workers. The ratio of the last two
+  is what a CPU node adds; the issue asks for at least 1.7x.
 - overhead: both cores for each: `process, cores 0-1` (the default Loader) against
   `ray alone, cores 0-1` (one Ray node on both cores, the Loader's two workers as its actors:
   every row through the object store). Their ratio is the engine's cost; at least 0.85x asked.
 
-Then what a decoded row costs on the wire: one part of `RAY_PART_ROWS` rows as an actor
-answers it, serialized as Ray does (pickle 5, its arrays out of band), per row, against the
-row's pixels; and what a part's task costs the other way (sample indices; the reader with its
-paths travels once per actor, not per part).
+Each row also says the CPU its images cost: CPU seconds over the timed span of every process
+this program started (the row's, its workers, and the Ray cluster's daemons, workers and
+actors), per image. Then what a decoded row costs on the wire: one part of `RAY_PART_ROWS`
+rows as an actor answers it, serialized as Ray does (pickle 5, its arrays out of band), per
+row, against the row's pixels; and what a part's task costs the other way (sample indices; the
+reader with its paths travels once per actor, not per part).
 
     python benchmarks/ray_decode.py --root /work/photos [--only confined,overhead] [--rounds 3]
 
@@ -51,18 +54,20 @@ from prefetch.decode import get_decoder
 from prefetch.sample import BatchTask, SampleReader, Slot
 
 RESOURCE = "prefetch"
-ROWS = {
+# Each comparison's rows: (name, backend, the row's cores, the Ray cluster: its head's cores and
+# each decode node's, or None). The ratio is the last row's rate over the one before it.
+Nodes = tuple[set[int], list[set[int]]] | None
+ROWS: dict[str, list[tuple[str, str, set[int], Nodes]]] = {
     "confined": [
-        ("process, core 0", "process", {0}),
-        ("ray, core 0 + a node on core 1", "ray", {0}),
+        ("process, core 0", "process", {0}, None),
+        ("ray, core 0 alone", "ray", {0}, ({0}, [])),
+        ("ray, core 0 + a node on core 1", "ray", {0}, ({0}, [{1}])),
     ],
     "overhead": [
-        ("process, cores 0-1", "process", {0, 1}),
-        ("ray alone, cores 0-1", "ray", {0, 1}),
+        ("process, cores 0-1", "process", {0, 1}, None),
+        ("ray alone, cores 0-1", "ray", {0, 1}, ({0, 1}, [])),
     ],
 }
-# The cluster each Ray row runs on: the head's cores, and each decode node's.
-CLUSTERS = {"confined": ({0}, [{1}]), "overhead": ({0, 1}, [])}
 WANTED = {"confined": 1.7, "overhead": 0.85}
 
 
@@ -88,13 +93,13 @@ def child(args: argparse.Namespace) -> None:
         backend = prefetch.RayOptions(resource=RESOURCE)
     timed = loader(args, backend)
     with timed:
-        images, began = 0, time.perf_counter()
+        images, began, cpu = 0, time.perf_counter(), 0.0
         warm = began + args.warmup_s
         while True:
             for batch in timed:
                 now = time.perf_counter()
                 if now < warm:
-                    began = now
+                    began, cpu = now, tree_cpu_s()
                     continue
                 images += len(batch.labels)
                 if now - began >= args.seconds:
@@ -103,8 +108,23 @@ def child(args: argparse.Namespace) -> None:
                 continue
             break
         rate = images / (time.perf_counter() - began)
+        cpu_ms = (tree_cpu_s() - cpu) / images * 1000
         stats = str(timed.stats())
-    print(json.dumps({"images_per_s": rate, "stats": stats, "reason": timed.backend_reason}))
+    result = {"images_per_s": rate, "cpu_ms": cpu_ms, "stats": stats}
+    print(json.dumps({**result, "reason": timed.backend_reason}))
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by every process this program started: this row's process and
+    its workers, and the Ray cluster's daemons, workers and actors (all under the parent)."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.Process(os.getppid()).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def run_row(
@@ -225,28 +245,33 @@ def main() -> None:
     for line in machine():
         print(line)
     print(f"Load average (1, 5, 15 min) before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("| comparison | row | images/s | ratio | asked |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print("| comparison | row | images/s | CPU ms per image | ratio | asked |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
     for name in args.only.split(","):
-        rates: dict[str, list[float]] = {row: [] for row, _, _ in ROWS[name]}
-        head, decode_nodes = CLUSTERS[name]
+        rates: dict[str, list[float]] = {row[0]: [] for row in ROWS[name]}
+        cpu: dict[str, list[float]] = {row[0]: [] for row in ROWS[name]}
         for _ in range(args.rounds):
-            for row, backend, cores in ROWS[name]:
-                if backend == "ray":
-                    with cluster(head, decode_nodes) as address:
+            for row, backend, cores, nodes in ROWS[name]:
+                if nodes is not None:
+                    with cluster(*nodes) as address:
                         result = run_row(args, backend, cores, address)
                 else:
                     result = run_row(args, backend, cores, "")
                 rates[row].append(result["images_per_s"])
+                cpu[row].append(result["cpu_ms"])
                 print(f"# {row}: {result['reason']}\n#   {result['stats']}", file=sys.stderr)
-        base, other = (row for row, _, _ in ROWS[name])
+        base, other = (row[0] for row in ROWS[name][-2:])
         ratio = statistics.median(rates[other]) / statistics.median(rates[base])
-        for row, _, _ in ROWS[name]:
+        for row, *_ in ROWS[name]:
             got = rates[row]
             spread = f" ({min(got):.0f}-{max(got):.0f})" if len(got) > 1 else ""
             last = f"{ratio:.2f}x" if row == other else ""
             asked = f">= {WANTED[name]}x" if row == other else ""
-            print(f"| {name} | {row} | {statistics.median(got):.0f}{spread} | {last} | {asked} |")
+            used = statistics.median(cpu[row])
+            print(
+                f"| {name} | {row} | {statistics.median(got):.0f}{spread} | {used:.2f} | "
+                f"{last} | {asked} |"
+            )
     per_row, pixels, task = wire_bytes(args)
     print(
         f"On the wire: a decoded row costs {per_row:,.0f} bytes ({pixels:,} of pixels, "
