@@ -78,7 +78,8 @@ class ProcessOptions:
 # one decode actor. Each part is one call and one object in Ray's store, which cost about 3 ms
 # of CPU (driver, actor and raylet together, measured on the 2-core VM) whatever its size: 16
 # rows a part took 1.24 ms of CPU per 224 x 224 training crop against the process backend's
-# 0.78, 64 rows 0.89 (benchmarks/ray_decode.py's "overhead" rows; docs/beyond-the-host.md).
+# 0.78, 64 rows 0.89 (the setup of benchmarks/ray_decode.py's "overhead" rows, all rows then
+# through the object store; docs/beyond-the-host.md, "What it costs").
 RAY_PART_ROWS = 64
 # Parts each decode actor holds at once: one being decoded, the next already on its way, so an
 # actor never waits for the network between two parts. With `RAY_PART_ROWS`, this sizes the
