@@ -7,7 +7,7 @@ for (after "auto" has been decided by `choose`, a short measurement); the `Backe
 (`BatchOutcome`); the slot ring (`_ring`) and the process backend's shared memory (`_shm`);
 `ProcessOptions`, `RayOptions` and the constants of the process and Ray backends (`_options`);
 the Ray backend (`_ray`: its actors `_ray_actor`, the cluster `_ray_cluster`, its parts and
-where rows were decoded, `DecodePlace`, `_ray_parts`; Ray is imported only when it starts); how
+where rows were decoded, `DecodePlace`, `_base`; Ray is imported only when it starts); how
 worker processes
 start and stop, with the shutdown order and its deadlines (`_lifecycle`, used by the shard
 writer too) and the open files they need (`_file_limit`). What every backend runs,
@@ -18,7 +18,7 @@ runtime.
 
 from __future__ import annotations
 
-from prefetch.backends._base import Backend, BatchOutcome, PendingBatch
+from prefetch.backends._base import Backend, BatchOutcome, DecodePlace, PendingBatch
 from prefetch.backends._choice import choose_backend
 from prefetch.backends._file_limit import (
     EXIT_OUT_OF_FILES,
@@ -47,7 +47,6 @@ from prefetch.backends._options import (
 )
 from prefetch.backends._processes import ProcessBackend
 from prefetch.backends._ray import RayBackend
-from prefetch.backends._ray_parts import DecodePlace
 from prefetch.backends._remote_error import rebuild as rebuild_error
 from prefetch.backends._remote_error import with_traceback_text
 from prefetch.backends._ring import SlotRing, ring_capacity

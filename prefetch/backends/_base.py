@@ -44,6 +44,33 @@ def compact(slot: Slot, size: int, skipped: list[Skipped]) -> int:
     return len(keep)
 
 
+@dataclass(frozen=True)
+class DecodePlace:
+    """Where batches were decoded: one node's figures (`stats().decoded_on`; the Ray backend's).
+
+    - `node`: the node's address ("10.0.0.5").
+    - `node_id`: the node's id in Ray (nodes of one machine share an address).
+    - `local`: whether it is the training process's own node (its actors are the loader's
+      `workers`).
+    - `actors`: its decode actors running now.
+    - `images`: the images its actors decoded for delivered or pending batches.
+    - `busy_s`: the seconds its actors spent decoding them, summed over its actors.
+    - `images_per_s`: what the node decodes while kept busy: images per busy second of one
+      actor, times its actors now (0 once it has none).
+    - `lost_actors`: its actors that died (the node left, or an actor crashed or was stopped
+      by `sample_timeout_s`); their parts ran again elsewhere.
+    """
+
+    node: str
+    node_id: str
+    local: bool
+    actors: int
+    images: int
+    busy_s: float
+    images_per_s: float
+    lost_actors: int = 0
+
+
 class PendingBatch(Protocol):
     """A submitted batch. `wait` blocks at most `timeout_s`; `result` raises a worker's error."""
 
@@ -86,4 +113,33 @@ class Backend(Protocol):
         """
         ...
 
+    def decoders(self) -> int:
+        """The workers decoding now, which the loader's window of batches is sized by: its
+        threads or processes; the Ray backend's actors ready."""
+        ...
+
+    def describe(self) -> str:
+        """Where it decodes, once started, beyond the loader's decision ("" on this host)."""
+        ...
+
+    def places(self) -> tuple[DecodePlace, ...]:
+        """Where its batches were decoded, one entry per node; () when all on this host."""
+        ...
+
     def close(self) -> None: ...
+
+
+class OnThisHost:
+    """What a backend whose `workers` all decode on this host says of them (threads,
+    processes): `decoders` is `workers`, and no other place."""
+
+    workers: int
+
+    def decoders(self) -> int:
+        return self.workers
+
+    def describe(self) -> str:
+        return ""
+
+    def places(self) -> tuple[DecodePlace, ...]:
+        return ()

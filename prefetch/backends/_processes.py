@@ -40,6 +40,7 @@ from multiprocessing.reduction import send_handle
 from prefetch._messages import counted
 from prefetch.backends import _shm as shm
 from prefetch.backends._answers import WorkerPoll
+from prefetch.backends._base import OnThisHost
 from prefetch.backends._file_limit import EXIT_OUT_OF_FILES, FileNeeds
 from prefetch.backends._lifecycle import (
     Stop,
@@ -68,7 +69,7 @@ from prefetch.sample import BatchTask, SampleReader, Skipped, Slot, split_rows
 log = logging.getLogger("prefetch.backends")
 
 
-class ProcessBackend:
+class ProcessBackend(OnThisHost):
     """Spawned worker processes filling shared-memory slots; see the module docstring."""
 
     name = "process"

@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from prefetch._messages import counted
+from prefetch.backends._base import DecodePlace
 from prefetch.backends._lifecycle import THREAD_JOIN_S
 from prefetch.backends._options import RAY_PART_ROWS, RayOptions
 from prefetch.backends._process_pending import ProcessPending
 from prefetch.backends._ray_actor import DecodeActor, Segment
 from prefetch.backends._ray_book import PartBook
 from prefetch.backends._ray_cluster import Node, connect, decode_nodes, import_ray, placement
-from prefetch.backends._ray_parts import ActorState, DecodePlace, NodeTally, RayPart, places
+from prefetch.backends._ray_parts import ActorState, NodeTally, RayPart, places
 from prefetch.backends._ray_slots import MemorySlots
 from prefetch.backends._shm import SlotLayout
 from prefetch.coordinator import Coordinator
@@ -198,7 +199,7 @@ class RayBackend:
             f"of the Ray cluster at {self.address}"
         )
 
-    def actors(self) -> int:
+    def decoders(self) -> int:
         """Decode actors ready now (at least 1): what the window of batches is sized by."""
         return max(1, len(self._book.ready())) if self._book is not None else 1
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from prefetch.backends._base import DecodePlace
 from prefetch.backends._process_pending import ProcessPending
 from prefetch.sample import BatchTask, ChunkOutcome, Skipped, Slot
 
@@ -98,33 +99,6 @@ class ActorState:
         """When the part it is decoding now began: when the one before it was answered, or
         when it was sent (`time.monotonic()`)."""
         return min((sent.began for sent in self.running.values()), default=time.monotonic())
-
-
-@dataclass(frozen=True)
-class DecodePlace:
-    """Where a Ray backend's batches were decoded: one node's figures (`stats().decoded_on`).
-
-    - `node`: the node's address ("10.0.0.5").
-    - `node_id`: the node's id in Ray (nodes of one machine share an address).
-    - `local`: whether it is the training process's own node (its actors are the loader's
-      `workers`).
-    - `actors`: its decode actors running now.
-    - `images`: the images its actors decoded for delivered or pending batches.
-    - `busy_s`: the seconds its actors spent decoding them, summed over its actors.
-    - `images_per_s`: what the node decodes while kept busy: images per busy second of one
-      actor, times its actors now (0 once it has none).
-    - `lost_actors`: its actors that died (the node left, or an actor crashed or was stopped
-      by `sample_timeout_s`); their parts ran again elsewhere.
-    """
-
-    node: str
-    node_id: str
-    local: bool
-    actors: int
-    images: int
-    busy_s: float
-    images_per_s: float
-    lost_actors: int = 0
 
 
 @dataclass

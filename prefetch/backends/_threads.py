@@ -14,7 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from prefetch.backends._base import BatchOutcome, compact
+from prefetch.backends._base import BatchOutcome, OnThisHost, compact
 from prefetch.backends._lifecycle import STUCK_THREAD_JOIN_S, THREAD_JOIN_S
 from prefetch.coordinator import POLL_S, Coordinator, Deadline
 from prefetch.sample import BatchTask, ChunkOutcome, SampleReader, Slot, split_rows
@@ -63,7 +63,7 @@ class ThreadPending:
 _Chunk = tuple[Future[ChunkOutcome], BatchTask, Slot, int, int]
 
 
-class ThreadBackend:
+class ThreadBackend(OnThisHost):
     """Worker threads sharing one task queue; a batch is split into chunks across them."""
 
     name = "thread"

@@ -19,7 +19,6 @@ import numpy as np
 from prefetch.backends import (
     Backend,
     DecodePlace,
-    RayBackend,
     SlotRing,
     make_backend,
     sweep_stale,
@@ -28,6 +27,7 @@ from prefetch.coordinator import Coordinator
 from prefetch.host import HostShare, host_share
 from prefetch.runtime._autoscale import WorkerTuner, tuner_for
 from prefetch.runtime._choice import (
+    Decision,
     asked_for,
     decide,
     in_flight,
@@ -62,15 +62,13 @@ class Workers:
         self.count = planned_workers(options, self.share, self.remote)
         remote_tuned = options.workers is None and self.remote and options.backend != "ray"
         self.tuned = options.tuned or remote_tuned
-        self.backend_name = options.backend
-        self.backend_reason = asked_for(options)  # until `decide` at the first start
+        self.decision: Decision | None = None  # settled at the first start, for good
         self.coordinator = Coordinator()
         self.backend: Backend | None = None
         self.ring: SlotRing | None = None
         self.tuner: WorkerTuner | None = None
-        self._decided = False
-        self._decided_reason = ""
-        self._places: tuple[DecodePlace, ...] = ()  # a closed Ray backend's (`places`)
+        self._places: tuple[DecodePlace, ...] = ()  # a closed backend's (`places`)
+        self._where = ""  # where the backend decodes, said once it started (`describe`)
         self._lock = threading.Lock()
 
     def start(self, first_batch: Callable[[], np.ndarray]) -> tuple[Backend, SlotRing]:
@@ -85,8 +83,8 @@ class Workers:
             self.coordinator.clear_stop()
             sweep_stale()  # segments of this user's loaders that died
             options = self.options
-            if not self._decided:  # the first start: settled once, for the loader's life
-                decision = decide(
+            if self.decision is None:  # the first start: settled once, for the loader's life
+                self.decision = decide(
                     options,
                     self.reader,
                     first_batch(),
@@ -95,10 +93,8 @@ class Workers:
                     tuned=self.tuned,
                     remote=self.remote,
                 )
-                self.backend_name, self.count = decision.backend, decision.workers
-                self.backend_reason = self._decided_reason = decision.reason
-                self._decided = True
-                log.info("prefetch %s", decision.reason)
+                self.count = self.decision.workers
+                log.info("prefetch %s", self.decision.reason)
             backend = make_backend(
                 self.backend_name,
                 self.reader,
@@ -113,8 +109,7 @@ class Workers:
                 sample_timeout_s=options.on_error.sample_timeout_s,
             )
             backend.start()
-            if isinstance(backend, RayBackend):  # where it decodes, known once it joined
-                self.backend_reason = f"{self._decided_reason}; {backend.describe()}"
+            self._where = backend.describe()  # where it decodes: known once it runs
             if self.tuned and self.tuner is None:
                 height, width, channels = self.reader.options.shape
                 row_bytes = height * width * channels + 4
@@ -138,19 +133,31 @@ class Workers:
         """The bytes of batch slots the ring may own at once (`_choice.ring_bytes`)."""
         return ring_bytes(self.options, self.reader, self.backend_name, self.count)
 
+    @property
+    def backend_name(self) -> str:
+        """The backend decided ("thread", "process" or "ray"; as asked, "auto", before)."""
+        return self.decision.backend if self.decision is not None else self.options.backend
+
+    @property
+    def backend_reason(self) -> str:
+        """Why that backend and that many workers (`decide`), and where it decodes once it
+        runs (`Backend.describe`); before the first start, what was asked for."""
+        if self.decision is None:
+            return asked_for(self.options)
+        return "; ".join(filter(None, (self.decision.reason, self._where)))
+
     def in_flight(self) -> int:
         """Batches an epoch keeps submitted (`_choice.in_flight`: `depth`, or more for many
-        workers; with the Ray backend, for the decode actors ready now)."""
-        backend, count = self.backend, self.count
-        if isinstance(backend, RayBackend):
-            count = backend.actors()
+        workers: the backend's `decoders()` once it runs)."""
+        backend = self.backend
+        count = backend.decoders() if backend is not None else self.count
         return in_flight(self.options, self.reader, self.backend_name, count)
 
     def places(self) -> tuple[DecodePlace, ...]:
-        """Where the Ray backend decoded batches (`stats().decoded_on`), as of its close once
-        closed; () for the other backends."""
+        """Where batches were decoded (`stats().decoded_on`; the Ray backend's nodes), as of
+        its close once closed."""
         backend = self.backend
-        return backend.places() if isinstance(backend, RayBackend) else self._places
+        return backend.places() if backend is not None else self._places
 
     def owns(self, backend: Backend | None) -> bool:
         """Whether `backend` is still the running backend (not closed meanwhile)."""
@@ -177,8 +184,7 @@ class Workers:
             _OPEN.discard(self)
         if backend is None:
             return
-        if isinstance(backend, RayBackend):
-            self._places = backend.places()
+        self._places = backend.places()
         self.coordinator.request_stop()  # shutdown step 1 (prefetch.backends._lifecycle)
         backend.close()  # steps 4 to 6: one deadline for all the workers
         # Step 7: the first undelivered error; no more waiting (the backend's close did).
