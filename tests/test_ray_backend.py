@@ -10,9 +10,6 @@ every node with its own raylet and worker processes. Nothing of Ray is mocked.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +27,7 @@ from prefetch.testing import (
     RecordingDecoder,
     SlowDecoder,
     assert_same_batches,
+    run_python,
     serve_folder,
     write_bad_files,
     write_image_folder,
@@ -272,13 +270,7 @@ def test_ray_missing_is_an_error_that_names_the_extra(folder: Path) -> None:
         "except ModuleNotFoundError as error:\n"
         "    print(error)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert 'pip install "prefetch[ray]"' in result.stdout, result.stdout
 

@@ -27,7 +27,13 @@ import pytest
 from ray_cluster import RESOURCE, add_decode_node, running_cluster, wait_ready
 
 import prefetch
-from prefetch.testing import SlowDecoder, assert_same_batches, free_ports, write_image_folder
+from prefetch.testing import (
+    SlowDecoder,
+    assert_same_batches,
+    free_ports,
+    run_python,
+    write_image_folder,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -219,13 +225,7 @@ except ConnectionError as error:
 def test_an_unreachable_cluster_is_an_error_naming_its_address_in_time(folder: Path) -> None:
     address = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     code = UNREACHABLE.format(address=address, folder=str(folder))
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     seconds, message = result.stdout.split(" ", 1)
     assert address in message and "connect_timeout_s=2" in message

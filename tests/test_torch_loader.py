@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import prefetch
-from prefetch.testing import write_image_folder
+from prefetch.testing import run_python, write_image_folder
 
 torch = pytest.importorskip("torch")
 import prefetch.torch  # noqa: E402
@@ -254,13 +254,7 @@ def test_a_missing_framework_is_named_with_the_extra_that_installs_it(
     adapter: str, module: str, extra: str
 ) -> None:
     code = BLOCKED.format(module=module, adapter=adapter)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1, result.stdout

@@ -8,7 +8,8 @@ picklable classes, so they work in thread and process workers alike. `serve_fold
 `serve_hostile` (prefetch.testing.hostile) answers chosen paths the way a hostile server would;
 `prefetch.testing.corpus` writes a seeded corpus of mutated JPEGs for differential tests of the
 decoders. `fake_jax` stands in for a multi-process JAX job (`sys.modules["jax"]`, in a process
-of its own); `run_together` runs the ranks of a job as processes on loopback;
+of its own); `run_together` runs the ranks of a job as processes on loopback, `run_python` a
+program with this prefetch;
 `FolderSizeSampler` samples how large a folder (a bounded cache) grows while a block runs.
 The names are exported here; image trees and bad files are written in _images.py, the fakes
 live in _fakes.py, the model and checks in _helpers.py. Modules used by name: `bombs` (pixel
@@ -44,7 +45,7 @@ from prefetch.testing._images import (
     write_odd_images,
 )
 from prefetch.testing._jax import BackendStarted, fake_jax
-from prefetch.testing._processes import free_ports, log_tails, run_together
+from prefetch.testing._processes import free_ports, log_tails, run_python, run_together
 from prefetch.testing.bombs import (
     PILLOW_DEFAULT_MAX_PIXELS,
     write_decompression_bomb,
@@ -80,6 +81,7 @@ __all__ = [
     "log_tails",
     "random_flip_and_noise",
     "redirect",
+    "run_python",
     "run_together",
     "serve_folder",
     "serve_hostile",

@@ -1,14 +1,32 @@
-"""Several Python processes run at once as the ranks of one job (tf.distribute workers,
-torch.distributed ranks), on loopback, for the tests that train across processes."""
+"""Python processes for the tests: several run at once as the ranks of one job (tf.distribute
+workers, torch.distributed ranks, on loopback), or one program run with this prefetch."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from prefetch.coordinator import Deadline
+
+
+def run_python(code: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in a new interpreter that imports this prefetch (its folder first on
+    `PYTHONPATH`), its output captured as text; `subprocess.TimeoutExpired` past `timeout_s`.
+    For what must run in a fresh process: a module missing, a deadline from import on."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    environment = {**os.environ, "PYTHONPATH": checkout}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def run_together(
