@@ -63,7 +63,7 @@ def test_a_slurm_list_that_is_not_one_is_refused_with_the_accepted_form(value: s
     message = str(raised.value)
     assert message.startswith("SLURM_STEP_TASKS_PER_NODE must be SLURM's tasks per node")
     assert f"got {value!r}" in message and "e.g. '2(x3),1'" in message
-    assert "fix or unset it, or pass ranks_per_host=" in message
+    assert "fix or unset it, or set PREFETCH_RANKS_PER_HOST" in message
 
 
 # ---- each launcher variable read is checked ---------------------------------------------
@@ -124,7 +124,8 @@ def test_a_loader_under_a_bad_launcher_variable_says_which_at_the_door(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
     with pytest.raises(ValueError, match=r"LOCAL_WORLD_SIZE must be a whole number >= 1 \("):
         prefetch.Loader(folder, image_size=SMALL)
-    loader = prefetch.Loader(folder, image_size=SMALL, ranks_per_host=1)  # read first: the fix
+    monkeypatch.setenv("PREFETCH_RANKS_PER_HOST", "1")  # read first: the fix
+    loader = prefetch.Loader(folder, image_size=SMALL)
     assert loader.workers >= 1
 
 

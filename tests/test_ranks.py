@@ -85,7 +85,7 @@ def test_the_first_variable_set_wins_in_the_documented_order() -> None:
         "OMPI_COMM_WORLD_LOCAL_SIZE": "6",
         "MPI_LOCALNRANKS": "2",
     }
-    assert local_ranks(5, environ).source == "ranks_per_host=5"  # the Loader's keyword first
+    assert local_ranks(5, environ).source == "ranks_per_host=5"  # the caller's count first
     order = ["PREFETCH_RANKS_PER_HOST=3", "LOCAL_WORLD_SIZE=8 (torchrun)"]
     order += ["SLURM_STEP_TASKS_PER_NODE=4 (SLURM)", "SLURM_TASKS_PER_NODE=7 (SLURM)"]
     order += ["OMPI_COMM_WORLD_LOCAL_SIZE=6 (Open MPI)", "MPI_LOCALNRANKS=2 (MPICH / Intel MPI)"]
@@ -107,7 +107,7 @@ def test_slurm_counts_only_inside_an_srun_task_and_per_node() -> None:
 
 
 def test_a_malformed_count_is_refused_naming_the_variable_ours_or_a_launchers(
-    folder: Path,
+    folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A launcher's count that is set but not a count was passed over (and "eight" fell through
     # to the next launcher): now each is refused with its name and value (tests/test_rank_env.py).
@@ -119,8 +119,18 @@ def test_a_malformed_count_is_refused_naming_the_variable_ours_or_a_launchers(
         local_ranks(environ={"PREFETCH_RANKS_PER_HOST": "many"})
     with pytest.raises(ValueError, match="ranks_per_host must be an int >= 1, got 0"):
         local_ranks(0, {})
-    with pytest.raises(ValueError, match="ranks_per_host must be an int >= 1, got 0"):
-        prefetch.Loader(folder, ranks_per_host=0)
+    monkeypatch.setenv("PREFETCH_RANKS_PER_HOST", "0")
+    with pytest.raises(ValueError, match="PREFETCH_RANKS_PER_HOST must be a whole number >= 1"):
+        prefetch.Loader(folder)
+
+
+def test_the_ranks_on_a_host_are_the_environments_not_a_loader_keyword(folder: Path) -> None:
+    """The ranks on a host are a fact of the host, which every loader of the process reads
+    where launchers put it; the keyword that said it per loader is gone (issue 46)."""
+    with pytest.raises(TypeError) as raised:
+        prefetch.Loader(folder, ranks_per_host=2)
+    assert "no longer takes ranks_per_host=: pass" in str(raised.value)
+    assert "PREFETCH_RANKS_PER_HOST=N" in str(raised.value)
 
 
 # ---- each rank's cores, on hosts this machine is not -----------------------------------
@@ -327,29 +337,35 @@ def test_the_tuner_grows_within_the_ranks_cores_and_its_part_of_the_memory() -> 
 # ---- a worker count above the cores is said once ----------------------------------------
 
 
-def test_workers_above_the_cores_warn_once_with_the_counts_and_the_fix(folder: Path) -> None:
+def test_workers_above_the_cores_warn_once_with_the_counts_and_the_fix(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cores = prefetch.runtime.usable_cores()
+    monkeypatch.setenv("PREFETCH_RANKS_PER_HOST", "1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         for _ in range(3):
-            prefetch.Loader(folder, image_size=SMALL, workers=cores + 1, ranks_per_host=1)
-        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=1)
+            prefetch.Loader(folder, image_size=SMALL, workers=cores + 1)
+        prefetch.Loader(folder, image_size=SMALL, workers=cores)
     assert len(caught) == 1, [str(w.message) for w in caught]
     warning = caught[0]
     assert issubclass(warning.category, prefetch.TooManyWorkersWarning)
     assert warning.filename == __file__  # the user's line, not prefetch's
     message = str(warning.message)
-    assert f"workers={cores + 1} on {cores} usable cores (ranks_per_host=1)" in message
+    assert f"workers={cores + 1} on {cores} usable cores (PREFETCH_RANKS_PER_HOST=1)" in message
     assert f"pass at most workers={cores}" in message and "Leave workers unset" in message
 
 
 @pytest.mark.skipif(prefetch.runtime.usable_cores() < 2, reason="needs a core for each rank")
-def test_ranks_times_workers_above_the_hosts_cores_warns_with_both_counts(folder: Path) -> None:
+def test_ranks_times_workers_above_the_hosts_cores_warns_with_both_counts(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cores = prefetch.runtime.usable_cores()  # 2 ranks: each its share, cores // 2
+    monkeypatch.setenv("PREFETCH_RANKS_PER_HOST", "2")
     with pytest.warns(prefetch.TooManyWorkersWarning) as caught:
-        prefetch.Loader(folder, image_size=SMALL, workers=cores, ranks_per_host=2)
+        prefetch.Loader(folder, image_size=SMALL, workers=cores)
     message = str(caught[0].message)
-    assert f"workers={cores} on each of 2 ranks (ranks_per_host=2)" in message
+    assert f"workers={cores} on each of 2 ranks (PREFETCH_RANKS_PER_HOST=2)" in message
     assert f"is {2 * cores} workers for this host's {cores} cores" in message
     assert f"pass at most workers={cores // 2}" in message
 

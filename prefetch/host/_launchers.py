@@ -47,7 +47,7 @@ _SHOWN_CHARS = 60
 class LocalRanks:
     """How many ranks run on this host (`count`), this process's local rank among them (`rank`,
     None when nothing says), and where the count came from (`source`, for messages:
-    "LOCAL_WORLD_SIZE=8 (torchrun)", "ranks_per_host=4", "no launcher variable set")."""
+    "LOCAL_WORLD_SIZE=8 (torchrun)", "PREFETCH_RANKS_PER_HOST=4", "no launcher variable set")."""
 
     count: int
     rank: int | None
@@ -67,7 +67,7 @@ def local_ranks(
 ) -> LocalRanks:
     """The ranks on this host, read in this order (the first one set wins):
 
-    1. `ranks_per_host`, given by the caller (the Loader's `ranks_per_host=`);
+    1. `ranks_per_host`, given by the caller (`host_share(1)`: this process as one rank);
     2. `PREFETCH_RANKS_PER_HOST`;
     3. `LOCAL_WORLD_SIZE` (torchrun; local rank `LOCAL_RANK`);
     4. inside an srun task (`SLURM_LOCALID` set, the local rank): `SLURM_STEP_TASKS_PER_NODE`,
@@ -127,8 +127,8 @@ def slurm_count(name: str, text: str, node: str | None) -> int:
             raise ValueError(
                 f"{name} must be SLURM's tasks per node: whole numbers >= 1 separated by "
                 f"commas, each maybe repeated over nodes as N(xM), e.g. '2(x3),1'; got "
-                f"{_shown(text)}: fix or unset it, or pass ranks_per_host= to the Loader "
-                "(read before any variable)"
+                f"{_shown(text)}: fix or unset it, or set {RANKS_VARIABLE} "
+                "(read before any launcher's variable)"
             )
         if found is None and index is not None and index < first_node + nodes:
             found = tasks
@@ -150,7 +150,7 @@ def _count(
     value = int(match[1]) if match else -1
     if value < least or (below is not None and value >= below):
         accepted = f">= {least}" if below is None else f"from {least} to {below - 1}"
-        fix = ", or pass ranks_per_host= to the Loader (read before any variable)"
+        fix = f", or set {RANKS_VARIABLE} (read before any launcher's variable)"
         if name == RANKS_VARIABLE:
             fix = ""
         raise ValueError(

@@ -1,8 +1,8 @@
 """The one place where a loader's workers are sized and `backend="auto"` is settled.
 
 Every default here is this rank's share of the host, not the host (`prefetch.host.host_share`:
-the ranks on the host from the launcher or `ranks_per_host=`, and the cores that leaves this
-one); so 8 ranks of torchrun on a 112-core host take 13 worker processes each, not 111.
+the ranks on the host from the launcher or `PREFETCH_RANKS_PER_HOST`, and the cores that leaves
+this one); so 8 ranks of torchrun on a 112-core host take 13 worker processes each, not 111.
 
 - `planned_workers`, when the Loader is made: `workers=N` as given (said once with a
   `TooManyWorkersWarning` when N is above the rank's cores, unless the files are remote URLs,
@@ -112,8 +112,7 @@ def too_many_ranks(share: HostShare, asked: int | None) -> str:
     return (
         f"prefetch: {what}. Run at most {counted(cores, 'rank')} on these "
         "cores, or give them more (more CPUs for the job or container, a larger docker --cpus "
-        f"or CPU limit); if fewer ranks share this host, pass ranks_per_host= or set "
-        f"{RANKS_VARIABLE}"
+        f"or CPU limit); if fewer ranks share this host, set {RANKS_VARIABLE}"
     )
 
 

@@ -116,9 +116,10 @@ class Loader:
       `decoder(path, options) -> array`. Used for file sources only.
     - `workers`: worker threads or processes: an int >= 1 (above this rank's cores it warns,
       `TooManyWorkersWarning`); `None` for one per core of this rank's share of the usable
-      cores (`ranks_per_host`), less one from 4 cores on (tuned on remote URLs); `"auto"` to
-      grow or shrink the count while it runs, or `Autotune(memory_budget=...)` to do so
-      within that many bytes.
+      cores (shared among the ranks on this host, which the launcher's variables or
+      `PREFETCH_RANKS_PER_HOST` give: docs/tuning.md), less one from 4 cores on (tuned on
+      remote URLs); `"auto"` to grow or shrink the count while it runs, or
+      `Autotune(memory_budget=...)` to do so within that many bytes.
     - `depth`: how many decoded batches may wait for the consumer, an int >= 1: the batches
       kept in flight (being decoded or waiting), or more when the workers need more rows to
       all be busy (two per worker).
@@ -136,12 +137,6 @@ class Loader:
       `cache_policy`); `None` for those of an
       `ImageFolder(url, remote=...)` source, else the defaults. Its `max_object_bytes` also
       bounds local files read whole.
-    - `ranks_per_host`: the training processes (ranks) on this host, each with its own loader,
-      among which the defaults divide the cores and `/dev/shm` (`workers=None`, the tuner's
-      bounds, `backend="auto"`'s room for batch slots); `None` reads it from the launcher
-      (`PREFETCH_RANKS_PER_HOST`, torchrun's `LOCAL_WORLD_SIZE`, SLURM, Open MPI, MPICH) and
-      from an affinity mask the launcher narrowed (docs/tuning.md, "Many ranks on one host").
-
     A bad value raises ValueError naming the option, the value and what is accepted; a keyword
     that moved into an option object raises TypeError naming its new spelling.
     """
@@ -170,7 +165,6 @@ class Loader:
         backend: str | ProcessOptions | RayOptions = "auto",
         on_error: str | ErrorPolicy = "raise",
         remote: RemoteOptions | None = None,
-        ranks_per_host: int | None = None,
     ) -> None:
         check_group("augment", augment, Augment, "Augment(crop=..., flip=..., transform=...)")
         policy = as_error_policy(on_error)
@@ -200,7 +194,6 @@ class Loader:
             **backend_groups(backend),
             on_error=policy,
             remote=remote,
-            ranks_per_host=ranks_per_host,
         )
         check_label_mode(self.source, label_mode, self.class_names)
         self._epochs = make_epochs(self, self.source, options, self.class_names)

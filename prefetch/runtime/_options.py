@@ -55,6 +55,11 @@ MOVED = {
     "crop": "augment=Augment(crop=...)",
     "flip": "augment=Augment(flip=True)",
     "transform": "augment=Augment(transform=...)",
+    "ranks_per_host": (
+        "the ranks on this host in the environment, where launchers put it and every loader of "
+        "the process reads it: PREFETCH_RANKS_PER_HOST=N (os.environ before the Loader is made; "
+        "torchrun's LOCAL_WORLD_SIZE and SLURM are read without it)"
+    ),
     "copy": "nothing: a batch you keep is never overwritten; batch.images.copy() makes a copy",
 }
 
@@ -112,8 +117,8 @@ class Autotune:
     `workers="auto"` is `Autotune()`.
 
     - `memory_budget`: the bytes the workers and batch buffers may use; None for a quarter of
-      the memory available at the start, divided among the ranks on the host (the Loader's
-      `ranks_per_host`). The count grows to at most this rank's share of the cores.
+      the memory available at the start, divided among the ranks on the host (from the launcher,
+      or `PREFETCH_RANKS_PER_HOST`). The count grows to at most this rank's share of the cores.
     """
 
     memory_budget: int | None = None
@@ -154,7 +159,6 @@ class LoaderOptions:
     - `ray`: the `RayOptions` of the Ray backend (for backend="ray"; else None).
     - `on_error`: an `ErrorPolicy` (a string given is `ErrorPolicy(on_error)`).
     - `remote`: the `RemoteOptions` of its remote reads (given, the source's, or the default).
-    - `ranks_per_host`: as given (None: read from the launcher, `prefetch.host.local_ranks`).
     - `num_shards`: the number of host shards, set by `Loader.shard`.
     - `shard_index`: this loader's host shard, set by `Loader.shard`.
 
@@ -184,7 +188,6 @@ class LoaderOptions:
     ray: RayOptions | None = None
     on_error: ErrorPolicy = field(default_factory=ErrorPolicy)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
-    ranks_per_host: int | None = None
     num_shards: int = 1
     shard_index: int = 0
     # What a decoder does with one image, made once from the pixels' options above.
@@ -197,8 +200,6 @@ class LoaderOptions:
         none_here = self.backend == "ray" and self.workers == 0 and self.workers is not False
         if self.workers is not None and not isinstance(self.workers, Autotune) and not none_here:
             positive("workers", self.workers)
-        if self.ranks_per_host is not None:
-            positive("ranks_per_host", self.ranks_per_host)
         one_of("label_mode", self.label_mode, LABEL_MODES)
         one_of("backend", self.backend, BACKENDS)
         if self.backend == "ray" and isinstance(self.workers, Autotune):

@@ -58,7 +58,7 @@ class Workers:
         self.options = options
         self.reader = reader
         self.remote = reads_over_network(reader.source)
-        self.share: HostShare = host_share(options.ranks_per_host)
+        self.share: HostShare = host_share()
         self.count = planned_workers(options, self.share, self.remote)
         remote_tuned = options.workers is None and self.remote and options.backend != "ray"
         self.tuned = options.tuned or remote_tuned
