@@ -45,19 +45,8 @@ import prefetch
 from prefetch.decode import DecodeOptions, decode_image
 from prefetch.plan import Box, CenterCrop, Crop
 from prefetch.runtime import usable_cores
-from prefetch.tools.bench import (
-    Contender,
-    OpenLoader,
-    RowFailed,
-    RowResult,
-    Setup,
-    Span,
-    entropy_decoder,
-    floor_rate,
-    floor_sample,
-    make_contender,
-    measure_stream,
-)
+from prefetch.tools import bench
+from prefetch.tools.bench import Contender, RowFailed, RowResult, Setup, Span, make_contender
 
 LOADERS = ("prefetch", "tf.data", "DataLoader")
 # Seconds a rank may wait for the others at one step before the row is taken for hung (every
@@ -138,21 +127,21 @@ def setup_of(folder: prefetch.ImageFolder, cell: Cell) -> Setup:
 def floors(
     cells: list[Cell], folders: dict[str, prefetch.ImageFolder], passes: int
 ) -> dict[str, float]:
-    """Row (fit-crop's: its reference row's) -> its entropy floor in images/s: `floor_rate`'s
+    """Row (fit-crop's: its reference row's) -> its entropy floor in images/s: `bench.floor_rate`'s
     work timed by this thread's CPU time (other processes on the machine do not lower it),
     median of `passes` passes after an untimed one, x usable cores; empty when this build has
     no entropy-only decoder."""
-    decode = entropy_decoder()
+    decode = bench.entropy_decoder()
     found: dict[str, float] = {}
     if decode is None:
         return found
     for row, cell in {REFERENCE_ROW.get(cell.row, cell.row): cell for cell in cells}.items():
         paths = [str(path) for path in folders[ROWS[row][1]].paths]
-        sample = floor_sample(paths, crop_of(cell), DecodeOptions((SIZE, SIZE)))
+        sample = bench.floor_sample(paths, crop_of(cell), DecodeOptions((SIZE, SIZE)))
         rates = []
         for _ in range(passes + 1):  # the first pass untimed
             began = time.thread_time()
-            floor_rate(sample, decode)
+            bench.floor_rate(sample, decode)
             rates.append(len(sample.data) / (time.thread_time() - began))
         found[row] = statistics.median(rates[1:]) * usable_cores()
     return found
@@ -196,7 +185,7 @@ class PillowWindow:
         return np.array(out)  # writable: torch makes a tensor of it
 
 
-class PrefetchCell(OpenLoader):
+class PrefetchCell(bench.OpenLoader):
     """One open `prefetch.Loader` with its defaults, as a user makes it for the cell."""
 
     def __init__(self, cell: Cell, setup: Setup) -> None:
@@ -331,13 +320,7 @@ def measure_ranks(cell: Cell, setup: Setup, span: Span, step_s: float) -> RowRes
             results[rank] = outcome
     finally:
         barrier.abort()  # a rank still waiting at a step gives up at once
-        for process in ranks:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10)
-        answers.close()
-        answers.join_thread()
+        bench.end_children(ranks, answers)
     rows = [results[r] for r in range(cell.ranks)]
     host = sum(r.images_per_s for r in rows)
     # A rank that waits at the barrier for another's batch idles as if waiting for its own:
@@ -355,7 +338,7 @@ def _rank(key: str, setup: Setup, span: Span, step_s: float, barrier: Any, answe
     cell = Cell.parse(key)
     os.environ.update(LOCAL_WORLD_SIZE=str(cell.ranks), LOCAL_RANK=str(cell.rank))
     try:
-        result: RowResult | str = measure_stream(
+        result: RowResult | str = bench.measure_stream(
             key, setup, span, step_s, lambda: barrier.wait(RANK_WAIT_S), make
         )
     except Exception as error:

@@ -27,13 +27,8 @@ import pytest
 from ray_cluster import RESOURCE, add_decode_node, running_cluster, wait_ready
 
 import prefetch
-from prefetch.testing import (
-    SlowDecoder,
-    assert_same_batches,
-    free_ports,
-    run_python,
-    write_image_folder,
-)
+from prefetch import testing
+from prefetch.testing import SlowDecoder, assert_same_batches, run_python, write_image_folder
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -223,7 +218,7 @@ except ConnectionError as error:
 
 
 def test_an_unreachable_cluster_is_an_error_naming_its_address_in_time(folder: Path) -> None:
-    address = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    address = f"127.0.0.1:{testing.free_ports(1)[0]}"  # nothing listens there
     code = UNREACHABLE.format(address=address, folder=str(folder))
     result = run_python(code)
     assert result.returncode == 0, result.stderr
@@ -235,7 +230,7 @@ def test_an_unreachable_cluster_is_an_error_naming_its_address_in_time(folder: P
 def test_another_cluster_than_the_one_joined_is_refused_naming_both(
     cluster: Any, folder: Path
 ) -> None:
-    address = f"127.0.0.1:{free_ports(1)[0]}"
+    address = f"127.0.0.1:{testing.free_ports(1)[0]}"
     loader = prefetch.Loader(folder, backend=prefetch.RayOptions(address=address), **OPTIONS)
     with pytest.raises(ValueError, match="names another cluster") as raised:
         next(iter(loader))

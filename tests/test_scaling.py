@@ -56,7 +56,10 @@ def test_one_worker_reads_every_row_of_a_batch(tmp_path: Path) -> None:
 def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) -> None:
     """A default Loader (one worker) drained by a thread, as prefetch.torch and Keras drain it,
     while this thread runs pure Python, as a training loop does: the loader keeps >= 90% of
-    its own rate, and the Python thread >= 90% of its solo rate. Each sample sleeps 20 ms and
+    its own rate, and the Python thread >= 80% of its solo rate (quiet: about 100% for both;
+    worker threads keep 44% of the loader's rate; beside the suite and a load average of 8, the
+    Python thread kept 87%, as it shares 2 cores with the worker, the draining thread and the
+    load). Each sample sleeps 20 ms and
     then decodes (a worker thread would wait for the GIL after each: the convoy effect); the
     sleep makes the CPU load beside the suite slow every phase alike. A phase is the time to
     drain `BATCHES` batches of 16 (no count rounded to whole batches), and a batch's 320 ms
@@ -113,8 +116,8 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
             spun_beside.append(spun)
         return alone, solo, beside, spun_beside
 
-    def kept(rates: list[float], beside: list[float]) -> bool:
-        return statistics.median(beside) >= 0.9 * statistics.median(rates)
+    def kept(rates: list[float], beside: list[float], share: float = 0.9) -> bool:
+        return statistics.median(beside) >= share * statistics.median(rates)
 
     with loader:
         drain([])  # warm-up: workers started, files in the page cache
@@ -122,12 +125,12 @@ def test_a_default_loader_keeps_its_rate_beside_a_python_thread(tmp_path: Path) 
         # land on one phase; worker threads (the convoy) miss the bound by far in every one.
         for _ in range(3):
             alone, solo, beside, spun_beside = rounds()
-            if kept(alone, beside) and kept(solo, spun_beside):
+            if kept(alone, beside) and kept(solo, spun_beside, 0.8):
                 break
         stats = loader.stats()
     assert stats.backend == "process", stats.backend_reason
     assert kept(alone, beside), (alone, beside)
-    assert kept(solo, spun_beside), (solo, spun_beside)
+    assert kept(solo, spun_beside, 0.8), (solo, spun_beside)
 
 
 def test_the_parent_makes_a_few_system_calls_per_batch(

@@ -142,6 +142,31 @@ def decodes(log: Path) -> int:
     return log.read_text().count("decode\n") if log.exists() else 0
 
 
+def logged_decodes(tmp_path: Path, site: str = COUNTING_SITE) -> tuple[dict[str, str], Path]:
+    """The environment in which every Python process of a write loads `site` (a
+    sitecustomize that logs each decode, `COUNTING_SITE`), and the log it writes."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(site)
+    log = tmp_path / "decodes.log"
+    return {**os.environ, "PYTHONPATH": str(folder), "DECODE_LOG": str(log)}, log
+
+
+def start_write(
+    arguments: list[str], environment: dict[str, str], sleep_s: float, output: bool = True
+) -> subprocess.Popen[str]:
+    """`prefetch shards write ARGUMENTS` started in `environment`, each decode slowed by
+    `sleep_s` (`logged_decodes`); its output read as text, or dropped."""
+    pipe = subprocess.PIPE if output else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefetch", "shards", "write", *arguments],
+        env={**environment, "DECODE_SLEEP_S": str(sleep_s)},
+        stdout=pipe,
+        stderr=pipe,
+        text=True,
+    )
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_terminated_mid_shard_as_the_write_is_interrupted_removes_its_shard(
     photos: Path, tmp_path: Path
@@ -149,20 +174,10 @@ def test_a_worker_terminated_mid_shard_as_the_write_is_interrupted_removes_its_s
     """A Ctrl-C while each worker decodes for 30 s (longer than the 2 s a worker has to stop):
     the workers are sent SIGTERM, remove the shards they were writing, and the folders made
     for OUT go too."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(COUNTING_SITE)
-    log = tmp_path / "decodes.log"
+    environment, log = logged_decodes(tmp_path)
     out = tmp_path / "new" / "out"
-    command = [sys.executable, "-m", "prefetch", "shards", "write", str(photos), str(out)]
-    environment = {"PYTHONPATH": str(site), "DECODE_LOG": str(log), "DECODE_SLEEP_S": "30"}
-    child = subprocess.Popen(
-        [*command, "--shard-size", "4", "--fit-crop", "64", "--workers", "2"],
-        env={**os.environ, **environment},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    arguments = [str(photos), str(out), "--shard-size", "4", "--fit-crop", "64", "--workers", "2"]
+    child = start_write(arguments, environment, sleep_s=30)
     deadline = time.monotonic() + 60
     while decodes(log) < 2 and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # both workers are in a decode, each with its shard open
@@ -177,21 +192,11 @@ def test_a_worker_terminated_mid_shard_as_the_write_is_interrupted_removes_its_s
 def test_a_write_interrupted_halfway_resumes_decoding_only_the_rest_into_the_same_bytes(
     photos: Path, tmp_path: Path
 ) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(COUNTING_SITE)
-    log = tmp_path / "decodes.log"
-    environment = {**os.environ, "PYTHONPATH": str(site), "DECODE_LOG": str(log)}
+    environment, log = logged_decodes(tmp_path)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "prefetch", "shards", "write", str(photos), str(out)]
-    command += ["--shard-size", "4", "--fit-crop", "64", "--workers", "2"]
-    child = subprocess.Popen(
-        command,
-        env={**environment, "DECODE_SLEEP_S": "0.1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    arguments = [str(photos), str(out), "--shard-size", "4", "--fit-crop", "64", "--workers", "2"]
+    command = [sys.executable, "-m", "prefetch", "shards", "write", *arguments]
+    child = start_write(arguments, environment, sleep_s=0.1)
     deadline = time.monotonic() + 120
     while decodes(log) < COUNT // 2 and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -495,20 +500,10 @@ def test_a_commit_interrupted_after_shards_finished_in_any_order_is_finished_by_
 def test_the_workers_exit_when_the_writer_is_killed(
     photos: Path, tmp_path: Path, shard_size: int
 ) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(COUNTING_SITE)
-    log = tmp_path / "decodes.log"
-    command = [sys.executable, "-m", "prefetch", "shards", "write", str(photos)]
-    command += [str(tmp_path / "out"), "--fit-crop", "64", "--workers", "2", "--quiet"]
-    command += ["--shard-size", str(shard_size)]
-    environment = {**os.environ, "PYTHONPATH": str(site), "DECODE_LOG": str(log)}
-    child = subprocess.Popen(
-        command,
-        env={**environment, "DECODE_SLEEP_S": "0.2"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    environment, log = logged_decodes(tmp_path)
+    arguments = [str(photos), str(tmp_path / "out"), "--fit-crop", "64", "--workers", "2"]
+    arguments += ["--quiet", "--shard-size", str(shard_size)]
+    child = start_write(arguments, environment, sleep_s=0.2, output=False)
     deadline = time.monotonic() + 60
     while decodes(log) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)

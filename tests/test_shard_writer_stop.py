@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_shard_write_at_scale import COUNTING_SITE
+from test_shard_write_at_scale import COUNTING_SITE, logged_decodes, start_write
 
 import prefetch
 
@@ -72,21 +72,11 @@ def test_a_worker_sent_sigterm_in_a_decode_fails_the_write_naming_it_and_loses_n
     tmp_path: Path, photos: int, shard_size: int
 ) -> None:
     folder = photo_folder(tmp_path / "photos", photos)
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(DECODING_SITE)
-    log = tmp_path / "decodes.log"
+    environment, log = logged_decodes(tmp_path, DECODING_SITE)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "prefetch", "shards", "write", str(folder), str(out)]
-    command += ["--shard-size", str(shard_size), "--fit-crop", "64", "--workers", "2", "--quiet"]
-    environment = {**os.environ, "PYTHONPATH": str(site), "DECODE_LOG": str(log)}
-    child = subprocess.Popen(
-        command,
-        env={**environment, "DECODE_SLEEP_S": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    arguments = [str(folder), str(out), "--shard-size", str(shard_size), "--fit-crop", "64"]
+    arguments += ["--workers", "2", "--quiet"]
+    child = start_write(arguments, environment, sleep_s=1)
     try:
         decoding = first_decoder(Path(f"{log}.pids"), 60)
         assert decoding != child.pid  # a worker process, in its decode
@@ -99,6 +89,7 @@ def test_a_worker_sent_sigterm_in_a_decode_fails_the_write_naming_it_and_loses_n
     assert "SIGTERM" in errors and "run the same command again" in errors, errors
     assert "Traceback" not in errors
     assert not out.exists()  # the shards being written removed, and OUT with them (it was new)
+    command = [sys.executable, "-m", "prefetch", "shards", "write", *arguments]
     again = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
     assert again.returncode == 0, again.stderr
     assert "skipped" not in again.stdout

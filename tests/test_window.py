@@ -46,11 +46,16 @@ def test_two_epochs_iterated_at_once_each_get_their_batches_in_order(
     assert_same_batches(got[1], expected[1])
 
 
+@pytest.fixture
+def recorder(tmp_path: Path) -> RecordingDecoder:
+    """A decoder that records each sample it starts."""
+    return RecordingDecoder(tmp_path / "starts.log")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_window_never_keeps_more_batches_submitted_than_the_bound(
-    folder: Path, tmp_path: Path, backend: str
+    folder: Path, recorder: RecordingDecoder, backend: str
 ) -> None:
-    recorder = RecordingDecoder(tmp_path / "starts.log")
     loader = make(folder, backend=backend, decoder=recorder, shuffle=False)
     delivered = 0
     with loader:

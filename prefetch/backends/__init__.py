@@ -78,7 +78,7 @@ def make_backend(
     if name == "ray":
         options = ray or RayOptions()
         return RayBackend(
-            reader, workers, batch_size, coordinator, options, shard, sample_timeout_s
+            options, reader, workers, batch_size, coordinator, shard, sample_timeout_s
         )
     if name == "process":
         return ProcessBackend(

@@ -86,11 +86,11 @@ class RayBackend:
 
     def __init__(
         self,
+        options: RayOptions,
         reader: SampleReader,
         workers: int,
         batch_size: int,
         coordinator: Coordinator,
-        options: RayOptions,
         ranks: tuple[int, int] = (1, 0),
         sample_timeout_s: float | None = None,
     ) -> None:

@@ -20,7 +20,6 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any, ClassVar
 
 # The scheme of `FlakyFileSystem`.
@@ -63,12 +62,7 @@ class FailingFolders:
         os.scandir = self._scandir
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         os.scandir = self._real
 
     def _scandir(self, path: Any = ".") -> Any:
@@ -142,12 +136,7 @@ class FailingListings:
         FailingListings._filesystem.failing = self
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if FailingListings._filesystem is not None:
             FailingListings._filesystem.failing = None
 

@@ -177,12 +177,19 @@ def measure_row(
             else:
                 raise RowFailed(str(value))
     finally:
+        end_children([child], messages)
+
+
+def end_children(children: Sequence[Any], messages: Any) -> None:
+    """Join each of `children` (multiprocessing processes that were told to end, or whose work
+    ended), terminating one still alive after 10 s, then close their `messages` queue."""
+    for child in children:
         child.join(timeout=10)
         if child.is_alive():
             child.terminate()
             child.join(timeout=10)
-        messages.close()
-        messages.join_thread()
+    messages.close()
+    messages.join_thread()
 
 
 def _child(
