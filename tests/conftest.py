@@ -32,6 +32,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # 0.1 s to 1 s, which a busy machine can stretch; the check ends as soon as nothing is left, so
 # only a real leak waits it out.
 LEAK_GRACE_S = 10.0
+# Ray ends a killed actor's process asynchronously (the GCS tells the node's raylet, which
+# signals the worker), and refills its pool of idle workers meanwhile: on a loaded 2-core
+# machine (beside two busy loops) that took longer than LEAK_GRACE_S in 2 of 6 runs of
+# test_ray_backend (quiet: under 5 s). Ray's worker processes (tests/ray_cluster.py) are given
+# this long before they count as leaked; a process of an actor never killed stays, and fails.
+RAY_GRACE_S = 40.0
 
 
 def _private_shm_dir() -> str | None:
@@ -156,6 +162,15 @@ def _live_children() -> set[int]:
     return children
 
 
+def _of_ray(pid: int) -> bool:
+    """Whether `pid` is one of Ray's worker processes (an actor's, or an idle one), or gone."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.NoSuchProcess:
+        return True
+    return "ray::" in command or "/ray/" in command
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """Fail the test if it leaves a thread, a child process or a /dev/shm segment behind."""
@@ -163,12 +178,16 @@ def no_leaks() -> Iterator[None]:
     children_before = _live_children()
     shm_before = _shm_entries()
     yield
-    deadline = time.monotonic() + LEAK_GRACE_S
+    began = time.monotonic()
     while True:
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         children = _live_children() - children_before
         shm = _shm_entries() - shm_before
-        if not (threads or children or shm) or time.monotonic() > deadline:
+        if not (threads or children or shm):
+            break
+        waited = time.monotonic() - began
+        only_ray = not (threads or shm) and all(_of_ray(pid) for pid in children)
+        if waited > LEAK_GRACE_S and (waited > RAY_GRACE_S or not only_ray):
             break
         time.sleep(0.05)
     assert not threads, f"threads leaked: {[t.name for t in threads]}"

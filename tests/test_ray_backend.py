@@ -230,6 +230,7 @@ def test_urls_and_shards_are_read_by_the_nodes_themselves_with_the_same_pixels(
     assert "spool on this host" in str(raised.value)
 
 
+@pytest.mark.timeout(180)  # 20 s beside two busy loops; then its actors' processes end
 def test_a_sample_that_never_returns_is_skipped_with_on_error_skip(
     cluster: Any, tmp_path: Path
 ) -> None:
