@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
+from ray_cluster import of_ray
 
 # TensorFlow's C++ log kept out of the suite's output, errors included (on a machine without a
 # GPU every TensorFlow start logs "failed call to cuInit"); its Python errors still raise. Set
@@ -165,10 +166,9 @@ def _live_children() -> set[int]:
 def _of_ray(pid: int) -> bool:
     """Whether `pid` is one of Ray's worker processes (an actor's, or an idle one), or gone."""
     try:
-        command = " ".join(psutil.Process(pid).cmdline())
+        return of_ray(" ".join(psutil.Process(pid).cmdline()))
     except psutil.NoSuchProcess:
         return True
-    return "ray::" in command or "/ray/" in command
 
 
 @pytest.fixture(autouse=True)

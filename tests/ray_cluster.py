@@ -25,15 +25,18 @@ SHUTDOWN_GRACE_S = 30.0
 FAST_FAILURE = {"health_check_period_ms": 200, "health_check_failure_threshold": 5}
 
 
+def of_ray(command: str) -> bool:
+    """Whether a process's command line is one of Ray's (a daemon, a worker, an actor)."""
+    return "/ray/" in command or "ray::" in command
+
+
 def ray_processes() -> list[psutil.Process]:
     """The live processes of Ray's under this one (its nodes' daemons, workers, actors)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
             command = " ".join(child.cmdline())
-            if child.status() != psutil.STATUS_ZOMBIE and (
-                "/ray/" in command or "ray::" in command
-            ):
+            if child.status() != psutil.STATUS_ZOMBIE and of_ray(command):
                 found.append(child)
         except psutil.NoSuchProcess:
             continue
